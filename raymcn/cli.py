@@ -1,0 +1,117 @@
+"""Command line: ``raymcn train | sweep | synth | shards | eval | table``.
+
+Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
+with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from importlib import resources
+from pathlib import Path
+
+from raymcn.config import RETRIEVAL_METRICS, Config, ConfigError, load_config
+
+DEFAULT_PRESET = "default.yaml"
+
+
+def preset_path(name: str = DEFAULT_PRESET) -> Path:
+    return Path(str(resources.files("raymcn") / "presets" / name))
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set optim.lr=3e-4 (repeatable)")
+    p.add_argument("--num-workers", type=int, help="shortcut for --set scale.num_workers=N")
+    p.add_argument("--json", action="store_true", help="print the final metrics as one JSON line last")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    if args.num_workers is not None:
+        overrides.append(f"scale.num_workers={args.num_workers}")
+    return load_config(args.config or preset_path(), overrides)
+
+
+def _has_sweep_section(path: str | None) -> bool:
+    import yaml
+
+    if not path or not Path(path).exists():
+        return False
+    loaded = yaml.safe_load(Path(path).read_text())
+    return isinstance(loaded, dict) and "sweep" in loaded
+
+
+def start_ray(address: str | None) -> bool:
+    """Connect to ``address`` or start a local instance; returns True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, log_to_driver=True)
+    return True
+
+
+def final_summary(metrics: dict[str, float], run_dir: Path) -> dict:
+    """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs, eval_size."""
+    out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
+    out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
+    out["epochs"] = int(metrics.get("epoch", 0))
+    out["eval_size"] = int(metrics.get("eval_size", 0))
+    out["run_dir"] = str(run_dir)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from raymcn.train import launch
+
+    if args.resume:
+        cfg = None
+    else:
+        cfg = resolve_config(args)
+        if _has_sweep_section(args.config):
+            print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
+    started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
+    try:
+        result = launch.resume(args.resume, args.overrides) if args.resume else launch.fit(cfg)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()  # flushes worker logs before our last line
+    summary = final_summary(result.metrics, result.run_dir)
+    print("\nfinal metrics (" + str(result.run_dir) + "):")
+    for k, v in summary.items():
+        print(f"  {k:32s} {v}")
+    print(f"resume or extend with: raymcn train --resume {result.run_dir}")
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raymcn", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train one MCN run on Ray Train")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"raymcn {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

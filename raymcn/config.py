@@ -1,0 +1,464 @@
+"""Run and sweep configuration: one frozen dataclass per concern, built from YAML + dotted overrides.
+
+Owns every setting name (``optim.lr``, ``data.batch_size`` ...), the metric names, and the checks
+that must fail *before* Ray starts. Imports nothing from the rest of raymcn.
+
+A run YAML and a sweep YAML are one format: a sweep file adds a ``sweep:`` section on top of the
+run keys. Every problem found is collected and reported in one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# --- names declared once -------------------------------------------------------------------------
+MODALITIES = ("video", "audio", "text")
+STAGE_ORDERS = ("AV_T", "VT_A", "AT_V", "joint")
+SEARCH_ALGORITHMS = ("bohb", "asha", "optuna", "random", "grid")
+METRIC_PREFIX = "text_to_video"
+RETRIEVAL_METRICS = tuple(f"{METRIC_PREFIX}_{m}" for m in ("R@1", "R@5", "R@10", "MedR"))
+PRIMARY_METRIC = f"{METRIC_PREFIX}_R@10"
+PRIMARY_MODE = "max"
+SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
+EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message lists every problem found, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+# --- sections --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataConfig:
+    batch_size: int = 128  # videos per optimizer step, global (split evenly over workers)
+    clips_per_video: int = 32  # n_pair: clips drawn from each video per step
+    min_time: float = 10.0  # captions are merged until a clip spans at least this many seconds
+    audio_frames: int = 1000  # spectrogram frames per training clip (100 frames/s)
+    max_words: int = 20  # tokens per caption
+    shards: str = ""  # directory of tar shards; "" = the synthetic corpus (generated once, cached)
+    eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
+    eval_audio_frames: int = 0  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
+    cache_dir: str = ""  # "" = $RAYMCN_CACHE or ~/.cache/raymcn
+    synthetic_videos: int = 256  # size of the synthetic training corpus
+    synthetic_eval_clips: int = 256  # size of the held-out synthetic evaluation split
+    synthetic_topics: int = 8
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    video_dim: int = 4096  # 2048 (2D ResNet-152) + 2048 (3D ResNeXt-101)
+    word_dim: int = 300  # word2vec GoogleNews
+    embed_dim: int = 6144  # the shared space
+    audio_channels: tuple[int, ...] = (128, 128, 256, 512, 1024)  # conv1, layer1..layer4
+    audio_blocks: int = 2  # residual blocks per DAVEnet layer
+    mel_bins: int = 40
+    recon: bool = True  # build the reconstruction heads
+    recon_hidden: int = 1024
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    margin: float = 0.001  # subtracted from the target logit (MMS diagonal, cluster CE target)
+    num_clusters: int = 256  # K of the cosine k-means
+    queue_steps: int = 20  # queue length in steps' worth of rows
+    queue_clip_fraction: float = 0.5  # share of each video's clips pushed into the queue per step
+    refresh_every: int = 20  # steps between full k-means refits (independent of the queue length)
+    kmeans_iters: int = 100
+    kmeans_tol: float = 1e-4
+    queue_dtype: str = "float32"  # float32 | bfloat16
+    cluster_weight: float = 1.0
+    cluster_on: str = "modalities"  # modalities: mean of CE(v), CE(a), CE(t) | fused: CE((v+a+t)/3)
+    recon_weight: float = 50.0
+    detach_recon_targets: bool = False  # the original lets gradient flow into audio/text targets
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    warmup_steps: int = 5000
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # 0 = off
+    max_nonfinite_steps: int = 1  # consecutive non-finite losses tolerated (step skipped) before stopping
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    epochs: int = 30
+    stage_order: str = "joint"  # AV_T | VT_A | AT_V | joint
+    stage1_fraction: float = 0.5  # share of the run's steps spent in stage 1 (ignored by joint)
+    steps_per_epoch: int = 0  # 0 = videos // batch_size
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    num_workers: int = 2  # Ray Train workers (one per GPU); 0 = in-process, no Ray workers
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0  # leave CPUs unreserved for Ray Data (ray-notes P1)
+    max_failures: int = 0  # worker-group restarts from the latest checkpoint
+    find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = ""  # "" = a unique name per fresh run (a reused name silently resumes)
+    storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results
+    seed: int = 1
+    checkpoints_to_keep: int = 2
+    log_every: int = 10  # steps between progress lines
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    algorithm: str = "random"  # bohb | asha | optuna | random | grid
+    num_samples: int = 4
+    max_concurrent: int = 1  # = total GPUs // GPUs per trial
+    grace_epochs: int = 1  # first rung of ASHA / HyperBand, in epochs
+    reduction_factor: int = 3
+    seed: int = 0
+    space: dict = field(default_factory=dict)  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
+    mlflow: bool = False
+    wandb: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    scale: ScaleConfig = ScaleConfig()
+    run: RunSection = RunSection()
+    sweep: SweepConfig = SweepConfig()
+
+    # --- derived values (one definition each) ---
+    @property
+    def world_size(self) -> int:
+        return max(1, self.scale.num_workers)
+
+    @property
+    def videos_per_worker(self) -> int:
+        return self.data.batch_size // self.world_size
+
+    @property
+    def clips_per_step(self) -> int:
+        """Global clips per step, B = batch_size · clips_per_video."""
+        return self.data.batch_size * self.data.clips_per_video
+
+    @property
+    def queue_clips_per_video(self) -> int:
+        return max(1, int(round(self.data.clips_per_video * self.loss.queue_clip_fraction)))
+
+    @property
+    def queue_rows(self) -> int:
+        """Global FIFO rows: queue_steps · batch_size · queue_clips_per_video."""
+        return self.loss.queue_steps * self.data.batch_size * self.queue_clips_per_video
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {f.name: _section_to_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_flat(self, include_sweep: bool = False) -> dict[str, Any]:
+        """Dotted ``section.key`` -> value (the form Tune's param_space and the results table use)."""
+        out = {}
+        for section, values in self.to_dict().items():
+            if section == "sweep" and not include_sweep:
+                continue
+            for k, v in values.items():
+                out[f"{section}.{k}"] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Config:
+        """Rebuild (and re-validate) a config from ``to_dict()`` output."""
+        return _build({k: dict(v) for k, v in raw.items()}, [])
+
+    def replace(self, overrides: dict[str, Any]) -> Config:
+        """A validated copy with dotted overrides applied."""
+        raw = self.to_dict()
+        problems: list[str] = []
+        _apply_overrides(raw, overrides, problems)
+        return _build(raw, problems)
+
+    def dump(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _section_to_dict(section: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(section):
+        v = getattr(section, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else (dict(v) if isinstance(v, dict) else v)
+    return out
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)  # section name -> dataclass
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys() -> list[str]:
+    return [f"{s}.{k}" for s, cls in SECTIONS.items() for k in _field_types(cls)]
+
+
+def _did_you_mean(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _coerce(key: str, value: Any, typ: Any, problems: list[str]) -> Any:
+    """Convert YAML / command-line values to the field's type; record a problem if impossible."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            raise TypeError
+        if typ is int:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, (int, str)):
+                return int(value)
+            raise TypeError
+        if typ is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if typ is str:
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise TypeError
+        if origin is tuple:
+            if isinstance(value, str):
+                value = yaml.safe_load(value)
+            if not isinstance(value, (list, tuple)):
+                raise TypeError
+            return tuple(int(v) for v in value)
+        if typ is dict or origin is dict:
+            if not isinstance(value, dict):
+                raise TypeError
+            return dict(value)
+    except (TypeError, ValueError):
+        pass
+    tname = getattr(typ, "__name__", str(typ))
+    problems.append(f"{key}: expected {tname}, got {value!r}")
+    return None
+
+
+def _apply_overrides(raw: dict[str, dict[str, Any]], overrides: dict[str, Any], problems: list[str]) -> None:
+    keys = all_keys()
+    for dotted, value in overrides.items():
+        section, _, name = dotted.partition(".")
+        if section not in SECTIONS or name not in _field_types(SECTIONS[section]):
+            problems.append(f"unknown key '{dotted}'{_did_you_mean(dotted, keys)}")
+            continue
+        raw.setdefault(section, {})[name] = value
+
+
+def _build(raw: dict[str, Any], problems: list[str]) -> Config:
+    sections = {}
+    for section, values in raw.items():
+        if section not in SECTIONS:
+            problems.append(f"unknown section '{section}'{_did_you_mean(section, list(SECTIONS))}")
+            continue
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            problems.append(f"{section}: expected a mapping of keys, got {values!r}")
+            continue
+        types = _field_types(SECTIONS[section])
+        kwargs = {}
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            if name not in types:
+                problems.append(f"unknown key '{key}'{_did_you_mean(key, all_keys())}")
+                continue
+            coerced = _coerce(key, value, types[name], problems)
+            if coerced is not None:
+                kwargs[name] = coerced
+        sections[section] = SECTIONS[section](**kwargs)
+    cfg = Config(**sections)
+    problems.extend(validate(cfg))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def validate(cfg: Config) -> list[str]:
+    """Range and cross-field checks; returns the list of problems (empty when valid)."""
+    p: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            p.append(msg)
+
+    d, m, lo, o, s, sc, r = cfg.data, cfg.model, cfg.loss, cfg.optim, cfg.schedule, cfg.scale, cfg.run
+    for key, value in [("data.batch_size", d.batch_size), ("data.clips_per_video", d.clips_per_video),
+                       ("data.audio_frames", d.audio_frames), ("data.max_words", d.max_words),
+                       ("model.video_dim", m.video_dim), ("model.word_dim", m.word_dim),
+                       ("model.embed_dim", m.embed_dim), ("model.audio_blocks", m.audio_blocks),
+                       ("model.mel_bins", m.mel_bins), ("model.recon_hidden", m.recon_hidden),
+                       ("loss.num_clusters", lo.num_clusters), ("loss.queue_steps", lo.queue_steps),
+                       ("loss.refresh_every", lo.refresh_every), ("loss.kmeans_iters", lo.kmeans_iters),
+                       ("schedule.epochs", s.epochs), ("run.checkpoints_to_keep", r.checkpoints_to_keep),
+                       ("run.log_every", r.log_every), ("optim.max_nonfinite_steps", o.max_nonfinite_steps),
+                       ("data.synthetic_videos", d.synthetic_videos),
+                       ("data.synthetic_eval_clips", d.synthetic_eval_clips),
+                       ("data.synthetic_topics", d.synthetic_topics)]:
+        need(value >= 1, f"{key}={value}: must be >= 1")
+    for key, value in [("optim.lr", o.lr), ("scale.cpus_per_worker", sc.cpus_per_worker)]:
+        need(value > 0 and math.isfinite(value), f"{key}={value}: must be a positive number")
+    for key, value in [("data.min_time", d.min_time), ("optim.warmup_steps", o.warmup_steps),
+                       ("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip),
+                       ("loss.margin", lo.margin), ("loss.kmeans_tol", lo.kmeans_tol),
+                       ("loss.cluster_weight", lo.cluster_weight), ("loss.recon_weight", lo.recon_weight),
+                       ("scale.num_workers", sc.num_workers), ("scale.max_failures", sc.max_failures),
+                       ("schedule.steps_per_epoch", s.steps_per_epoch),
+                       ("data.eval_audio_frames", d.eval_audio_frames)]:
+        need(value >= 0, f"{key}={value}: must be >= 0")
+    need(len(m.audio_channels) == 5 and all(c >= 1 for c in m.audio_channels),
+         f"model.audio_channels={list(m.audio_channels)}: needs 5 positive widths (conv1, layer1..layer4)")
+    need(s.stage_order in STAGE_ORDERS,
+         f"schedule.stage_order={s.stage_order!r}: allowed values are {', '.join(STAGE_ORDERS)}")
+    need(0.0 < s.stage1_fraction < 1.0,
+         f"schedule.stage1_fraction={s.stage1_fraction}: must lie strictly between 0 and 1")
+    need(0.0 < lo.queue_clip_fraction <= 1.0,
+         f"loss.queue_clip_fraction={lo.queue_clip_fraction}: must lie in (0, 1]")
+    need(lo.queue_dtype in ("float32", "bfloat16"),
+         f"loss.queue_dtype={lo.queue_dtype!r}: allowed values are float32, bfloat16")
+    need(lo.cluster_on in ("modalities", "fused"),
+         f"loss.cluster_on={lo.cluster_on!r}: allowed values are modalities, fused")
+    if d.batch_size >= 1 and sc.num_workers >= 1:
+        need(d.batch_size % sc.num_workers == 0,
+             f"data.batch_size={d.batch_size} is not divisible by scale.num_workers={sc.num_workers}: "
+             f"allowed batch sizes are multiples of {sc.num_workers}")
+    if d.batch_size >= 1 and d.clips_per_video >= 1 and lo.num_clusters >= 1:
+        # k-means first runs on the very first batch alone (the queue is still empty).
+        need(lo.num_clusters <= cfg.clips_per_step,
+             f"loss.num_clusters={lo.num_clusters} is larger than the {cfg.clips_per_step} clips k-means "
+             f"sees at its first refit (data.batch_size x data.clips_per_video): allowed 1..{cfg.clips_per_step}")
+    kind, _, path = d.eval_set.partition(":")
+    need(kind in EVAL_SET_KINDS and (kind == "synthetic") == (path == ""),
+         f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
+    need(sc.use_gpu is False or sc.num_workers >= 1,
+         "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
+    p.extend(validate_sweep(cfg.sweep))
+    return p
+
+
+def validate_sweep(sw: SweepConfig) -> list[str]:
+    """Checks of the ``sweep:`` section: algorithm, budget and every search-space entry."""
+    p: list[str] = []
+    if sw.algorithm not in SEARCH_ALGORITHMS:
+        p.append(f"sweep.algorithm={sw.algorithm!r}: allowed values are {', '.join(SEARCH_ALGORITHMS)}")
+    for key, value in [("sweep.num_samples", sw.num_samples), ("sweep.max_concurrent", sw.max_concurrent),
+                       ("sweep.grace_epochs", sw.grace_epochs)]:
+        if value < 1:
+            p.append(f"{key}={value}: must be >= 1")
+    if sw.reduction_factor < 2:
+        p.append(f"sweep.reduction_factor={sw.reduction_factor}: must be >= 2")
+    keys = [k for k in all_keys() if not k.startswith("sweep.")]
+    types = {f"{s}.{k}": t for s, cls in SECTIONS.items() for k, t in _field_types(cls).items()}
+    for key, spec in sw.space.items():
+        where = f"sweep.space.{key}"
+        if key not in keys:
+            p.append(f"{where}: unknown key '{key}'{_did_you_mean(key, keys)}")
+            continue
+        if not (isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) in SEARCH_DOMAINS):
+            p.append(f"{where}: expected one of {{{', '.join(SEARCH_DOMAINS)}: ...}}, got {spec!r}")
+            continue
+        domain, args = next(iter(spec.items()))
+        if domain in ("loguniform", "uniform", "randint"):
+            ok = isinstance(args, list) and len(args) == 2 and all(
+                isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
+            if not ok or args[0] >= args[1] or (domain == "loguniform" and args[0] <= 0):
+                p.append(f"{where}: {domain} needs [low, high] with {'0 < ' if domain == 'loguniform' else ''}"
+                         f"low < high, got {args!r}")
+                continue
+            values = list(args)
+        else:
+            if not isinstance(args, list) or not args:
+                p.append(f"{where}: {domain} needs a non-empty list of values, got {args!r}")
+                continue
+            values = args
+        # every candidate value must itself be a valid setting for the key
+        for v in values:
+            sub: list[str] = []
+            _coerce(key, v, types[key], sub)
+            p.extend(f"{where}: {msg}" for msg in sub)
+    if sw.algorithm == "bohb" and any(next(iter(s)) == "grid" for s in sw.space.values() if isinstance(s, dict)):
+        p.append("sweep.space: bohb does not accept grid domains; use choice")
+    return p
+
+
+# --- loading ---------------------------------------------------------------------------------------
+def parse_override(text: str) -> tuple[str, Any]:
+    """``'optim.lr=3e-4'`` -> ``('optim.lr', '3e-4')``; values are typed later against the field."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError([f"--set {text!r}: expected KEY=VALUE, e.g. optim.lr=3e-4"])
+    value = value.strip()
+    parsed = yaml.safe_load(value) if value else ""
+    # YAML 1.1 reads '3e-4' as a string; keep strings for _coerce to type against the field.
+    return key.strip(), parsed if isinstance(parsed, (list, dict, bool)) else value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Build a validated Config from an optional YAML file plus dotted overrides.
+
+    Raises:
+        ConfigError: listing every unknown key, wrong type and impossible value, or an unreadable file.
+    """
+    raw: dict[str, Any] = {}
+    problems: list[str] = []
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError([f"config file {path} does not exist"]) from None
+        except yaml.YAMLError as e:
+            raise ConfigError([f"config file {path} is not valid YAML: {e}"]) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError([f"config file {path}: expected a mapping of sections, got {type(loaded).__name__}"])
+        raw = loaded
+    if isinstance(overrides, dict):
+        pairs = dict(overrides)
+    else:
+        pairs = {}
+        for text in overrides or []:
+            try:
+                k, v = parse_override(text)
+                pairs[k] = v
+            except ConfigError as e:
+                problems.extend(e.problems)
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    _apply_overrides(raw, pairs, problems)
+    return _build(raw, problems)
+
+
+def default_cache_dir(cfg: Config) -> Path:
+    return Path(cfg.data.cache_dir or os.environ.get("RAYMCN_CACHE") or Path.home() / ".cache" / "raymcn")
+
+
+def default_storage_path(cfg: Config) -> Path:
+    return Path(cfg.run.storage_path or os.environ.get("RAYMCN_RESULTS") or Path.home() / "raymcn_results")

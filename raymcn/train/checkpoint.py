@@ -1,0 +1,78 @@
+"""Checkpoint payloads: everything a resumed run needs to continue as if never stopped.
+
+One file, ``state.pt``, holding model, optimizer, scheduler, loop counters (global step, epoch),
+the clustering state (queue, centroids, last active modalities), RNG states and the resolved
+config. Written to a temporary name and renamed, so a crash mid-write never leaves a file that
+looks complete. No Ray here: ``worker.py`` hands the directory to ``ray.train.report``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "state.pt"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing or unreadable (the message names it)."""
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(directory: str | os.PathLike, **parts: Any) -> Path:
+    """Write ``parts`` (objects with ``state_dict()`` or plain values) to ``directory/state.pt`` atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT_VERSION, "rng": rng_state()}
+    for name, part in parts.items():
+        payload[name] = part.state_dict() if hasattr(part, "state_dict") else part
+    final = directory / STATE_FILE
+    tmp = directory / (STATE_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)  # atomic on POSIX: readers see the old file or the whole new one
+    return final
+
+
+def load(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory) / STATE_FILE
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated or corrupted file: say which one
+        raise CheckpointError(f"checkpoint {path} is unreadable: {type(e).__name__}: {e}") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has an unknown format")
+    return payload
+
+
+def restore(payload: dict[str, Any], **parts: Any) -> None:
+    """Load each named part's state from ``payload`` (strictly: a mismatch is an error, not a warning)."""
+    for name, part in parts.items():
+        if name not in payload:
+            raise CheckpointError(f"checkpoint lacks '{name}'")
+        part.load_state_dict(payload[name])
+    set_rng_state(payload["rng"])

@@ -1,0 +1,80 @@
+"""Builds and runs the ``TorchTrainer`` for one training run (the driver side).
+
+A fresh run gets a unique name: Ray Train resumes silently from the latest checkpoint of an
+existing (storage_path, name), so reusing a name is how ``--resume`` works and must never
+happen by accident. The resolved config is written next to the run's checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path, load_config
+from raymcn.train.worker import train_func_per_worker
+
+CONFIG_FILE = "raymcn_config.yaml"
+
+
+@dataclass
+class RunResult:
+    metrics: dict[str, float]
+    run_dir: Path
+    checkpoint_path: str | None
+
+
+def new_run_name(cfg: Config) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(2)}"
+
+
+def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | None = None) -> TorchTrainer:
+    """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
+    resources = {"CPU": cfg.scale.cpus_per_worker}
+    if cfg.scale.use_gpu:
+        resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
+    return TorchTrainer(
+        train_func_per_worker,
+        train_loop_config={"config": cfg.to_dict()},
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=str(storage_path),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
+                                                         checkpoint_score_attribute=PRIMARY_METRIC,
+                                                         checkpoint_score_order=PRIMARY_MODE),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
+            callbacks=callbacks or [],
+        ),
+    )
+
+
+def fit(cfg: Config, name: str | None = None, storage_path: Path | None = None,
+        callbacks: list | None = None) -> RunResult:
+    """Run training to completion (or resume ``name`` if it already has checkpoints)."""
+    storage_path = Path(storage_path or default_storage_path(cfg)).expanduser().resolve()
+    name = name or cfg.run.name or new_run_name(cfg)
+    run_dir = storage_path / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.dump(run_dir / CONFIG_FILE)
+    result = build_trainer(cfg, name, storage_path, callbacks).fit()
+    metrics = dict(result.return_value or result.metrics or {})
+    ckpt = result.checkpoint.path if result.checkpoint else None
+    return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
+
+
+def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult:
+    """Continue the run in ``run_dir`` from its latest checkpoint, with its own saved config."""
+    run_dir = Path(run_dir).expanduser().resolve()
+    saved = run_dir / CONFIG_FILE
+    if not saved.exists():
+        raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"])
+    cfg = load_config(saved, overrides)
+    return fit(cfg, name=run_dir.name, storage_path=run_dir.parent)

@@ -1,0 +1,196 @@
+"""The training loop as plain functions: optimizer, LR schedule, one epoch, evaluation. No Ray.
+
+``train_one_epoch`` and ``evaluate`` return ``dict[str, float]``; the Ray side (``worker.py``)
+only wires them to data, checkpoints and ``ray.train.report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from raymcn.config import Config
+from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
+from raymcn.train.stages import active_modalities, stage_of
+
+TIMING_PHASES = ("data", "forward", "loss", "backward", "optimizer")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when the loss or gradients stayed non-finite for too many consecutive steps."""
+
+
+@dataclass
+class LoopState:
+    """Counters that must survive a resume (checkpointed with the model)."""
+
+    step: int = 0  # next global step
+    epoch: int = 0  # next epoch
+    nonfinite_streak: int = 0
+    skipped_steps: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    def load_state_dict(self, d: dict[str, int]) -> None:
+        for k, v in d.items():
+            setattr(self, k, int(v))
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on GPU (no GradScaler needed for bf16); plain fp32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def build_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up from 0 to 1, then a half cosine to 0 at ``total_steps`` (clamped there).
+
+    Defined over the *global* step, so a resumed run continues the same curve (spec §3.2 quirk fixed).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return step / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_steps: int):
+    warmup = cfg.optim.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def _sync(device: torch.device) -> float:
+    # Without a sync, GPU kernels still queued would be billed to the next phase.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
+                    batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
+                    switch: int, log: Callable[[str], None] | None = None,
+                    total_steps: int | None = None) -> dict[str, float]:
+    """Run one pass over ``batches``; returns per-step means of every ``*_loss`` term and timings.
+
+    Args:
+        batches: dicts following the batch contract (video (b,4096), audio (b,40,T), nframes (b,),
+            text (b,W,300), key); b = local videos × clips per video, video-major.
+        switch: first global step of stage 2 (see ``stages.switch_step``).
+        log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
+
+    Raises:
+        NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
+    """
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    times = dict.fromkeys(TIMING_PHASES, 0.0)
+    steps = clips = skipped = 0
+    order = cfg.schedule.stage_order
+    params = [p for p in model.parameters() if p.requires_grad]
+    epoch_start = tick = _sync(device)
+    for batch in batches:
+        batch = to_device(batch, device)
+        active = active_modalities(order, state.step, switch)
+        tick = _lap(times, "data", tick, device)
+        with autocast(device):
+            out = model(batch, active)
+        tick = _lap(times, "forward", tick, device)
+        terms = objective(out, active, state.step)
+        tick = _lap(times, "loss", tick, device)
+        optimizer.zero_grad(set_to_none=True)
+        terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
+        tick = _lap(times, "backward", tick, device)
+        # Gradients are all-reduced, so every rank sees the same norm and takes the same decision.
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+        if torch.isfinite(norm):
+            optimizer.step()
+            state.nonfinite_streak = 0
+        else:
+            skipped += 1
+            state.skipped_steps += 1
+            state.nonfinite_streak += 1
+            if log:
+                log(f"non-finite loss/gradient at step {state.step} (skipped; {state.nonfinite_streak} in a row)")
+            if state.nonfinite_streak > cfg.optim.max_nonfinite_steps:
+                raise NonFiniteLossError(
+                    f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
+                    f"(last at global step {state.step}, terms: "
+                    f"{ {k: float(v) for k, v in terms.items()} }); optim.max_nonfinite_steps="
+                    f"{cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
+        scheduler.step()
+        state.step += 1
+        tick = _lap(times, "optimizer", tick, device)
+        values = {k: float(v) for k, v in terms.items()}  # one host sync per step
+        for k, v in values.items():  # every key on every rank: metrics are averaged across ranks by key
+            sums[k] += v if math.isfinite(v) else 0.0
+        steps += 1
+        clips += int(batch["video"].shape[0])
+        if log and (steps % cfg.run.log_every == 0):
+            log(_progress_line(state, steps, total_steps, values, clips, tick - epoch_start, order, switch))
+    elapsed = max(tick - epoch_start, 1e-9)
+    metrics = {k: v / max(1, steps - skipped) for k, v in sums.items()}
+    metrics.update({f"time_{k}_s": v / max(1, steps) for k, v in times.items()})
+    metrics.update(samples_per_s=clips / elapsed, steps=float(steps), skipped_steps=float(skipped),
+                   lr=float(optimizer.param_groups[0]["lr"]), stage=float(stage_of(order, state.step - 1, switch)))
+    return metrics
+
+
+def _lap(times: dict[str, float], phase: str, since: float, device: torch.device) -> float:
+    now = _sync(device)
+    times[phase] += now - since
+    return now
+
+
+def _progress_line(state: LoopState, steps: int, total: int | None, values: dict[str, float], clips: int,
+                   elapsed: float, order: str, switch: int) -> str:
+    terms = " ".join(f"{k.removesuffix('_loss')}={v:.4g}" for k, v in values.items() if k != "total_loss")
+    of = f"/{total}" if total else ""
+    return (f"epoch {state.epoch + 1} step {state.step}{of} stage {stage_of(order, state.step - 1, switch)} "
+            f"loss={values['total_loss']:.4g} [{terms}] {clips / max(elapsed, 1e-9):.1f} clips/s")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256) -> dict[str, float]:
+    """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
+
+    Args:
+        eval_set: object with tensors ``video`` (N,4096), ``audio`` (N,40,T), ``nframes`` (N,),
+            ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
+        chunk: clips embedded at a time.
+    """
+    net = getattr(model, "module", model)  # bypass DDP: evaluation needs no gradient sync
+    was_training = net.training
+    net.eval()
+    try:
+        texts, galleries = [], []
+        n = eval_set.video.shape[0]
+        for start in range(0, n, chunk):
+            sl = slice(start, start + chunk)
+            batch = to_device({"video": eval_set.video[sl], "audio": eval_set.audio[sl],
+                               "nframes": eval_set.nframes[sl], "text": eval_set.text[sl]}, device)
+            with autocast(device):
+                out = net.encode(batch)  # all three branches, no reconstruction heads
+            texts.append(out["text"].float())
+            galleries.append(out["video"].float() + out["audio"].float())
+        ranks = ranks_of_matches(torch.cat(texts), torch.cat(galleries))
+        metrics = retrieval_metrics(ranks, getattr(eval_set, "num_queries_total", None) or n)
+        metrics["eval_size"] = float(getattr(eval_set, "num_queries_total", None) or n)
+        return metrics
+    finally:
+        net.train(was_training)

@@ -1,0 +1,90 @@
+"""The Ray side of training: ``train_func_per_worker`` runs once on every Ray Train worker.
+
+One worker per GPU (or per CPU slot). It wires the plain loop (``loop.py``) to the per-rank data,
+to checkpoints and to ``ray.train.report``, which every rank calls once per epoch.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+from raymcn.config import Config
+from raymcn.data.memory import TrainVideos
+from raymcn.data.evalsets import load_eval_set
+from raymcn.losses import MCNObjective
+from raymcn.losses.gather import all_reduce_mean
+from raymcn.model import MCN
+from raymcn.train import checkpoint
+from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, evaluate, train_one_epoch
+from raymcn.train.stages import switch_step
+
+
+def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
+    """Train MCN for ``cfg.schedule.epochs`` epochs; returns the last epoch's metrics.
+
+    ``loop_config["config"]`` is a resolved ``Config.to_dict()``.
+    """
+    cfg = Config.from_dict(loop_config["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    log = print if rank == 0 else None
+
+    # [1] Data: this rank's disjoint share of the videos each epoch, and the held-out eval set.
+    videos = TrainVideos.load(cfg)
+    eval_set = load_eval_set(cfg)
+    steps_per_epoch = videos.steps_per_epoch(cfg)
+    total_steps = steps_per_epoch * cfg.schedule.epochs
+    switch = switch_step(cfg.schedule.stage_order, cfg.schedule.stage1_fraction, total_steps)
+
+    # [2] Model, wrapped in DDP. Staged orders leave a branch without gradient in stage 1.
+    torch.manual_seed(cfg.run.seed)
+    staged = cfg.schedule.stage_order != "joint"
+    model = ray.train.torch.prepare_model(
+        MCN(cfg.model), parallel_strategy_kwargs={"find_unused_parameters": staged and cfg.scale.find_unused_parameters})
+    net = getattr(model, "module", model)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
+    objective = MCNObjective(cfg, cfg.model.embed_dim, device)
+    state = LoopState()
+
+    # [3] Resume: the latest checkpoint of this run name, if any (after a crash or --resume).
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            payload = checkpoint.load(d)
+        checkpoint.restore(payload, model=net, optimizer=optimizer, scheduler=scheduler, objective=objective,
+                           loop=state)
+        if log:
+            log(f"resumed at epoch {state.epoch}, global step {state.step}")
+
+    # [4] Epochs: train, evaluate, checkpoint, report (every rank reports; Ray keeps rank 0's).
+    metrics: dict[str, float] = {}
+    for epoch in range(state.epoch, cfg.schedule.epochs):
+        state.epoch = epoch
+        batches = videos.batches(cfg, epoch=epoch, rank=rank, world_size=world, steps=steps_per_epoch)
+        train_metrics = train_one_epoch(model, objective, optimizer, scheduler, batches, cfg=cfg, state=state,
+                                        device=device, switch=switch, log=log, total_steps=total_steps)
+        state.epoch = epoch + 1
+        keys = sorted(train_metrics)
+        averaged = all_reduce_mean(torch.tensor([train_metrics[k] for k in keys], dtype=torch.float64,
+                                                device=device))
+        metrics = dict(zip(keys, averaged.tolist()))
+        metrics.update(evaluate(model, eval_set, device))
+        metrics.update(epoch=float(state.epoch), global_step=float(state.step))
+        if log:
+            log(f"epoch {state.epoch}/{cfg.schedule.epochs} " + " ".join(
+                f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("text_to_video") or k == "total_loss"))
+        with tempfile.TemporaryDirectory() as d:
+            ck = None
+            if rank == 0:  # one writer; the payload is identical on every rank
+                checkpoint.save(d, model=net, optimizer=optimizer, scheduler=scheduler, objective=objective,
+                                loop=state, config=cfg.to_dict(), metrics=metrics)
+                ck = ray.train.Checkpoint.from_directory(d)
+            ray.train.report(metrics, checkpoint=ck)
+    return metrics

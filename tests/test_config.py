@@ -1,0 +1,94 @@
+"""Config: YAML + dotted overrides, typing, and checks that fail before Ray starts."""
+
+import pytest
+
+from raymcn.config import Config, ConfigError, all_keys, load_config
+from raymcn.cli import preset_path
+
+REQUIRED_KEYS = ["optim.lr", "data.batch_size", "data.clips_per_video", "loss.num_clusters", "schedule.epochs",
+                 "schedule.stage_order", "schedule.stage1_fraction", "scale.num_workers", "scale.use_gpu",
+                 "scale.cpus_per_worker", "data.shards", "data.eval_set"]
+
+
+def test_documented_keys_exist():
+    assert set(REQUIRED_KEYS) <= set(all_keys())
+
+
+def test_defaults_are_the_papers():
+    c = Config()
+    assert (c.model.embed_dim, c.model.video_dim, c.model.word_dim) == (6144, 4096, 300)
+    assert (c.loss.margin, c.loss.num_clusters, c.loss.refresh_every, c.loss.recon_weight) == (0.001, 256, 20, 50.0)
+    assert (c.optim.lr, c.optim.warmup_steps, c.data.batch_size, c.data.clips_per_video) == (1e-4, 5000, 128, 32)
+    assert c.clips_per_step == 4096
+    assert c.queue_rows == 40960  # 20 steps x 16 clips x 128 videos, as the original's queue
+
+
+def test_yaml_and_overrides(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("optim:\n  lr: 1.0e-3\nschedule:\n  stage_order: VT_A\n")
+    c = load_config(f, ["optim.lr=3e-4", "scale.use_gpu=true", "model.audio_channels=[4,4,8,8,16]",
+                        "data.eval_set=youcook:/x/y.pkl"])
+    assert c.optim.lr == pytest.approx(3e-4)  # YAML 1.1 reads 3e-4 as a string: typed against the field
+    assert c.schedule.stage_order == "VT_A" and c.scale.use_gpu is True
+    assert c.model.audio_channels == (4, 4, 8, 8, 16)
+    assert Config.from_dict(c.to_dict()) == c
+    assert c.replace({"optim.lr": 0.5}).optim.lr == 0.5
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("optim.lrr=1", "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+    ("data.batch_size=7", "data.batch_size=7 is not divisible by scale.num_workers=2"),
+    ("schedule.stage_order=VA_T", "allowed values are AV_T, VT_A, AT_V, joint"),
+    ("loss.num_clusters=5000", "loss.num_clusters=5000 is larger than the 4096 clips"),
+    ("scale.use_gpu=perhaps", "scale.use_gpu: expected bool, got 'perhaps'"),
+    ("optim.lr=-1", "optim.lr=-1.0: must be a positive number"),
+    ("data.batch_size=abc", "data.batch_size: expected int, got 'abc'"),
+    ("schedule.stage1_fraction=1.5", "schedule.stage1_fraction=1.5: must lie strictly between 0 and 1"),
+    ("data.eval_set=imagenet", "data.eval_set='imagenet': allowed values are synthetic, youcook:FILE, msrvtt:FILE"),
+    ("loss.queue_dtype=float16", "loss.queue_dtype='float16': allowed values are float32, bfloat16"),
+    ("model.audio_channels=[1,2]", "model.audio_channels=[1, 2]: needs 5 positive widths"),
+    ("nosection.x=1", "unknown key 'nosection.x'"),
+    ("optim.lr", "expected KEY=VALUE"),
+    ("sweep.algorithm=hyperopt", "sweep.algorithm='hyperopt': allowed values are bohb, asha, optuna, random, grid"),
+])
+def test_bad_values_name_the_key(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert fragment in str(e.value)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["optim.lrr=1", "data.batch_size=129", "schedule.epochs=0"])
+    assert len(e.value.problems) == 3
+
+
+def test_sweep_space_checked(tmp_path):
+    f = tmp_path / "sweep.yaml"
+    f.write_text("sweep:\n  algorithm: bohb\n  space:\n"
+                 "    optim.lrate: {loguniform: [1.0e-5, 1.0e-3]}\n"
+                 "    optim.lr: {loguniform: [0, 1.0e-3]}\n"
+                 "    schedule.stage_order: {choice: [AV_T, XX]}\n"
+                 "    data.batch_size: {grid: [32, 64]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    msg = str(e.value)
+    assert "sweep.space.optim.lrate: unknown key 'optim.lrate' (did you mean 'optim.lr'?)" in msg
+    assert "sweep.space.optim.lr: loguniform needs [low, high] with 0 < low < high" in msg
+    assert "bohb does not accept grid domains" in msg
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_presets_are_valid():
+    from pathlib import Path
+
+    for f in [preset_path(), *Path(__file__).parents[1].joinpath("sweeps").glob("*.yaml")]:
+        load_config(f)
