@@ -1,0 +1,139 @@
+"""ResDAVEnet: the audio CNN of MCN (spec §1.3), plus the padding-aware time pooling helpers.
+
+The network collapses the mel axis with one (mel_bins, 1) convolution and then runs 1-D residual
+layers along time. Every layer halves the time axis, so 5 widths (conv1 + 4 layers) give a 16x
+downsampling: T=1000 -> 63, 3072 -> 192, 5120 -> 320 steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def _time_conv(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
+    """A (1, 9) convolution along time; 'same' padding so only the stride changes the length."""
+    return nn.Conv2d(in_ch, out_ch, kernel_size=(1, 9), stride=(1, stride), padding=(0, 4), bias=False)
+
+
+class BasicBlock(nn.Module):
+    """conv(1x9) -> BN -> ReLU -> conv(1x9) -> BN, plus a shortcut, then ReLU.
+
+    Input (B, in_ch, 1, T) -> output (B, out_ch, 1, ceil(T / stride)). A block that changes the
+    stride or the width gets a 1x1 conv + BN projection on its shortcut.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = _time_conv(in_ch, out_ch, stride)
+        self.bn1 = nn.BatchNorm2d(out_ch)
+        self.conv2 = _time_conv(out_ch, out_ch)
+        self.bn2 = nn.BatchNorm2d(out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_ch != out_ch:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=(1, stride), bias=False),
+                nn.BatchNorm2d(out_ch),
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + shortcut)
+
+
+def _layer(in_ch: int, out_ch: int, blocks: int) -> nn.Sequential:
+    """`blocks` basic blocks; the first one halves time (and always carries the projection)."""
+    layers = [BasicBlock(in_ch, out_ch, stride=2)]
+    layers += [BasicBlock(out_ch, out_ch) for _ in range(blocks - 1)]
+    return nn.Sequential(*layers)
+
+
+class DAVEnet(nn.Module):
+    """ResDAVEnet audio encoder.
+
+    Args:
+        channels: conv1 width followed by one width per residual layer; the paper uses
+            (128, 128, 256, 512, 1024). Each layer halves time, so 4 layers downsample by 16.
+        blocks: residual blocks per layer (paper: 2).
+        mel_bins: height of the input spectrogram (paper: 40).
+
+    The original also builds an unused ``batchnorm1``; it is deliberately left out here.
+    """
+
+    def __init__(self, channels: Sequence[int] = (128, 128, 256, 512, 1024), blocks: int = 2, mel_bins: int = 40):
+        super().__init__()
+        if len(channels) < 2:
+            raise ValueError(f"DAVEnet channels={list(channels)}: needs conv1 width and at least one layer width")
+        self.mel_bins = mel_bins
+        self.out_channels = channels[-1]
+        # conv1 spans the whole mel axis, so everything after it is a 1-D net over time.
+        self.conv1 = nn.Conv2d(1, channels[0], kernel_size=(mel_bins, 1), bias=False)
+        self.bn1 = nn.BatchNorm2d(channels[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.layers = nn.Sequential(*[_layer(i, o, blocks) for i, o in zip(channels[:-1], channels[1:])])
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """He-style init as in the original: N(0, sqrt(2 / (kh * kw * out_ch))); BN = identity."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                kh, kw = m.kernel_size
+                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (kh * kw * m.out_channels)))
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, audio: Tensor) -> Tensor:
+        """audio (B, mel_bins, T), any float dtype -> features (B, out_channels, ceil(T / 16)).
+
+        The input is cast to the weights' dtype: fp16 spectrograms meet fp32 weights (the original's
+        apex_level=0 crash, spec §6.9). Under torch.autocast the weights stay fp32, so this is a plain
+        ``.float()`` and autocast picks the compute dtype of each conv.
+        """
+        if audio.dim() != 3 or audio.shape[1] != self.mel_bins:
+            raise ValueError(f"DAVEnet expects audio (B, {self.mel_bins}, T), got {tuple(audio.shape)}")
+        x = audio.to(self.conv1.weight.dtype).unsqueeze(1)  # (B, 1, mel, T)
+        x = self.relu(self.bn1(self.conv1(x)))  # (B, C0, 1, T)
+        x = self.layers(x)  # (B, C4, 1, T')
+        return x.squeeze(2)
+
+
+def pooled_steps(nframes: Tensor, frames: int, steps: int) -> Tensor:
+    """Number of DAVEnet output steps that cover real (non-padding) audio.
+
+    Args:
+        nframes: (B,) integer count of real spectrogram frames; may exceed ``frames`` (the eval
+            sets store the unclipped length). Never modified (the original's in-place ``div_``,
+            spec §6.11, mutated the batch and fails in modern PyTorch).
+        frames: padded input length T.
+        steps: output length T' of DAVEnet for that input.
+
+    Returns:
+        (B,) int64 = clamp(ceil(min(nframes, T) * T' / T), 1, T'). Integer arithmetic, so the
+        ratio is exact; at least one step so an empty clip still has a defined mean.
+    """
+    n = nframes.long().clamp(0, frames)  # out of place: a new tensor
+    return torch.div(n * steps + frames - 1, frames, rounding_mode="floor").clamp(1, steps)
+
+
+def masked_time_mean(x: Tensor, steps: Tensor) -> Tensor:
+    """Mean over the first ``steps[b]`` time steps of each row.
+
+    Args:
+        x: (B, C, T') features.
+        steps: (B,) integers in [1, T'].
+
+    Returns:
+        (B, C) in x's dtype. Steps computed from padding are excluded, in training and evaluation
+        alike (the original averaged them in during training only, spec §6.5).
+    """
+    steps = steps.to(x.device)
+    mask = torch.arange(x.shape[-1], device=x.device) < steps[:, None]  # (B, T')
+    total = (x * mask[:, None, :].to(x.dtype)).sum(dim=-1)
+    return total / steps[:, None].to(x.dtype)
