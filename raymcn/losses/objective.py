@@ -1,0 +1,163 @@
+"""The MCN training objective: contrastive + weighted cluster + weighted reconstruction terms.
+
+One :class:`MCNObjective` lives in every training worker for the whole run. It owns the
+clustering state (global feature queue, centroids, last active modality set), which is identical
+on every rank and is checkpointed by the trainer through :meth:`state_dict`.
+
+Distributed contract (see gather.py): every rank calls the objective every step with the same
+active set, the same step and the same local batch size b, and every rank runs ``backward()`` on
+``total_loss``. Returned values are this rank's share; the DDP-averaged gradient equals the
+full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raymcn.config import MODALITIES, Config
+from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans
+from raymcn.losses.contrastive import PAIRS, mms_loss
+from raymcn.losses.gather import all_gather_no_grad, all_gather_with_grad, broadcast_from_rank0, world_info
+from raymcn.losses.recon import recon_loss
+
+_QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class MCNObjective:
+    """Callable loss with clustering state.
+
+    Args:
+        cfg: the run config (``cfg.loss``, ``cfg.data.clips_per_video``, ``cfg.queue_rows``,
+            ``cfg.run.seed`` are used).
+        embed_dim: D of the shared space (the queue's width).
+        device: where the queue and centroids live (the worker's device).
+    """
+
+    def __init__(self, cfg: Config, embed_dim: int, device: torch.device | str):
+        self.cfg = cfg
+        self.embed_dim = int(embed_dim)
+        self.device = torch.device(device)
+        self.queue = FeatureQueue(cfg.queue_rows, self.embed_dim, _QUEUE_DTYPES[cfg.loss.queue_dtype], self.device)
+        self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
+        self.active: frozenset[str] | None = None  # modality set of the previous call
+
+    # --- state ----------------------------------------------------------------------------------
+    def reset_clustering(self) -> None:
+        """Forget queue and centroids (their geometry no longer matches the embeddings)."""
+        self.queue.clear()
+        self.centroids = None
+
+    def state_dict(self) -> dict:
+        return {"queue": self.queue.state_dict(),
+                "centroids": None if self.centroids is None else self.centroids.detach().cpu().clone(),
+                "active": None if self.active is None else sorted(self.active)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue.load_state_dict(state["queue"])
+        c = state.get("centroids")
+        if c is not None and tuple(c.shape) != (self.cfg.loss.num_clusters, self.embed_dim):
+            # A resumed run with another K or D: refit from scratch rather than fail.
+            c = None
+        self.centroids = None if c is None else c.to(device=self.device, dtype=torch.float32)
+        self.active = None if state.get("active") is None else frozenset(state["active"])
+
+    # --- the loss -------------------------------------------------------------------------------
+    def __call__(self, out: dict, active: frozenset[str], step: int) -> dict[str, torch.Tensor]:
+        """Loss terms for one step.
+
+        Args:
+            out: model output. ``out[m]`` (b, D) for every active modality m (video-major: the
+                ``cfg.data.clips_per_video`` clips of one video are consecutive), and optionally
+                ``out["recon_<m>"] = (pred, target)``. Entries of inactive modalities are ignored.
+            active: the modalities trained at this step (non-empty subset of video/audio/text).
+            step: global optimizer step (drives the centroid refresh period and the k-means seed).
+
+        Returns:
+            scalar tensors: ``<pair>_contrastive_loss`` for each active pair (tv, at, av),
+            ``contrastive_loss``, ``cluster_loss``, ``recon_loss`` (only when ``out`` has a recon
+            entry for an active modality; unweighted) and ``total_loss``.
+        """
+        active = frozenset(active)
+        if not active or not active <= set(MODALITIES):
+            raise ValueError(f"active modalities must be a non-empty subset of {MODALITIES}, got {sorted(active)}")
+        missing = [m for m in MODALITIES if m in active and m not in out]
+        if missing:
+            raise KeyError(f"model output lacks active modalities {missing}; has {sorted(out)}")
+        lc = self.cfg.loss
+        emb = {m: out[m] for m in MODALITIES if m in active}  # fixed order: collectives must match
+        b = next(iter(emb.values())).shape[0]
+        for m, e in emb.items():
+            if e.ndim != 2 or e.shape[0] != b:
+                raise ValueError(f"out[{m!r}] has shape {tuple(e.shape)}; expected ({b}, D)")
+        if b % self.cfg.data.clips_per_video:
+            # Checked before any state changes; each rank holds whole videos (video-major rows).
+            raise ValueError(f"{b} local clips are not whole videos of {self.cfg.data.clips_per_video} clips "
+                             f"(data.clips_per_video)")
+        if self.active is not None and active != self.active:
+            self.reset_clustering()  # stage switch: fused vectors now live in another subspace
+        self.active = active
+        rank, _ = world_info()
+        offset = rank * b
+        terms: dict[str, torch.Tensor] = {}
+
+        # Contrastive: global negatives through gathered-with-gradient embeddings.
+        in_pairs = [m for m in MODALITIES if any(m in (x, y) and x in active and y in active for x, y, _ in PAIRS)]
+        gathered = {m: all_gather_with_grad(emb[m].float()) for m in in_pairs}
+        contrastive = []
+        for x, y, name in PAIRS:
+            if x in active and y in active:
+                loss = mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin)
+                terms[f"{name}_contrastive_loss"] = loss
+                contrastive.append(loss)
+        ref = next(iter(emb.values()))
+        terms["contrastive_loss"] = (torch.stack(contrastive).sum() if contrastive
+                                     else torch.zeros((), device=ref.device))
+
+        terms["cluster_loss"] = self._cluster_loss(emb, b, offset, step)
+
+        recon_pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
+        total = terms["contrastive_loss"] + lc.cluster_weight * terms["cluster_loss"]
+        if recon_pairs:
+            terms["recon_loss"] = recon_loss(recon_pairs, lc.detach_recon_targets)
+            total = total + lc.recon_weight * terms["recon_loss"]
+        terms["total_loss"] = total
+        return terms
+
+    def _cluster_loss(self, emb: dict[str, torch.Tensor], b: int, offset: int, step: int) -> torch.Tensor:
+        """Fused-vector k-means labels -> cluster CE; updates queue and centroids."""
+        lc = self.cfg.loss
+        # Fused vector over the *active* modalities only (the original divided by 3 regardless).
+        fused = torch.stack([e.float() for e in emb.values()]).mean(dim=0)  # (b, D), keeps gradient
+        current = all_gather_no_grad(fused).to(self.device)  # (B, D) global, rank- then video-major
+
+        refresh = self.centroids is None or step % lc.refresh_every == 0
+        if refresh:
+            rank, _ = world_info()
+            centroids = torch.empty(lc.num_clusters, self.embed_dim, dtype=torch.float32, device=self.device)
+            if rank == 0:
+                # k-means input: the queue as it was before this step's push, then the current rows.
+                x = torch.cat([self.queue.contents(), current])
+                gen = torch.Generator().manual_seed(int(self.cfg.run.seed) * 1_000_003 + int(step))
+                centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
+                                             init=self.centroids, generator=gen)
+            # One source of truth: rank 0's fit, so ranks never drift apart by float noise
+            # (the other ranks would only repeat the same work).
+            self.centroids = broadcast_from_rank0(centroids.contiguous())
+        labels = assign_clusters(current[offset:offset + b], self.centroids).to(fused.device)
+
+        if lc.cluster_on == "fused":
+            loss = cluster_ce(fused, self.centroids, labels, lc.margin)
+        else:
+            loss = torch.stack([cluster_ce(e, self.centroids, labels, lc.margin) for e in emb.values()]).mean()
+
+        self._push(current)
+        return loss
+
+    def _push(self, current: torch.Tensor) -> None:
+        """Queue the first ``cfg.queue_clips_per_video`` clips of every global video in ``current`` (B, D)."""
+        cpv = self.cfg.data.clips_per_video
+        if current.shape[0] % cpv:
+            raise ValueError(f"{current.shape[0]} global clips are not whole videos of {cpv} clips "
+                             f"(data.clips_per_video)")
+        per_video = current.view(current.shape[0] // cpv, cpv, self.embed_dim)
+        self.queue.push(per_video[:, :self.cfg.queue_clips_per_video].reshape(-1, self.embed_dim))
