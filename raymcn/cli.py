@@ -94,6 +94,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from raymcn.sweep import tuner
+
+    cfg = None if args.resume else resolve_config(args)
+    if cfg is not None and not cfg.sweep.space:
+        raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
+    started = start_ray(args.address)
+    try:
+        result = tuner.resume_sweep(args.resume) if args.resume else tuner.run_sweep(cfg)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    print(f"\n{result.num_trials} trials ({result.num_errors} errored) in {result.experiment_dir}")
+    _print_results(result.experiment_dir)
+    if args.json:
+        print(json.dumps({"experiment_dir": str(result.experiment_dir), "best_config": result.best_config,
+                          "best_metrics": result.best_metrics}, default=str), flush=True)
+    return 0
+
+
+def _print_results(experiment_dir: Path) -> None:
+    from raymcn.results import table
+
+    table.run_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raymcn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("sweep", help="sweep hyper-parameters with Ray Tune (each trial a Ray Train run)")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep")
+    p.set_defaults(func=cmd_sweep)
+    from raymcn.results import table
+
+    p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
+    table.add_table_arguments(p)
+    p.set_defaults(func=table.run_table)
     return parser
 
 

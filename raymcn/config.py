@@ -123,6 +123,7 @@ class RunSection:
 @dataclass(frozen=True)
 class SweepConfig:
     algorithm: str = "random"  # bohb | asha | optuna | random | grid
+    suggest: str = "random"  # asha only: where new configs come from, random | optuna (TPE)
     num_samples: int = 4
     max_concurrent: int = 1  # = total GPUs // GPUs per trial
     grace_epochs: int = 1  # first rung of ASHA / HyperBand, in epochs
@@ -360,8 +361,40 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or sc.num_workers >= 1,
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
-    p.extend(validate_sweep(cfg.sweep))
+    sweep_problems = validate_sweep(cfg.sweep)
+    p.extend(sweep_problems)
+    if not p:
+        p.extend(_validate_trial_configs(cfg))
     return p
+
+
+def _validate_trial_configs(cfg: Config, limit: int = 512) -> list[str]:
+    """Every trial config the sweep can draw must itself be valid (e.g. each batch-size choice
+    divisible by the workers, K <= clips at the smallest batch). Choices and the ends of ranges
+    are combined exhaustively (up to ``limit`` combinations)."""
+    import itertools
+
+    if not cfg.sweep.space:
+        return []
+    keys, axes = [], []
+    for key, spec in cfg.sweep.space.items():
+        domain, args = next(iter(spec.items()))
+        keys.append(key)
+        axes.append(list(args))  # choice/grid values, or [low, high] of a range
+    problems: list[str] = []
+    base = cfg.to_dict()
+    for combo in itertools.islice(itertools.product(*axes), limit):
+        raw = {k: dict(v) for k, v in base.items()}
+        raw["sweep"] = {}  # checked above; avoid recursing into the sweep section
+        sub: list[str] = []
+        _apply_overrides(raw, dict(zip(keys, combo)), sub)
+        try:
+            _build(raw, sub)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo))
+            problems.extend(f"sweep.space: the trial {{{where}}} is invalid: {m}" for m in e.problems)
+            break  # one failing combination is enough to explain the problem
+    return problems
 
 
 def validate_sweep(sw: SweepConfig) -> list[str]:
@@ -373,6 +406,8 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
                        ("sweep.grace_epochs", sw.grace_epochs)]:
         if value < 1:
             p.append(f"{key}={value}: must be >= 1")
+    if sw.suggest not in ("random", "optuna"):
+        p.append(f"sweep.suggest={sw.suggest!r}: allowed values are random, optuna")
     if sw.reduction_factor < 2:
         p.append(f"sweep.reduction_factor={sw.reduction_factor}: must be >= 2")
     keys = [k for k in all_keys() if not k.startswith("sweep.")]
@@ -386,6 +421,10 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
             p.append(f"{where}: expected one of {{{', '.join(SEARCH_DOMAINS)}: ...}}, got {spec!r}")
             continue
         domain, args = next(iter(spec.items()))
+        if sw.algorithm in ("asha", "bohb") and key in ("schedule.epochs", "schedule.stage1_fraction"):
+            p.append(f"{where}: cannot be swept with {sw.algorithm}: the early-stopping clock is measured from "
+                     "the stage switch, which must be the same for every trial (set it in the run keys)")
+            continue
         if domain in ("loguniform", "uniform", "randint"):
             ok = isinstance(args, list) and len(args) == 2 and all(
                 isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)

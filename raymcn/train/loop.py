@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from raymcn.config import Config
+from raymcn.losses.gather import world_info
+from raymcn.train import faults
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
 
@@ -103,6 +105,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     steps = clips = skipped = 0
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
+    rank, _ = world_info()
     epoch_start = tick = _sync(device)
     for batch in batches:
         batch = to_device(batch, device)
@@ -112,6 +115,8 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             out = model(batch, active)
         tick = _lap(times, "forward", tick, device)
         terms = objective(out, active, state.step)
+        if faults.at_step(state.step, rank):
+            terms["total_loss"] = terms["total_loss"] * float("nan")
         tick = _lap(times, "loss", tick, device)
         optimizer.zero_grad(set_to_none=True)
         terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
@@ -136,7 +141,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         scheduler.step()
         state.step += 1
         tick = _lap(times, "optimizer", tick, device)
-        values = {k: float(v) for k, v in terms.items()}  # one host sync per step
+        values = {k: v.item() for k, v in terms.items()}  # one host sync per step
         for k, v in values.items():  # every key on every rank: metrics are averaged across ranks by key
             sums[k] += v if math.isfinite(v) else 0.0
         steps += 1
@@ -170,8 +175,8 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256)
     """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
 
     Args:
-        eval_set: object with tensors ``video`` (N,4096), ``audio`` (N,40,T), ``nframes`` (N,),
-            ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
+        eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
+            ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
         chunk: clips embedded at a time.
     """
     net = getattr(model, "module", model)  # bypass DDP: evaluation needs no gradient sync
@@ -182,8 +187,8 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256)
         n = eval_set.video.shape[0]
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
-            batch = to_device({"video": eval_set.video[sl], "audio": eval_set.audio[sl],
-                               "nframes": eval_set.nframes[sl], "text": eval_set.text[sl]}, device)
+            batch = to_device({k: torch.as_tensor(getattr(eval_set, k)[sl])
+                               for k in ("video", "audio", "nframes", "text")}, device)
             with autocast(device):
                 out = net.encode(batch)  # all three branches, no reconstruction heads
             texts.append(out["text"].float())

@@ -31,13 +31,6 @@ def switch_step(stage_order: str, stage1_fraction: float, total_steps: int) -> i
     return int(math.ceil(stage1_fraction * total_steps))
 
 
-def switch_epoch(stage_order: str, stage1_fraction: float, epochs: int) -> int:
-    """First epoch (0-based) whose steps are all in stage 2, for placing sweep rungs after the switch."""
-    if stage_order == "joint":
-        return 0
-    return int(math.ceil(stage1_fraction * epochs))
-
-
 def active_modalities(stage_order: str, step: int, switch: int) -> frozenset[str]:
     """The set of modalities that take part in the loss at global ``step``."""
     return ALL if step >= switch else first_stage(stage_order)
@@ -48,3 +41,14 @@ def stage_of(stage_order: str, step: int, switch: int) -> int:
     if stage_order == "joint":
         return 1
     return 1 if step < switch else 2
+
+
+def budget_epoch(epoch: int, stage1_fraction: float, epochs: int) -> int:
+    """Epochs completed since every stage order has all three modalities active.
+
+    Sweep schedulers use this as their clock (not Tune's ``training_iteration``, which restarts
+    when BOHB pauses a trial), so no rung can fall inside stage 1 and a staged order is never
+    stopped only because its third modality has not started. The offset is the same for every
+    trial of a sweep (``joint`` included), so every rung compares runs after equal total epochs.
+    """
+    return epoch - int(math.ceil(stage1_fraction * epochs))

@@ -19,9 +19,9 @@ from raymcn.data.evalsets import load_eval_set
 from raymcn.losses import MCNObjective
 from raymcn.losses.gather import all_reduce_mean
 from raymcn.model import MCN
-from raymcn.train import checkpoint
+from raymcn.train import checkpoint, faults
 from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, evaluate, train_one_epoch
-from raymcn.train.stages import switch_step
+from raymcn.train.stages import budget_epoch, switch_step
 
 
 def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
@@ -37,7 +37,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     # [1] Data: this rank's disjoint share of the videos each epoch, and the held-out eval set.
     videos = TrainVideos.load(cfg)
-    eval_set = load_eval_set(cfg)
+    eval_set = load_eval_set(cfg.data.eval_set, max_words=cfg.data.max_words,
+                             audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
     steps_per_epoch = videos.steps_per_epoch(cfg)
     total_steps = steps_per_epoch * cfg.schedule.epochs
     switch = switch_step(cfg.schedule.stage_order, cfg.schedule.stage1_fraction, total_steps)
@@ -76,7 +77,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                                                 device=device))
         metrics = dict(zip(keys, averaged.tolist()))
         metrics.update(evaluate(model, eval_set, device))
-        metrics.update(epoch=float(state.epoch), global_step=float(state.step))
+        metrics.update(epoch=float(state.epoch), global_step=float(state.step),
+                       budget_epoch=float(budget_epoch(state.epoch, cfg.schedule.stage1_fraction, cfg.schedule.epochs)))
         if log:
             log(f"epoch {state.epoch}/{cfg.schedule.epochs} " + " ".join(
                 f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("text_to_video") or k == "total_loss"))
@@ -87,4 +89,5 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                                 loop=state, config=cfg.to_dict(), metrics=metrics)
                 ck = ray.train.Checkpoint.from_directory(d)
             ray.train.report(metrics, checkpoint=ck)
+        faults.after_epoch(state.epoch)
     return metrics

@@ -1,0 +1,52 @@
+"""Fault injection for tests and the fault-tolerance table: ``RAYMCN_FAULT="kind=value[,kind=value]"``.
+
+Kinds: ``raise_after_epoch=N`` (raise once epoch N is checkpointed), ``kill_at_step=S`` (SIGKILL
+this worker process at global step S; rank ``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S``
+(make the loss of step S non-finite). A fault fires once per run directory: a marker file in
+``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again. Inert when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``raise_after_epoch``: stands in for a crash of the whole run."""
+
+
+def _spec() -> dict[str, int]:
+    text = os.environ.get("RAYMCN_FAULT", "")
+    out = {}
+    for part in filter(None, text.split(",")):
+        kind, _, value = part.partition("=")
+        out[kind.strip()] = int(value)
+    return out
+
+
+def _first_time(kind: str) -> bool:
+    marker_dir = os.environ.get("RAYMCN_FAULT_DIR")
+    if not marker_dir:
+        return True
+    marker = Path(marker_dir) / f"fired-{kind}"
+    if marker.exists():
+        return False
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return True
+
+
+def after_epoch(epoch: int) -> None:
+    if _spec().get("raise_after_epoch") == epoch and _first_time("raise_after_epoch"):
+        raise InjectedFault(f"injected fault after epoch {epoch} (RAYMCN_FAULT)")
+
+
+def at_step(step: int, rank: int) -> bool:
+    """Called before each step; kills this process or returns True when the loss must be made NaN."""
+    spec = _spec()
+    if spec.get("kill_at_step") == step and rank == int(os.environ.get("RAYMCN_FAULT_RANK", "1")) \
+            and _first_time("kill_at_step"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return spec.get("nan_at_step") == step

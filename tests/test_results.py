@@ -1,0 +1,244 @@
+"""Results layer on a hand-built Tune experiment directory (no Ray): table values, statuses,
+sort order, Markdown/CSV output, grouped mean ± std, plots and the ``raymcn table`` entry point."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from raymcn.config import PRIMARY_METRIC, RETRIEVAL_METRICS
+from raymcn.results import ExperimentError, format_table, group_table, load_experiment, main_table
+from raymcn.results.plots import write_plots
+
+EPOCHS = 4
+R10 = "text_to_video_R@10"
+# trial id -> (stage order, lr, R@10 per reported epoch, errored)
+TRIALS = {
+    "a0001_00000": ("AV_T", 1e-4, [10.0, 20.0, 30.0, 25.0], False),  # done, best != final
+    "a0001_00001": ("joint", 3e-4, [15.0, 25.0, 35.0, 40.0], False),  # done, the best trial
+    "a0001_00002": ("VT_A", 1e-3, [5.0, 8.0], False),  # stopped early (+ a half-written line)
+    "a0001_00003": ("AV_T", 3e-5, [12.0, 18.0, 14.0], True),  # errored after 3 epochs
+    "a0001_00004": ("joint", 1e-5, [20.0, 22.0, 24.0, 26.0], False),  # loss keys missing in some rows
+    "a0001_00005": ("VT_A", 2e-4, [], True),  # errored before its first report
+}
+NO_ROWS_DIR = "trial_fn_a0001_00005_5_lr=0.0002"  # its id can only come from the dir name
+
+
+def metrics_for(r10: float) -> dict[str, float]:
+    # R@1/R@5/MedR derived from R@10 so expected values are easy to recompute
+    return {"text_to_video_R@1": r10 / 10, "text_to_video_R@5": r10 / 2, R10: r10,
+            "text_to_video_MedR": 100 - 2 * r10}
+
+
+def make_row(tid: str, epoch: int, r10: float) -> dict:
+    row = {"epoch": epoch, **metrics_for(r10), "total_loss": 5.0 / epoch, "contrastive_loss": 3.0 / epoch,
+           "cluster_loss": 1.5 / epoch, "recon_loss": 0.5 / epoch,
+           "time_data_s": 0.01 * epoch, "time_forward_s": 0.02 * epoch, "time_loss_s": 0.003,
+           "time_backward_s": 0.04, "time_optimizer_s": 0.005, "samples_per_s": 100.0 * epoch,
+           "trial_id": tid, "time_total_s": 60.0 * epoch, "time_this_iter_s": 60.0,
+           "training_iteration": epoch, "done": False, "timestamp": 1_700_000_000 + epoch,
+           "config": {"optim.lr": 1.0}}  # Tune nests the config in each row; the table must ignore it
+    if tid == "a0001_00004":
+        if epoch <= 2:
+            del row["cluster_loss"]  # e.g. a term that starts later
+        if epoch == EPOCHS:
+            del row["recon_loss"]  # absent from the final row -> final value NaN
+    return row
+
+
+@pytest.fixture()
+def exp_dir(tmp_path):
+    exp = tmp_path / "sweep-test"
+    exp.mkdir()
+    (exp / "raymcn_sweep.yaml").write_text(yaml.safe_dump(
+        {"schedule": {"epochs": EPOCHS, "stage_order": "joint"}, "sweep": {"space": {}}}))
+    (exp / "train").mkdir()  # the sweep's Train storage: not a trial
+    for i, (tid, (order, lr, r10s, errored)) in enumerate(TRIALS.items()):
+        d = exp / (NO_ROWS_DIR if not r10s else f"trial_fn_{tid}_{i}_lr={lr}")
+        d.mkdir()
+        (d / "params.json").write_text(json.dumps({"optim.lr": lr, "schedule.stage_order": order,
+                                                   "data.batch_size": 8}))
+        if r10s:
+            lines = [json.dumps(make_row(tid, e, r)) for e, r in enumerate(r10s, start=1)]
+            if tid == "a0001_00002":
+                lines.append('{"epoch": 3, "text_to_vid')  # a running trial's half-written line
+            (d / "result.json").write_text("\n".join(lines) + "\n")
+        if errored:
+            (d / "error.txt").write_text("RuntimeError: boom")
+    return exp
+
+
+def by_trial(df: pd.DataFrame) -> pd.DataFrame:
+    return df.set_index("trial")
+
+
+def test_one_row_per_trial_and_curves(exp_dir):
+    trials, curves = load_experiment(exp_dir)
+    assert len(trials) == len(TRIALS)
+    assert set(trials["trial"]) == set(list(TRIALS)[:-1]) | {NO_ROWS_DIR}
+    assert {"optim.lr", "schedule.stage_order", "data.batch_size"} <= set(trials.columns)
+    assert "config" not in curves and "config" not in trials
+    # curves: one row per reported epoch (the half-written line is skipped)
+    assert len(curves) == sum(len(v[2]) for v in TRIALS.values())
+    assert not curves.duplicated(["trial", "epoch"]).any()
+    assert curves[curves.trial == "a0001_00001"][R10].tolist() == [15.0, 25.0, 35.0, 40.0]
+
+
+def test_final_and_best_values(exp_dir):
+    t = by_trial(load_experiment(exp_dir)[0])
+    for tid, (_, _, r10s, _) in TRIALS.items():
+        if not r10s:
+            continue
+        final, best_r10 = metrics_for(r10s[-1]), max(r10s)
+        for m in RETRIEVAL_METRICS:
+            assert t.loc[tid, f"final_{m}"] == pytest.approx(final[m])
+        assert t.loc[tid, f"best_{R10}"] == pytest.approx(best_r10)
+        assert t.loc[tid, "best_text_to_video_R@1"] == pytest.approx(best_r10 / 10)
+        assert t.loc[tid, "best_text_to_video_MedR"] == pytest.approx(100 - 2 * best_r10)  # min for MedR
+        n = len(r10s)
+        assert t.loc[tid, "epochs"] == n
+        assert t.loc[tid, "total_loss"] == pytest.approx(5.0 / n)
+        assert t.loc[tid, "time_data_s"] == pytest.approx(0.01 * n)  # last row's step mean
+        assert t.loc[tid, "samples_per_s"] == pytest.approx(100.0 * n)
+        assert t.loc[tid, "wall_s"] == pytest.approx(60.0 * n)
+    # a trial that reported nothing has a row of NaN metrics
+    assert t.loc[NO_ROWS_DIR, "epochs"] == 0 and math.isnan(t.loc[NO_ROWS_DIR, f"best_{R10}"])
+    # loss keys missing in some rows: final = the last epoch's row, NaN if absent there
+    assert t.loc["a0001_00004", "cluster_loss"] == pytest.approx(1.5 / EPOCHS)
+    assert math.isnan(t.loc["a0001_00004", "recon_loss"])
+    assert "time_total_s" not in t.columns and "time_this_iter_s" not in t.columns  # Tune's clocks
+
+
+def test_sort_order_and_status(exp_dir):
+    trials = load_experiment(exp_dir)[0]
+    assert trials["trial"].tolist() == ["a0001_00001", "a0001_00000", "a0001_00004", "a0001_00003",
+                                        "a0001_00002", NO_ROWS_DIR]  # best R@10 40, 30, 26, 18, 8, NaN
+    status = dict(zip(trials["trial"], trials["status"]))
+    assert status == {"a0001_00001": "done", "a0001_00000": "done", "a0001_00004": "done",
+                      "a0001_00003": "error", "a0001_00002": "stopped", NO_ROWS_DIR: "error"}
+    running = by_trial(load_experiment(exp_dir, running_trial_ids={"a0001_00002"})[0])
+    assert running.loc["a0001_00002", "status"] == "running"
+
+
+def test_status_from_tune_state_and_without_sweep_yaml(exp_dir):
+    # Tune saves a running trial as PENDING; the state file is read best effort
+    state = {"trial_data": [[json.dumps({"trial_id": "a0001_00002", "status": "PENDING"}), "{}"]]}
+    (exp_dir / "experiment_state-2024-01-01_00-00-00.json").write_text(json.dumps(state))
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "running"
+    (exp_dir / "experiment_state-2024-01-01_00-00-00.json").write_text("{not json")
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "stopped"
+    (exp_dir / "raymcn_sweep.yaml").unlink()  # then the longest trial defines "done"
+    t = by_trial(load_experiment(exp_dir)[0])
+    assert t.loc["a0001_00001", "status"] == "done" and t.loc["a0001_00002", "status"] == "stopped"
+
+
+def test_markdown_and_csv(exp_dir):
+    trials = load_experiment(exp_dir)[0]
+    md = format_table(trials, "md")
+    lines = md.strip().splitlines()
+    assert len(lines) == 2 + len(TRIALS)
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    assert header[:3] == ["trial", "status", "epochs"]
+    assert f"best_{R10}" in header and "final_text_to_video_MedR" in header and "total_loss" in header
+    best_row = [c.strip() for c in lines[2].strip("|").split("|")]  # first data row = best trial
+    assert best_row[0] == "a0001_00001"
+    assert best_row[header.index(f"best_{R10}")] == "40.00"
+    assert best_row[header.index("total_loss")] == "1.25"  # 5/4 at 4 significant digits
+    assert best_row[header.index("optim.lr")] == "0.0003"
+    assert "| - |" in md  # missing values
+    csv = format_table(trials, "csv")
+    back = pd.read_csv(io.StringIO(csv))
+    assert list(back.columns) == list(trials.columns)
+    assert back[f"best_{R10}"].tolist()[:5] == [40.0, 30.0, 26.0, 18.0, 8.0]
+    with pytest.raises(ValueError, match="html"):
+        format_table(trials, "html")
+
+
+def test_group_mean_std_match_numpy(exp_dir):
+    trials = load_experiment(exp_dir)[0]
+    g = group_table(trials, "schedule.stage_order").set_index("schedule.stage_order")
+    assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10: 33, 24, 8
+    for order in ("AV_T", "joint", "VT_A"):
+        members = [v[2] for v in TRIALS.values() if v[0] == order]
+        assert g.loc[order, "n"] == len(members)
+        best = np.array([max(r) for r in members if r])  # trials that never reported are left out
+        assert g.loc[order, "n_reported"] == best.size
+        assert g.loc[order, f"best_{R10}_mean"] == pytest.approx(np.mean(best))
+        if best.size > 1:  # sample std, ddof=1 (pandas' default)
+            assert g.loc[order, f"best_{R10}_std"] == pytest.approx(np.std(best, ddof=1))
+        else:
+            assert math.isnan(g.loc[order, f"best_{R10}_std"])
+    md = format_table(g.reset_index(), "md")
+    joint = np.array([40.0, 26.0])
+    assert f"{joint.mean():.2f} ± {joint.std(ddof=1):.2f}" in md  # "33.00 ± 9.90"
+    assert f"best_{R10} |" in md and f"best_{R10}_std" not in md.splitlines()[0]
+    csv = pd.read_csv(io.StringIO(format_table(g.reset_index(), "csv")))
+    assert {f"best_{R10}_mean", f"best_{R10}_std", "n"} <= set(csv.columns)
+    with pytest.raises(KeyError, match="loss.margin"):
+        group_table(trials, "loss.margin")
+
+
+def _is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_plots(exp_dir):
+    trials, curves = load_experiment(exp_dir)
+    paths = write_plots(exp_dir, trials, curves)
+    assert sorted(p.name for p in paths) == ["best_by_stage_order.png", "learning_curves.png", "metric_vs_lr.png"]
+    assert all(p.parent == exp_dir and _is_png(p) for p in paths)
+    skipped = []
+    paths = write_plots(exp_dir, trials.drop(columns=["optim.lr"]), curves, on_skip=skipped.append)
+    assert len(paths) == 2 and skipped == ["metric_vs_lr.png: optim.lr was not swept"]
+
+
+def test_missing_or_empty_dir_names_path(tmp_path, capsys):
+    missing = tmp_path / "no-such-sweep"
+    with pytest.raises(ExperimentError, match=str(missing)):
+        load_experiment(missing)
+    empty = tmp_path / "empty-sweep"
+    (empty / "train").mkdir(parents=True)
+    with pytest.raises(ExperimentError, match=str(empty)):
+        load_experiment(empty)
+    assert main_table([str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_main_table(exp_dir, capsys):
+    assert main_table([str(exp_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"best_{R10}" in out and "a0001_00001" in out and "40.00" in out
+    assert "grouped by schedule.stage_order" in out and "33.00 ± 9.90" in out
+    assert out.count("plot: ") == 3 and (exp_dir / "learning_curves.png").exists()
+    assert main_table([str(exp_dir), "--format", "csv", "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    back = pd.read_csv(io.StringIO(captured.out))  # stdout is exactly one CSV table
+    assert len(back) == len(TRIALS) and f"best_{PRIMARY_METRIC}" in back
+    assert main_table([str(exp_dir), "--format", "csv", "--group-by", "schedule.stage_order", "--no-plots"]) == 0
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["n"].sum() == len(TRIALS)
+    assert main_table([str(exp_dir), "--group-by", "nope.key", "--no-plots"]) == 2
+    assert "nope.key" in capsys.readouterr().err
+
+
+def test_results_does_not_import_ray():
+    code = ("import sys, raymcn.results.table, raymcn.results.plots; "
+            "sys.exit(1 if any(m == 'ray' or m.startswith('ray.') for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_sweep_config_file_name_matches_tuner():
+    # tuner imports Ray, so the name is duplicated rather than imported; this keeps the two in sync
+    from pathlib import Path
+
+    from raymcn.results.table import SWEEP_CONFIG_FILE
+
+    tuner = Path(__file__).resolve().parents[1] / "raymcn" / "sweep" / "tuner.py"
+    assert f'SWEEP_CONFIG_FILE = "{SWEEP_CONFIG_FILE}"' in tuner.read_text()
