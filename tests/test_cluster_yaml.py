@@ -1,0 +1,171 @@
+"""The cluster launcher configs validate against Ray's own schema, offline (ray-notes §4).
+
+Recipe: ``prepare_config`` (merges the provider's ``defaults.yaml``; for ``local`` it also
+injects the single ``local.cluster.node`` type and moves the top-level ``min_workers``), then
+``jsonschema.Draft7Validator`` over ``ray/autoscaler/ray-schema.json`` collecting every error,
+then ``validate_config`` (schema + head type exists + worker counts). The raw YAML is not what
+``ray up`` validates, so it is not what we validate either. For GCP, ``prepare_config`` only
+reads ``ray/autoscaler/gcp/defaults.yaml``. The ``offline`` fixture proves that no socket is
+opened and no cloud SDK is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+jsonschema = pytest.importorskip("jsonschema")
+ray_autoscaler = pytest.importorskip("ray.autoscaler")
+from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402  (private API)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "local": ROOT / "cluster.yaml",
+    "gcp": ROOT / "sweeps" / "clusters" / "gcp-a2-highgpu-4g.yaml",
+}
+SCHEMA = json.loads((Path(ray_autoscaler.__file__).parent / "ray-schema.json").read_text())
+RAY_PIN = re.compile(r"ray\[([a-z,]+)\]==2\.60\.0")
+# A pip requirement naming ray, e.g. `ray`, "ray[default]", ray==2.60.0, 'ray[train]>=2'.
+RAY_REQUIREMENT = re.compile(r"""(?<![\w./-])ray(?:\[[^\]]*\])?(?:[=<>!~]=?[\w.*]+)?(?=["'\s]|$)""")
+CLOUD_SDKS = {"googleapiclient", "google", "boto3", "botocore", "azure"}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load(CONFIGS[name].read_text())
+
+
+def schema_errors(config: dict) -> list[str]:
+    """Every schema violation, each prefixed by its JSON path, not just the first."""
+    validator = jsonschema.Draft7Validator(SCHEMA)
+    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '<top>'}: {e.message}"
+                  for e in validator.iter_errors(config))
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Fail on any network use or cloud SDK import while the test body runs."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"cluster-config validation tried to reach the network: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    before = set(sys.modules)
+    yield
+    imported = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in CLOUD_SDKS)
+    assert not imported, f"validation imported cloud SDK modules: {imported}"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_is_valid_for_ray_up(name, offline):
+    prepared = prepare_config(load(name))
+    assert schema_errors(prepared) == []
+    validate_config(prepared)  # also: head_node_type exists, sum(min_workers) <= max_workers
+
+
+def test_local_config_is_a_plain_on_prem_config(offline):
+    raw = load("local")
+    # prepare_local aborts on these fields for on-prem clusters.
+    for field in ("available_node_types", "head_node_type", "head_node", "worker_nodes"):
+        assert field not in raw, f"{field} is not allowed with the local provider"
+    prepared = prepare_config(raw)
+    (node_type,) = prepared["available_node_types"]
+    assert node_type == "local.cluster.node"
+    workers = len(raw["provider"]["worker_ips"])
+    assert prepared["available_node_types"][node_type]["min_workers"] == workers
+    assert prepared["max_workers"] == workers
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_typo_key_is_rejected_by_name(name, offline, tmp_path):
+    text = CONFIGS[name].read_text()
+    typo, count = re.subn(r"^setup_commands:", "setup_comands:", text, flags=re.MULTILINE)
+    assert count == 1
+    copy_path = tmp_path / CONFIGS[name].name
+    copy_path.write_text(typo)
+    prepared = prepare_config(yaml.safe_load(copy_path.read_text()))
+    errors = schema_errors(prepared)
+    assert any("setup_comands" in e and "unexpected" in e for e in errors), errors
+    with pytest.raises(jsonschema.ValidationError, match="setup_comands"):
+        validate_config(prepared)
+
+
+def test_local_declares_four_gpus_on_every_node():
+    # The local provider passes no resource override to `ray start` (node type resources are
+    # {}), so the start commands are where the 4 GPUs are declared.
+    raw = load("local")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in raw[key] if "ray start" in c]
+        assert starts, key
+        for command in starts:
+            assert re.search(r"--num-gpus[= ]4(?!\d)", command), (key, command)
+    assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in raw["head_start_ray_commands"][-1]
+    assert "$RAY_HEAD_IP:6379" in raw["worker_start_ray_commands"][-1]
+
+
+def test_gcp_declares_a2_highgpu_4g_resources():
+    raw = load("gcp")
+    types = raw["available_node_types"]
+    gpu = [t for t in types.values() if t["node_config"].get("machineType") == "a2-highgpu-4g"]
+    assert len(gpu) == 1
+    assert gpu[0]["resources"] == {"CPU": 48, "GPU": 4}
+    assert gpu[0]["node_config"]["scheduling"] == [{"onHostMaintenance": "TERMINATE"}]
+    assert types[raw["head_node_type"]]["resources"].get("GPU", 0) == 0
+    assert raw["provider"]["project_id"]
+
+
+def test_gcp_head_keeps_the_gcp_api_client(offline):
+    # Setting head_setup_commands replaces Ray's default, which installs the client that the
+    # head's autoscaler needs to launch GPU workers.
+    prepared = prepare_config(load("gcp"))
+    assert any("google-api-python-client" in c for c in prepared["head_setup_commands"])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_setup_pins_ray_and_installs_the_mounted_repo(name, offline):
+    raw = load(name)
+    pins = [m for c in raw["setup_commands"] for m in RAY_PIN.finditer(c)]
+    assert pins, "setup_commands must pin ray[...]==2.60.0"
+    for pin in pins:
+        # ray[default] brings the State API that frees stopped trials' GPUs (ray-notes P3).
+        assert {"default", "train", "tune"} <= set(pin.group(1).split(",")), pin.group(0)
+    assert raw["file_mounts"]["~/raymcn"] == "."
+    prepared = prepare_config(raw)
+    for key in ("head_setup_commands", "worker_setup_commands"):
+        installs = [c for c in prepared[key] if "pip install" in c]
+        named = [r.strip("\"'") for c in installs for r in RAY_REQUIREMENT.findall(c)]
+        assert named and all(RAY_PIN.fullmatch(r) for r in named), (key, named)  # no unpinned ray
+        assert any(re.search(r"pip install.* -e ~/raymcn(\s|$)", c) for c in installs), key
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_submit_command_resolves_on_the_head(name):
+    # `ray submit CFG sweep.py -- --config sweeps/stage_order_bohb.yaml` runs in the head's home
+    # directory, so sweeps/ must be mounted at ~/sweeps; local paths are relative to the repo root.
+    mounts = load(name)["file_mounts"]
+    assert (ROOT / mounts["~/raymcn"] / "sweep.py").is_file()
+    assert (ROOT / mounts["~/sweeps"] / "stage_order_bohb.yaml").is_file()
+    assert mounts["~/.ray/auth_token"] == "~/.ray/auth_token"  # one token on every node
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_node_environment_matches_the_lab_sweep(name):
+    """RAYMCN_SHARDS / RAYMCN_RESULTS are where stage_order_bohb.yaml's paths point."""
+    env = {}
+    for command in load(name)["setup_commands"]:
+        m = re.fullmatch(r"echo 'export (\w+)=([^']*)' >>? ~/\.raymcn_env", command.strip())
+        if m:
+            env[m.group(1)] = m.group(2)
+    sweep = yaml.safe_load((ROOT / "sweeps" / "stage_order_bohb.yaml").read_text())
+    assert env["RAYMCN_SHARDS"] == sweep["data"]["shards"]
+    assert env["RAYMCN_RESULTS"] == sweep["run"]["storage_path"]
+    assert env["RAY_AUTH_MODE"] == "token"
+
