@@ -91,7 +91,7 @@ class OptimConfig:
     warmup_steps: int = 5000
     weight_decay: float = 0.0
     grad_clip: float = 0.0  # 0 = off
-    max_nonfinite_steps: int = 1  # consecutive non-finite losses tolerated (step skipped) before stopping
+    max_nonfinite_steps: int = 3  # consecutive non-finite steps skipped before the run stops (0 = stop at once)
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ def validate(cfg: Config) -> list[str]:
                        ("loss.num_clusters", lo.num_clusters), ("loss.queue_steps", lo.queue_steps),
                        ("loss.refresh_every", lo.refresh_every), ("loss.kmeans_iters", lo.kmeans_iters),
                        ("schedule.epochs", s.epochs), ("run.checkpoints_to_keep", r.checkpoints_to_keep),
-                       ("run.log_every", r.log_every), ("optim.max_nonfinite_steps", o.max_nonfinite_steps),
+                       ("run.log_every", r.log_every),
                        ("data.synthetic_videos", d.synthetic_videos),
                        ("data.synthetic_eval_clips", d.synthetic_eval_clips),
                        ("data.synthetic_topics", d.synthetic_topics)]:
@@ -333,6 +333,7 @@ def validate(cfg: Config) -> list[str]:
                        ("loss.cluster_weight", lo.cluster_weight), ("loss.recon_weight", lo.recon_weight),
                        ("scale.num_workers", sc.num_workers), ("scale.max_failures", sc.max_failures),
                        ("schedule.steps_per_epoch", s.steps_per_epoch),
+                       ("optim.max_nonfinite_steps", o.max_nonfinite_steps),
                        ("data.eval_audio_frames", d.eval_audio_frames)]:
         need(value >= 0, f"{key}={value}: must be >= 0")
     need(len(m.audio_channels) == 5 and all(c >= 1 for c in m.audio_channels),

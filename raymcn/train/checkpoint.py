@@ -76,3 +76,8 @@ def restore(payload: dict[str, Any], **parts: Any) -> None:
             raise CheckpointError(f"checkpoint lacks '{name}'")
         part.load_state_dict(payload[name])
     set_rng_state(payload["rng"])
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories of a run, oldest first (Ray names them by timestamp)."""
+    return sorted(p for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())

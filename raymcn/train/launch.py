@@ -8,6 +8,7 @@ happen by accident. The resolved config is written next to the run's checkpoints
 from __future__ import annotations
 
 import datetime
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,8 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
             callbacks=callbacks or [],
+            # Workers see the driver's RAYMCN_* settings (cache and results folders, fault injection).
+            worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}},
         ),
     )
 
@@ -77,4 +80,7 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult
     if not saved.exists():
         raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"])
     cfg = load_config(saved, overrides)
+    if cfg.scale.num_workers == 0:
+        raise ConfigError([f"--resume {run_dir}: the run used local mode (scale.num_workers=0), which keeps no "
+                           "checkpoints; train with scale.num_workers >= 1 to be able to resume"])
     return fit(cfg, name=run_dir.name, storage_path=run_dir.parent)

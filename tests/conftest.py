@@ -1,0 +1,26 @@
+"""Shared fixtures: a private cache and results folder per session, and one Ray instance per module."""
+
+import os
+
+import pytest
+
+# Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
+TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_dirs(tmp_path_factory):
+    """Point the synthetic-corpus cache and run storage away from the user's home."""
+    os.environ.setdefault("RAYMCN_CACHE", str(tmp_path_factory.mktemp("cache")))
+    os.environ.setdefault("RAYMCN_RESULTS", str(tmp_path_factory.mktemp("results")))
+    yield
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One small local Ray instance for a test module; always shut down."""
+    ray = pytest.importorskip("ray")
+    ctx = ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
+                   log_to_driver=False, configure_logging=False)
+    yield ctx
+    ray.shutdown()

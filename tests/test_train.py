@@ -1,0 +1,66 @@
+"""Single runs in Ray Train's local mode (num_workers=0: the same loop, in-process, no cluster).
+
+Local mode keeps no checkpoints, so resume is tested with real workers in test_train_ray.py.
+"""
+
+import math
+
+import pytest
+import yaml
+
+from raymcn.cli import preset_path
+from raymcn.config import load_config
+from raymcn.config import ConfigError
+from raymcn.train import launch
+from raymcn.train.loop import NonFiniteLossError
+
+from conftest import TINY
+
+
+def tiny(*extra):
+    return load_config(preset_path(), ["scale.num_workers=0", *TINY, *extra])
+
+
+def test_run_dir_holds_resolved_config(tmp_path):
+    cfg = tiny("schedule.epochs=1")
+    result = launch.fit(cfg, name="cfg", storage_path=tmp_path)
+    saved = yaml.safe_load((tmp_path / "cfg" / launch.CONFIG_FILE).read_text())
+    assert saved["schedule"]["epochs"] == 1 and saved["data"]["batch_size"] == 16
+    assert result.run_dir == tmp_path / "cfg"
+    for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR",
+                "total_loss", "contrastive_loss", "cluster_loss", "recon_loss", "eval_size",
+                "time_data_s", "time_forward_s", "time_loss_s", "time_backward_s", "time_optimizer_s",
+                "samples_per_s"):
+        assert key in result.metrics and math.isfinite(result.metrics[key]), key
+
+
+def test_fresh_runs_get_unique_names(tmp_path):
+    cfg = tiny()
+    assert launch.new_run_name(cfg) != launch.new_run_name(cfg)
+
+
+def test_nonfinite_loss_stops_with_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=2")
+    with pytest.raises(NonFiniteLossError, match="non-finite for 1 consecutive steps"):
+        launch.fit(tiny("optim.max_nonfinite_steps=0", "schedule.epochs=1"), name="nan", storage_path=tmp_path)
+
+
+def test_nonfinite_step_is_skipped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=2")
+    result = launch.fit(tiny("optim.max_nonfinite_steps=1", "schedule.epochs=1"), name="skip", storage_path=tmp_path)
+    assert result.metrics["skipped_steps"] == 1
+    assert math.isfinite(result.metrics["total_loss"])
+
+
+@pytest.mark.parametrize("order", ["AV_T", "VT_A", "AT_V"])
+def test_staged_orders_switch_stage(tmp_path, order):
+    result = launch.fit(tiny(f"schedule.stage_order={order}", "schedule.stage1_fraction=0.5"),
+                        name=order, storage_path=tmp_path)
+    assert result.metrics["stage"] == 2  # the last epoch trained all three modalities
+    assert {"tv_contrastive_loss", "at_contrastive_loss", "av_contrastive_loss"} <= set(result.metrics)
+
+
+def test_local_mode_cannot_resume(tmp_path):
+    launch.fit(tiny("schedule.epochs=1"), name="local", storage_path=tmp_path)
+    with pytest.raises(ConfigError, match="local mode"):
+        launch.resume(tmp_path / "local")
