@@ -20,6 +20,9 @@ def _private_dirs(tmp_path_factory):
 def ray_local():
     """One small local Ray instance for a test module; always shut down."""
     ray = pytest.importorskip("ray")
+    # Ray workers must import functions defined in test modules (pickled by reference).
+    tests_dir = os.path.dirname(__file__)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
     ctx = ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
                    log_to_driver=False, configure_logging=False)
     yield ctx

@@ -11,6 +11,7 @@ iteration count restarts while its Train run resumes from its checkpoint.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,46 +53,67 @@ def budget(cfg: Config) -> int:
 
 
 def build_search(cfg: Config):
-    """(search_alg, scheduler) for ``cfg.sweep.algorithm``; all use the same fidelity (budget epochs)."""
+    """(search_alg, scheduler) for ``cfg.sweep.algorithm``; all use the same fidelity (budget epochs).
+
+    Metric and mode are given once, to ``TuneConfig``; Tune refuses them twice.
+    """
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandForBOHB
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     sw = cfg.sweep
-    common = dict(metric=PRIMARY_METRIC, mode=PRIMARY_MODE)
     max_t = budget(cfg)
+    # A generator ignores TuneConfig.max_concurrent_trials, so it gets the limit itself.
+    variants = BasicVariantGenerator(random_state=sw.seed, max_concurrent=sw.max_concurrent)
     if sw.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
-        return (TuneBOHB(seed=sw.seed, **common),
-                HyperBandForBOHB(time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor, **common))
+        return (TuneBOHB(seed=sw.seed),
+                HyperBandForBOHB(time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor))
     if sw.algorithm == "asha":
         scheduler = ASHAScheduler(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
-                                  reduction_factor=sw.reduction_factor, **common)
-        return _optuna(sw.seed) if sw.suggest == "optuna" else BasicVariantGenerator(random_state=sw.seed), scheduler
+                                  reduction_factor=sw.reduction_factor)
+        return (_optuna(sw.seed) if sw.suggest == "optuna" else variants), scheduler
     if sw.algorithm == "optuna":
         return _optuna(sw.seed), FIFOScheduler()
-    return BasicVariantGenerator(random_state=sw.seed), FIFOScheduler()  # random and grid
+    return variants, FIFOScheduler()  # random and grid
 
 
 def _optuna(seed: int):
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
-    return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed), metric=PRIMARY_METRIC, mode=PRIMARY_MODE)
+    return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
 
 
 def _callbacks(cfg: Config, experiment_dir: Path) -> list:
     callbacks = []
     if cfg.sweep.mlflow:
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-        callbacks.append(MLflowLoggerCallback(tracking_uri=(experiment_dir / "mlruns").as_uri(),
-                                              experiment_name=experiment_dir.name, save_artifact=False))
+        # A local SQLite store (MLflow 3 no longer accepts a plain ./mlruns folder by default).
+        callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir),
+                                                  experiment_name=experiment_dir.name, save_artifact=False))
     if cfg.sweep.wandb:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
         callbacks.append(WandbLoggerCallback(project="raymcn", group=experiment_dir.name, mode="offline"))
     return callbacks
+
+
+@functools.cache
+def _mlflow_callback_class():
+    """Built on first use: importing Ray's MLflow integration imports mlflow (an optional extra)."""
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    class MLflowCallback(MLflowLoggerCallback):
+        """MLflow rejects '@' in metric names: ``text_to_video_R@10`` is logged as ``text_to_video_R_at_10``."""
+
+        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            super().log_trial_result(iteration, trial, {k.replace("@", "_at_"): v for k, v in result.items()})
+
+    return MLflowCallback
+
+
+def mlflow_uri(experiment_dir: Path) -> str:
+    return f"sqlite:///{experiment_dir / 'mlflow.db'}"
 
 
 def _trainable(cfg: Config, experiment_dir: Path):
@@ -109,12 +131,16 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = 
     experiment_dir.mkdir(parents=True, exist_ok=True)
     cfg.dump(experiment_dir / SWEEP_CONFIG_FILE)
     search_alg, scheduler = build_search(cfg)
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
+    limit = None if isinstance(search_alg, BasicVariantGenerator) else cfg.sweep.max_concurrent
     samples = cfg.sweep.num_samples
     tuner = tune.Tuner(
         _trainable(cfg, experiment_dir),
         param_space=param_space(cfg.sweep),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
-                                    max_concurrent_trials=cfg.sweep.max_concurrent,
+                                    max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler),
         run_config=tune.RunConfig(name=name, storage_path=str(storage_path),
                                   callbacks=_callbacks(cfg, experiment_dir)),

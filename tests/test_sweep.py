@@ -1,0 +1,96 @@
+"""Sweeps: fair early stopping across stage orders, and a real smoke sweep + results table."""
+
+import json
+import math
+
+import pytest
+
+from raymcn.cli import main, preset_path
+from raymcn.config import PRIMARY_METRIC, load_config
+from raymcn.train.stages import budget_epoch
+
+pytestmark = pytest.mark.ray
+
+EPOCHS, FRACTION = 6, 0.5  # stage 2 starts at epoch 3 (0-based): the third modality joins there
+
+
+def fake_trial(config):
+    """Stands in for a Train run: a staged order is useless until its third modality joins, then best."""
+    from ray import tune
+
+    staged = config["schedule.stage_order"] != "joint"
+    for epoch in range(1, EPOCHS + 1):
+        in_stage2 = epoch > math.ceil(FRACTION * EPOCHS)
+        r10 = (60.0 + epoch if in_stage2 else 1.0) if staged else 20.0 + epoch
+        tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, FRACTION, EPOCHS), PRIMARY_METRIC: r10})
+
+
+def run_fake_sweep(time_attr, tmp_path):
+    from ray import tune
+
+    from raymcn.sweep.tuner import build_search
+
+    cfg = load_config(preset_path(), [f"schedule.epochs={EPOCHS}", f"schedule.stage1_fraction={FRACTION}",
+                                      "sweep.algorithm=asha", "sweep.grace_epochs=1", "sweep.reduction_factor=2"])
+    _, scheduler = build_search(cfg)
+    if time_attr != "budget_epoch":  # the naive clock, to show the rule matters
+        scheduler._time_attr = time_attr
+    orders = ["joint", "AV_T", "VT_A", "AT_V"]
+    grid = tune.Tuner(
+        tune.with_resources(fake_trial, {"cpu": 0.25}),
+        param_space={"schedule.stage_order": tune.grid_search(orders)},
+        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode="max", scheduler=scheduler),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name=time_attr, verbose=0),
+    ).fit()
+    return {r.config["schedule.stage_order"]: int(r.metrics["epoch"]) for r in grid}
+
+
+def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tmp_path):
+    epochs_run = run_fake_sweep("budget_epoch", tmp_path)
+    switch = math.ceil(FRACTION * EPOCHS)
+    for order in ("AV_T", "VT_A", "AT_V"):
+        assert epochs_run[order] > switch, epochs_run  # every staged trial trained all modalities
+    assert epochs_run["joint"] < EPOCHS  # and the scheduler did stop someone: the worse joint run
+
+
+def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
+    epochs_run = run_fake_sweep("epoch", tmp_path)
+    assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
+
+
+def test_smoke_sweep_table_and_mlflow(ray_local, tmp_path, capsys):
+    code = main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={tmp_path}",
+                 "--set", "sweep.mlflow=true"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    exp = out["experiment_dir"]
+    assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint")
+    assert PRIMARY_METRIC in out["best_metrics"]
+
+    from raymcn.results.table import load_experiment
+
+    trials, curves = load_experiment(exp)
+    assert len(trials) == 2 and set(trials["status"]) == {"done"}
+    assert sorted(trials["schedule.stage_order"]) == ["AV_T", "joint"]
+    assert (trials["epochs"] == 4).all() and len(curves) == 8
+    best = curves.groupby("trial")[PRIMARY_METRIC].max()
+    for _, row in trials.iterrows():
+        assert row[f"best_{PRIMARY_METRIC}"] == pytest.approx(best[row["trial"]])
+
+    assert main(["table", exp, "--format", "csv"]) == 0
+    csv = capsys.readouterr().out.strip().splitlines()
+    header = csv[0].split(",")
+    assert len(csv) == 1 + 2
+    for col in ("schedule.stage_order", f"final_{PRIMARY_METRIC}", f"best_{PRIMARY_METRIC}", "total_loss",
+                "epochs", "status", "wall_s", "time_forward_s"):
+        assert col in header
+    for png in ("learning_curves.png", "best_by_stage_order.png"):
+        assert (tmp_path / exp.split("/")[-1] / png).stat().st_size > 5000
+
+    import mlflow
+
+    from raymcn.sweep.tuner import mlflow_uri
+
+    mlflow.set_tracking_uri(mlflow_uri(tmp_path / exp.split("/")[-1]))
+    runs = mlflow.search_runs(search_all_experiments=True)
+    assert len(runs) == 2 and f"metrics.{PRIMARY_METRIC.replace('@', '_at_')}" in runs.columns
