@@ -48,10 +48,14 @@ def save(directory: str | os.PathLike, **parts: Any) -> Path:
         payload[name] = part.state_dict() if hasattr(part, "state_dict") else part
     final = directory / STATE_FILE
     tmp = directory / (STATE_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. disk full: drop the partial file, keep the previous one
+        raise
     os.replace(tmp, final)  # atomic on POSIX: readers see the old file or the whole new one
     return final
 
@@ -81,3 +85,25 @@ def restore(payload: dict[str, Any], **parts: Any) -> None:
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     """Checkpoint directories of a run, oldest first (Ray names them by timestamp)."""
     return sorted(p for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())
+
+
+def load_latest_good(latest: str | os.PathLike, warn=print) -> tuple[dict[str, Any], Path]:
+    """Load ``latest``; if it is unreadable, fall back to the newest readable older checkpoint of
+    the same run (with a warning naming both), so one damaged file costs one epoch, not the run.
+
+    Raises:
+        CheckpointError: when no checkpoint of the run is readable.
+    """
+    latest = Path(latest)
+    candidates = [latest] + [p for p in reversed(list_checkpoints(latest.parent)) if p.name < latest.name]
+    problems = []
+    for path in candidates:
+        try:
+            payload = load(path)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            warn(f"warning: {'; '.join(problems)}; resuming from the older checkpoint {path} instead")
+        return payload, path
+    raise CheckpointError("no readable checkpoint: " + "; ".join(problems))

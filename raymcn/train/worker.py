@@ -57,12 +57,11 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # [3] Resume: the latest checkpoint of this run name, if any (after a crash or --resume).
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
-            payload = checkpoint.load(d)
+        payload, path = checkpoint.load_latest_good(ckpt.path, warn=print)  # storage is a local/NFS path
         checkpoint.restore(payload, model=net, optimizer=optimizer, scheduler=scheduler, objective=objective,
                            loop=state)
         if log:
-            log(f"resumed at epoch {state.epoch}, global step {state.step}")
+            log(f"resumed from {path} at epoch {state.epoch}, global step {state.step}")
 
     # [4] Epochs: train, evaluate, checkpoint, report (every rank reports; Ray keeps rank 0's).
     metrics: dict[str, float] = {}

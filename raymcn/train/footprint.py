@@ -1,0 +1,335 @@
+"""Per-worker memory of one MCN training step: an analytic estimate, a fit check, and two meters.
+
+The preflight (#4) calls :func:`fits` before Ray starts, so a run that cannot fit its device is
+refused with a smaller ``data.clips_per_video`` to try instead of dying with an OOM hours later.
+No Ray here; torch is imported only to count parameters on the meta device and by the meters.
+
+What is counted (spec §2.5, re-derived for this implementation; all sizes in bytes, per worker,
+for rank 0, the largest: it alone runs the k-means refit). ``b`` = clips on this worker,
+``B`` = clips per step over all workers, ``D`` = ``model.embed_dim``, ``P`` = parameter count,
+``M`` = 3 modalities and 3 contrastive pairs (every stage order ends with all three active, so the
+last stage is the largest):
+
+==================== ========================================================================
+component            formula
+==================== ========================================================================
+params               P × 4 (fp32 master weights; BN running statistics included)
+grads                P × 4. The loop frees them (``zero_grad(set_to_none)``) only *after* the
+                     forward and the loss, so they are live for the whole step
+adam_moments         P × 8 (``exp_avg`` and ``exp_avg_sq``, fp32)
+ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets
+                     (``gradient_as_bucket_view`` is off, Ray's default)
+autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
+                     and saved for the backward
+batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·4 + 4): the batch
+                     contract on the device (audio arrives as fp16)
+activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
+                     every tensor the model saves for backward, batch inputs excluded
+                     (≈ 11.27 MB per clip at paper dims, T = 1000; DAVEnet ≈ 93 %)
+backward_workspace   b × :data:`BACKWARD_WORKSPACE_ELEMENTS` per clip × dtype: gradient tensors of
+                     the layer being differentiated plus the parameter grads created while the
+                     activations are not yet freed (calibrated on a CPU step, see below)
+loss_slabs           (2·3 + 2) × b × B × 4: each pair's row and column log-softmax (b × B fp32)
+                     are saved until backward, plus two live in the cross-entropy being computed.
+                     No B × B tensor exists on any worker
+gathered_embeddings  2 × 3 × B × D × 4 when world > 1: the all-gathered v, a, t (saved by the
+                     slab matmuls) and their B × D gradient before the gather's backward reduces
+                     it; 0 with one worker (the local rows are the global rows)
+loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands to the model (embedding
+                     grads from the row/column/cluster terms accumulate through 2 live buffers;
+                     recon grads for the F = video_dim + C4 + D predictions and the F_live
+                     non-detached targets). They wait in autograd until the model's backward runs
+queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
+kmeans_input         refit steps, rank 0: X = (queue_rows + B) × D × 4 plus one fp32 copy of the
+                     queue that ``FeatureQueue.contents`` still holds while X is concatenated
+optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
+                     largest parameter × 4 on CPU (single-tensor: sqrt, then the division)
+total                persistent + max(step phase, optimizer_workspace), where persistent = params
+                     + grads + adam_moments + ddp_buckets + queue and the step phase = autocast
+                     weights + batch + activations + loss terms + max(backward_workspace,
+                     kmeans_input): the refit runs in the forward, the workspace exists in the
+                     backward, Adam's temporaries after both
+==================== ========================================================================
+
+The activation formula is exact (it equals the bytes held by ``saved_tensors_hooks`` at paper
+dims, checked by ``bench/step.py``); the backward workspace and the number of live slab copies
+were calibrated with :func:`peak_allocated_bytes` on CPU (``bench/step.py``, ``bench/memory.py``).
+Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
+for), NCCL buffers, the data loader's host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from raymcn.config import Config, ModelConfig
+
+GIB = 1 << 30
+# How the components combine into the peak (see the module docstring).
+PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue")
+STEP_PHASE = ("autocast_weights", "batch", "activations", "loss_slabs", "gathered_embeddings", "loss_grads")
+FP32 = 4
+_QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
+PAIR_COUNT = 3  # tv, at, av
+LIVE_SLABS_PER_PAIR = 2  # row and column log-softmax, saved for backward
+LIVE_SLABS_TRANSIENT = 2  # the cross-entropy being computed: shifted logits + its log-softmax
+EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
+# Extra float elements per clip alive during the backward, on top of the saved activations:
+# DAVEnet gradient tensors of the block being differentiated (grad_output, BN/conv grad_input and
+# the shortcut's) at the widest stage, C0·T = 128k elements each at paper dims. Calibrated on a
+# CPU step at paper dims (bench/step.py): 4 such tensors.
+BACKWARD_WORKSPACE_FACTOR = 4
+
+
+def _ceil_half(n: int) -> int:
+    return (n + 1) // 2
+
+
+def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters + float buffers, largest parameter tensor) of :class:`raymcn.model.MCN`, in
+    elements; the model is built on the meta device, so nothing is allocated."""
+    import torch
+
+    from raymcn.model import MCN
+
+    with torch.device("meta"):
+        model = MCN(model_cfg)
+    total = sum(p.numel() for p in model.parameters()) + sum(
+        b.numel() for b in model.buffers() if b.is_floating_point())
+    return total, max(p.numel() for p in model.parameters())
+
+
+def count_parameters(model_cfg: ModelConfig) -> int:
+    """Parameters plus float buffers (BN running statistics) of :class:`raymcn.model.MCN`."""
+    return parameter_stats(model_cfg)[0]
+
+
+def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
+                                 active: tuple[str, ...] = ("video", "audio", "text"),
+                                 max_words: int = 20) -> dict[str, int]:
+    """Float elements the forward saves for backward, per clip and per branch (batch inputs excluded).
+
+    int64 argmax indices count as 2 elements. Per branch (T = audio frames, T_l = ⌈T/2^l⌉,
+    C = ``audio_channels``, D = ``embed_dim``, H = ``recon_hidden``, W = ``max_words``):
+
+    * audio: the fp32 copy of the fp16 spectrogram (mel·T), conv1 output and its ReLU (2·C0·T),
+      per layer 5·C_l·T_l for the first block (2 convs, 2 ReLUs, the projection shortcut's conv)
+      and 4·C_l·T_l for each further block, the pooling mask (T_4), the gated unit at C4
+      (pooled input, fc output, sigmoid, gated output: 4·C4), the embedding (D), and the
+      reconstruction head's two ReLU outputs (H + C4).
+    * video: gated unit fc output, sigmoid, embedding (3·D) and the head (H + video_dim).
+    * text: per-word ReLU output (W·D), max indices (2·D), pooled vector, gated unit (4·D) and the
+      head (H + D).
+    """
+    c = model_cfg.audio_channels
+    d, h = model_cfg.embed_dim, model_cfg.recon_hidden if model_cfg.recon else 0
+    out: dict[str, int] = {}
+    if "audio" in active:
+        t = audio_frames
+        n = model_cfg.mel_bins * t + 2 * c[0] * t
+        for width in c[1:]:
+            t = _ceil_half(t)
+            n += (5 + 4 * (model_cfg.audio_blocks - 1)) * width * t
+        n += t + 4 * c[-1] + d + ((h + c[-1]) if model_cfg.recon else 0)
+        out["audio"] = n
+    if "video" in active:
+        out["video"] = 3 * d + ((h + model_cfg.video_dim) if model_cfg.recon else 0)
+    if "text" in active:
+        out["text"] = max_words * d + 2 * d + 4 * d + ((h + d) if model_cfg.recon else 0)
+    return out
+
+
+def recon_dims(model_cfg: ModelConfig, detach_targets: bool) -> tuple[int, int]:
+    """(F, F_live): reconstruction prediction width summed over modalities, and the width of the
+    targets that receive gradient (audio C4 and text D unless detached; the video target is the input)."""
+    if not model_cfg.recon:
+        return 0, 0
+    c4, d = model_cfg.audio_channels[-1], model_cfg.embed_dim
+    return model_cfg.video_dim + c4 + d, 0 if detach_targets else c4 + d
+
+
+def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int = 0,
+                recon_live_width: int = 0, pairs: int = PAIR_COUNT,
+                modalities: int = MODALITY_COUNT) -> dict[str, int]:
+    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs).
+
+    Args:
+        b: local clips; clips: B, global clips; embed_dim: D; world: number of workers.
+        recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
+
+    Returns:
+        ``loss_slabs``, ``gathered_embeddings``, ``loss_grads`` (see the module table) and
+        ``loss_inputs``: the embeddings and reconstruction (prediction, target) pairs themselves,
+        which a training step already counts among the activations.
+    """
+    slabs = (LIVE_SLABS_PER_PAIR * pairs + LIVE_SLABS_TRANSIENT) * b * clips * FP32 if pairs else 0
+    gathered = 2 * modalities * clips * embed_dim * FP32 if world > 1 and pairs else 0
+    grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
+    inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
+    return {"loss_slabs": slabs, "gathered_embeddings": gathered, "loss_grads": grads, "loss_inputs": inputs}
+
+
+def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
+                           params: tuple[int, int] | None = None) -> dict[str, int]:
+    """Estimated peak bytes of one training worker (rank 0) for ``cfg``, by component.
+
+    Args:
+        cfg: the run config (batch, clips per video, workers, model dims, queue, GPU or CPU).
+        activation_bytes: bytes per activation element; default 2 (bf16 autocast) with
+            ``scale.use_gpu`` and 4 (fp32) on CPU, as ``loop.autocast`` does.
+        params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
+
+    Returns:
+        The components of the module table (bytes, ints) and ``total``. Keys are stable: the
+        preflight prints them and the benchmarks compare them with measurements.
+    """
+    m, d, lc = cfg.model, cfg.data, cfg.loss
+    world = cfg.world_size
+    b = cfg.videos_per_worker * d.clips_per_video
+    clips = cfg.clips_per_step
+    gpu = cfg.scale.use_gpu
+    act = activation_bytes or (2 if gpu else FP32)
+    p, largest = parameter_stats(m) if params is None else params
+    per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
+    f, f_live = recon_dims(m, lc.detach_recon_targets)
+    loss = loss_memory(b, clips, m.embed_dim, world, f, f_live)
+    rows = cfg.queue_rows
+    est = {
+        "params": p * FP32,
+        "grads": p * FP32,
+        "adam_moments": 2 * p * FP32,
+        "ddp_buckets": p * FP32 if world > 1 else 0,
+        "autocast_weights": p * 2 if gpu else 0,
+        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
+        "activations": b * per_clip * act,
+        "backward_workspace": b * BACKWARD_WORKSPACE_FACTOR * m.audio_channels[0] * d.audio_frames * act,
+        "loss_slabs": loss["loss_slabs"],
+        "gathered_embeddings": loss["gathered_embeddings"],
+        "loss_grads": loss["loss_grads"],
+        "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
+        "kmeans_input": (rows + clips) * m.embed_dim * FP32 + rows * m.embed_dim * FP32,
+        # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
+        # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
+        "optimizer_workspace": p * FP32 if gpu else 2 * largest * FP32,
+    }
+    persistent = sum(est[k] for k in PERSISTENT)
+    step = sum(est[k] for k in STEP_PHASE) + max(est["backward_workspace"], est["kmeans_input"])
+    est["total"] = persistent + max(step, est["optimizer_workspace"])
+    return est
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def format_estimate(est: dict[str, int], top: int | None = None) -> str:
+    """``'total 41.2 GiB = activations 30.1 GiB + ...'``, components largest first."""
+    parts = sorted(((k, v) for k, v in est.items() if k != "total" and v), key=lambda kv: -kv[1])
+    if top is not None:
+        parts = parts[:top]
+    return f"total {_gib(est['total'])} = " + " + ".join(f"{k} {_gib(v)}" for k, v in parts)
+
+
+def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9) -> tuple[bool, str, int | None]:
+    """Will one worker of ``cfg`` fit a device of ``device_bytes``?
+
+    Only ``headroom`` of the device is considered usable (CUDA context, allocator fragmentation).
+
+    Returns:
+        ``(ok, message, clips_per_video)``. When it fits: the configured clips per video. When it
+        does not: the largest smaller ``data.clips_per_video`` whose estimate fits and whose config
+        is valid (k-means needs ``loss.num_clusters`` clips per step), or None if none does; the
+        message names the largest components and what to change.
+    """
+    usable = int(device_bytes * headroom)
+    stats = parameter_stats(cfg.model)
+    est = estimate_worker_memory(cfg, params=stats)
+    cpv = cfg.data.clips_per_video
+    where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)})"
+    if est["total"] <= usable:
+        return True, f"fits: estimated {_gib(est['total'])} per worker {where}", cpv
+    suggestion = None
+    for c in range(cpv - 1, 0, -1):
+        if cfg.data.batch_size * c < cfg.loss.num_clusters:
+            break  # fewer clips per step than clusters: no valid smaller setting below this
+        try:
+            smaller = cfg.replace({"data.clips_per_video": c})
+        except ValueError:
+            continue
+        if estimate_worker_memory(smaller, params=stats)["total"] <= usable:
+            suggestion = c
+            break
+    msg = (f"does not fit: estimated {_gib(est['total'])} per worker {where}; "
+           f"{format_estimate(est, top=4)}. ")
+    if suggestion is not None:
+        new = estimate_worker_memory(cfg.replace({"data.clips_per_video": suggestion}), params=stats)
+        msg += (f"Try data.clips_per_video={suggestion} (estimated {_gib(new['total'])}), more workers "
+                f"(scale.num_workers) or a smaller data.batch_size.")
+    else:
+        msg += ("No smaller data.clips_per_video fits; use more workers (scale.num_workers), a smaller "
+                "data.batch_size, or a device with more memory.")
+    return False, msg, suggestion
+
+
+# --- meters (used by bench/memory.py, bench/step.py and the tests) ---------------------------------
+def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[Any, int, int]:
+    """Run ``fn()`` under torch's memory profiler; returns (result, peak, end) in bytes.
+
+    Every CPU allocation and free of torch's allocator during ``fn`` is recorded
+    (``torch.profiler`` with ``profile_memory=True``); replaying them in time order gives the live
+    bytes above what existed when ``fn`` started, so ``peak`` is the high-water mark of *new*
+    allocations and ``end`` what is still held when it returns (the result included). A measured
+    figure: temporaries inside kernels count, fragmentation and non-torch memory do not.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        if e.device_type().name == "CPU":
+            live += e.nbytes()
+            peak = max(peak, live)
+    return result, peak, live
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: tuple = ()) -> tuple[Any, int]:
+    """Run ``fn()`` (a forward) and return (result, bytes of the distinct storages autograd saved).
+
+    Storages of the tensors in ``exclude`` (parameters, batch inputs) are not counted. The saved
+    tensors stay alive as long as ``result`` does.
+    """
+    import torch
+
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return result, sum(seen.values())
+
+
+def fitted_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares ``y ≈ intercept + slope·x``; returns (intercept, slope, R²)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    intercept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys))
+    return intercept, slope, 1.0 - ss_res / ss_tot if ss_tot else 1.0
+
+
+__all__ = ["activation_elements_per_clip", "count_parameters", "parameter_stats", "estimate_worker_memory", "fits", "fitted_line",
+           "format_estimate", "loss_memory", "peak_allocated_bytes", "recon_dims", "saved_tensor_bytes"]
