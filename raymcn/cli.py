@@ -77,8 +77,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         if _has_sweep_section(args.config):
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
     started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
+    run_dir = Path(args.resume) if args.resume else None
+    if cfg is not None:  # name the run here so an interruption can say where it is
+        run_dir = launch.default_run_dir(cfg)
     try:
-        result = launch.resume(args.resume, args.overrides) if args.resume else launch.fit(cfg)
+        if args.resume:
+            result = launch.resume(args.resume, args.overrides)
+        else:
+            result = launch.fit(cfg, name=run_dir.name, storage_path=run_dir.parent)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
+              f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
+        return 130
     finally:
         if started:
             import ray
@@ -101,13 +111,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if cfg is not None and not cfg.sweep.space:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     started = start_ray(args.address)
+    exp_dir = Path(args.resume) if args.resume else tuner.default_experiment_dir(cfg)
     try:
-        result = tuner.resume_sweep(args.resume) if args.resume else tuner.run_sweep(cfg)
+        if args.resume:
+            result = tuner.resume_sweep(args.resume)
+        else:
+            result = tuner.run_sweep(cfg, name=exp_dir.name, storage_path=exp_dir.parent)
+    except KeyboardInterrupt:
+        result = None
     finally:
         if started:
             import ray
 
             ray.shutdown()
+    if result is None or result.num_unfinished:
+        # Tune saves the experiment state on Ctrl-C; finished trials are kept, the others resume.
+        print(f"\nsweep interrupted; resume with: raymcn sweep --resume {exp_dir}", file=sys.stderr)
+        if result is None:
+            return 130
     print(f"\n{result.num_trials} trials ({result.num_errors} errored) in {result.experiment_dir}")
     _print_results(result.experiment_dir)
     if args.json:

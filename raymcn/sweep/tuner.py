@@ -35,6 +35,7 @@ class SweepResult:
     best_metrics: dict[str, float]
     num_trials: int
     num_errors: int
+    num_unfinished: int  # not terminated (e.g. after Ctrl-C): `raymcn sweep --resume` continues them
 
 
 def trial_fn(config: dict[str, Any], base: dict[str, Any], train_storage: str) -> None:
@@ -121,13 +122,18 @@ def _trainable(cfg: Config, experiment_dir: Path):
     return tune.with_resources(fn, TRIAL_DRIVER_RESOURCES)
 
 
-def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = None) -> SweepResult:
-    """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric)."""
+def default_experiment_dir(cfg: Config) -> Path:
     import datetime
 
-    storage_path = Path(storage_path or default_storage_path(cfg)).expanduser().resolve()
-    name = name or f"sweep-{cfg.sweep.algorithm}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-    experiment_dir = storage_path / name
+    storage_path = Path(default_storage_path(cfg)).expanduser().resolve()
+    return storage_path / (cfg.run.name or f"sweep-{cfg.sweep.algorithm}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = None) -> SweepResult:
+    """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric)."""
+    default = default_experiment_dir(cfg)
+    storage_path = Path(storage_path or default.parent).expanduser().resolve()
+    experiment_dir = storage_path / (name or default.name)
     experiment_dir.mkdir(parents=True, exist_ok=True)
     cfg.dump(experiment_dir / SWEEP_CONFIG_FILE)
     search_alg, scheduler = build_search(cfg)
@@ -142,7 +148,7 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = 
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage_path),
+        run_config=tune.RunConfig(name=experiment_dir.name, storage_path=str(storage_path),
                                   callbacks=_callbacks(cfg, experiment_dir)),
     )
     return _summarise(tuner.fit(), experiment_dir)
@@ -166,5 +172,9 @@ def _summarise(grid, experiment_dir: Path) -> SweepResult:
     ok = [r for r in grid if r.error is None and r.metrics and PRIMARY_METRIC in r.metrics]
     best = grid.get_best_result(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, scope="all") if ok else None
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
+    # ResultGrid exposes no trial status; an early-stopped trial is TERMINATED, an interrupted one is not.
+    trials = grid._experiment_analysis.trials
+    finished = sum(1 for t in trials if t.status in ("TERMINATED", "ERROR")) - len(grid.errors)
     return SweepResult(experiment_dir=experiment_dir, best_config=plain(best.config) if best else {},
-                       best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors))
+                       best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors),
+                       num_unfinished=len(grid) - finished - len(grid.errors))

@@ -312,7 +312,9 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: tuple = ()) -> tuple[Any,
         st = t.untyped_storage()
         if st.data_ptr() not in skip:
             seen[st.data_ptr()] = st.nbytes()
-        return t
+        # Detached (same storage): returning an op's own output as is would tie it to its grad_fn
+        # in a reference cycle that outlives the graph.
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = fn()

@@ -35,6 +35,12 @@ def new_run_name(cfg: Config) -> str:
     return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(2)}"
 
 
+def default_run_dir(cfg: Config) -> Path:
+    """Where a fresh run of ``cfg`` writes: storage path / (run.name or a new unique name)."""
+    storage = Path(default_storage_path(cfg)).expanduser().resolve()
+    return storage / (cfg.run.name or new_run_name(cfg))
+
+
 def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | None = None) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
     resources = {"CPU": cfg.scale.cpus_per_worker}
