@@ -359,7 +359,14 @@ def add_table_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help=f"also print mean ± std per value of KEY (md default: {STAGE_KEY} when swept; "
                              "with --format csv only the grouped table is printed)")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots into the experiment dir")
+    parser.add_argument("--timing", action="store_true",
+                        help="md: add the per-step timing columns (time_*_s, samples_per_s); csv always has them")
     return parser
+
+
+def without_timing(df: pd.DataFrame) -> pd.DataFrame:
+    """Drop the step-timing columns (kept in CSV; shown in Markdown with --timing)."""
+    return df[[c for c in df.columns if not ((c.startswith("time_") and "_s" in c) or c.startswith("samples_per_s"))]]
 
 
 def run_table(args: argparse.Namespace) -> int:
@@ -380,10 +387,11 @@ def run_table(args: argparse.Namespace) -> int:
     if args.format == "csv":
         print(format_table(grouped if args.group_by else trials, "csv"), end="")
     else:
-        print(format_table(trials, "md"))
+        shown = (lambda df: df) if getattr(args, "timing", False) else without_timing
+        print(format_table(shown(trials), "md"))
         if grouped is not None:
             print(f"mean ± std (ddof=1) over trials, grouped by {by}:\n")
-            print(format_table(grouped, "md"))
+            print(format_table(shown(grouped), "md"))
     if not args.no_plots:
         from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
 
