@@ -136,7 +136,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
                 raise NonFiniteLossError(
                     f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
                     f"(last at global step {state.step}, terms: "
-                    f"{ {k: float(v) for k, v in terms.items()} }); optim.max_nonfinite_steps="
+                    f"{ {k: v.item() for k, v in terms.items()} }); optim.max_nonfinite_steps="
                     f"{cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
         scheduler.step()
         state.step += 1
