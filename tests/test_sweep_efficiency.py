@@ -1,0 +1,70 @@
+"""``bench/sweep_efficiency.py``: the figures from a hand-made ledger (no Ray), and a short real BOHB run
+(slow) checking the budget count and that paused trials resume from their checkpoints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "sweep_efficiency.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("sweep_efficiency", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_epochs_to_reach(bench):
+    curve = [1.0, 5.0, 5.0, 9.0]
+    assert bench.epochs_to_reach(curve, 5.0) == 2
+    assert bench.epochs_to_reach(curve, 9.0) == 4
+    assert bench.epochs_to_reach(curve, 9.5) is None
+    assert bench.epochs_to_reach(curve, None) is None
+
+
+def _run(alg, seed, curve, trials=3, full=1):
+    return {"algorithm": alg, "seed": seed, "best": curve[-1], "curve": curve, "trials": trials,
+            "full_trials": full, "repeated_epochs": 0, "errors": 0, "wall_s": 1.0}
+
+
+def test_summarise_uses_each_seeds_random_best(bench):
+    runs = [_run("random", 0, [1, 2, 3, 4, 6, 6]), _run("random", 1, [1, 2, 2, 2, 2, 3]),
+            _run("asha", 0, [6, 6, 6, 6, 6, 6]), _run("asha", 1, [1, 3, 3, 3, 3, 3]),
+            _run("bohb", 0, [1, 1, 1, 1, 1, 5]), _run("bohb", 1, [1, 1, 1, 1, 1, 4])]
+    s = bench.summarise(runs, budget=6, seeds=[0, 1])
+    a = s["algorithms"]
+    assert s["random_best_per_seed"] == [6, 3] and s["random_best_mean"] == 4.5
+    assert a["random"]["epochs_to_random_best_per_seed"] == [5, 6]
+    assert a["asha"]["epochs_to_random_best_per_seed"] == [1, 2]
+    assert a["asha"]["ratio_to_budget"] == pytest.approx(1.5 / 6) and a["asha"]["meets_target"]
+    assert a["bohb"]["epochs_to_random_best_per_seed"] == [None, 6] and a["bohb"]["reached"] == 1
+    assert not a["bohb"]["meets_target"]
+    assert a["asha"]["best_r10_mean"] == pytest.approx(4.5)
+    assert "| asha |" in bench.table(s, 6, 2)
+
+
+@pytest.mark.slow
+def test_bohb_run_counts_budget_and_resumes_paused_trials():
+    budget = 24  # HyperBand's first bracket: 9 trials x 2 epochs, then the promoted trials resume
+    proc = subprocess.run([sys.executable, str(BENCH), "--algorithms", "bohb", "--seeds", "1",
+                           "--budget", str(budget), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    run = out["runs"][0]
+    assert run["epochs_counted"] == budget == len(run["curve"]) == len(run["log"])
+    assert run["repeated_epochs"] == 0 and run["errors"] == 0
+    epochs: dict[int, list[int]] = {}
+    for trial, epoch, _ in run["log"]:
+        epochs.setdefault(trial, []).append(epoch)
+    for seq in epochs.values():  # each trial's epochs are 1, 2, 3, ... with no restart after a pause
+        assert seq == list(range(1, len(seq) + 1))
+    assert max(len(seq) for seq in epochs.values()) > 2, "no trial was resumed past the first rung"
+    assert all(isinstance(v, (int, float, str)) for c in run["trial_configs"] for v in c.values())
