@@ -2,7 +2,7 @@
 
 The preflight (#4) calls :func:`fits` before Ray starts, so a run that cannot fit its device is
 refused with a smaller ``data.clips_per_video`` to try instead of dying with an OOM hours later.
-No Ray here; torch is imported only to count parameters on the meta device and by the meters.
+No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
 
 What is counted (spec §2.5, re-derived for this implementation; all sizes in bytes, per worker,
 for rank 0, the largest: it alone runs the k-means refit). ``b`` = clips on this worker,
@@ -25,13 +25,16 @@ batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·
                      contract on the device (audio arrives as fp16)
 activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
                      every tensor the model saves for backward, batch inputs excluded
-                     (≈ 11.27 MB per clip at paper dims, T = 1000; DAVEnet ≈ 93 %)
-backward_workspace   b × :data:`BACKWARD_WORKSPACE_ELEMENTS` per clip × dtype: gradient tensors of
-                     the layer being differentiated plus the parameter grads created while the
-                     activations are not yet freed (calibrated on a CPU step, see below)
-loss_slabs           (2·3 + 2) × b × B × 4: each pair's row and column log-softmax (b × B fp32)
-                     are saved until backward, plus two live in the cross-entropy being computed.
-                     No B × B tensor exists on any worker
+                     (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %)
+conv_workspace       the largest DAVEnet conv weight × 4: oneDNN reorders it into a temporary on
+                     every CPU call (measured, 37.7 MB at paper dims); stands in for cuDNN's
+                     workspace on GPU
+loss_slabs           (2·3 + 3) × b × B × 4: each pair's row and column log-softmax (b × B fp32)
+                     are saved until backward; while the last pair's column CE runs, its row and
+                     column logits (alive until ``mms_loss`` returns) and the margin-shifted copy
+                     are live too (measured: 9.05 slabs where slabs dominate, D = 64). At paper D
+                     the loss's peak is at the end of its backward with 0–4.5 slabs live, so the
+                     term is an upper bound there. No B × B tensor exists on any worker
 gathered_embeddings  2 × 3 × B × D × 4 when world > 1: the all-gathered v, a, t (saved by the
                      slab matmuls) and their B × D gradient before the gather's backward reduces
                      it; 0 with one worker (the local rows are the global rows)
@@ -46,20 +49,27 @@ optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per para
                      largest parameter × 4 on CPU (single-tensor: sqrt, then the division)
 total                persistent + max(step phase, optimizer_workspace), where persistent = params
                      + grads + adam_moments + ddp_buckets + queue and the step phase = autocast
-                     weights + batch + activations + loss terms + max(backward_workspace,
-                     kmeans_input): the refit runs in the forward, the workspace exists in the
-                     backward, Adam's temporaries after both
+                     weights + batch + activations + loss terms + kmeans_input (the refit runs in
+                     the forward, while every activation is saved); Adam's temporaries come after
+                     the activations are freed. The backward needs no term of its own: measured,
+                     it frees saved activations faster than it allocates gradient buffers
+                     (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip)
 ==================== ========================================================================
 
-The activation formula is exact (it equals the bytes held by ``saved_tensors_hooks`` at paper
-dims, checked by ``bench/step.py``); the backward workspace and the number of live slab copies
-were calibrated with :func:`peak_allocated_bytes` on CPU (``bench/step.py``, ``bench/memory.py``).
+Checked against measurement on CPU (torch's allocator, :func:`peak_allocated_bytes`): the
+activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
+in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
+over-estimate the measured loss peak by 1–20 % for B = 512–4096, N = 1–4, both at D = 6144 and at
+D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
+``kmeans_input`` equals the measured refit peak; the total is within 0.3 % of a measured training
+step at paper dims for 8–64 clips (``bench/step.py``).
 Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
 for), NCCL buffers, the data loader's host memory.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -68,37 +78,70 @@ from raymcn.config import Config, ModelConfig
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
 PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue")
-STEP_PHASE = ("autocast_weights", "batch", "activations", "loss_slabs", "gathered_embeddings", "loss_grads")
+STEP_PHASE = ("autocast_weights", "batch", "activations", "conv_workspace", "loss_slabs", "gathered_embeddings",
+              "loss_grads", "kmeans_input")
 FP32 = 4
 _QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
 PAIR_COUNT = 3  # tv, at, av
 LIVE_SLABS_PER_PAIR = 2  # row and column log-softmax, saved for backward
-LIVE_SLABS_TRANSIENT = 2  # the cross-entropy being computed: shifted logits + its log-softmax
+LIVE_SLABS_TRANSIENT = 3  # last pair: row + column logits (live until mms_loss returns) + shifted copy
 EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
-# Extra float elements per clip alive during the backward, on top of the saved activations:
-# DAVEnet gradient tensors of the block being differentiated (grad_output, BN/conv grad_input and
-# the shortcut's) at the widest stage, C0·T = 128k elements each at paper dims. Calibrated on a
-# CPU step at paper dims (bench/step.py): 4 such tensors.
-BACKWARD_WORKSPACE_FACTOR = 4
 
 
 def _ceil_half(n: int) -> int:
     return (n + 1) // 2
 
 
+def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
+    """Element counts of every parameter tensor of :class:`raymcn.model.MCN`, and of its float
+    buffers (BN running statistics), from the config alone (``tests/test_footprint.py`` checks them
+    against the real module)."""
+    m = model_cfg
+    sizes: list[int] = []
+    bn_channels = 0
+
+    def linear(i: int, o: int) -> None:
+        sizes.extend((i * o, o))
+
+    def geu(i: int, o: int) -> None:  # Linear(i, o) then ContextGating(o) = Linear(o, o)
+        linear(i, o)
+        linear(o, o)
+
+    def bn(c: int) -> None:
+        nonlocal bn_channels
+        sizes.extend((c, c))
+        bn_channels += c
+
+    c = m.audio_channels
+    geu(m.video_dim, m.embed_dim)  # gu_video
+    sizes.append(m.mel_bins * c[0])  # DAVEnet conv1 (mel, 1), no bias
+    bn(c[0])
+    for cin, cout in itertools.pairwise(c):
+        for blk in range(m.audio_blocks):
+            i = cin if blk == 0 else cout
+            sizes.extend((i * cout * 9, cout * cout * 9))  # two (1, 9) convs, no bias
+            bn(cout)
+            bn(cout)
+            if blk == 0:  # stride 2: projection shortcut (1x1 conv + BN)
+                sizes.append(cin * cout)
+                bn(cout)
+    geu(c[-1], c[-1])  # gu_audio
+    linear(c[-1], m.embed_dim)  # audio_proj
+    linear(m.word_dim, m.embed_dim)  # text_pool
+    geu(m.embed_dim, m.embed_dim)  # gu_text
+    if m.recon:
+        for target in (m.video_dim, c[-1], m.embed_dim):
+            linear(m.embed_dim, m.recon_hidden)
+            linear(m.recon_hidden, target)
+    return sizes, 2 * bn_channels
+
+
 def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
     """(parameters + float buffers, largest parameter tensor) of :class:`raymcn.model.MCN`, in
-    elements; the model is built on the meta device, so nothing is allocated."""
-    import torch
-
-    from raymcn.model import MCN
-
-    with torch.device("meta"):
-        model = MCN(model_cfg)
-    total = sum(p.numel() for p in model.parameters()) + sum(
-        b.numel() for b in model.buffers() if b.is_floating_point())
-    return total, max(p.numel() for p in model.parameters())
+    elements (analytic: no model is built, so the preflight stays instant)."""
+    sizes, buffers = _parameter_tensors(model_cfg)
+    return sum(sizes) + buffers, max(sizes)
 
 
 def count_parameters(model_cfg: ModelConfig) -> int:
@@ -111,12 +154,13 @@ def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
                                  max_words: int = 20) -> dict[str, int]:
     """Float elements the forward saves for backward, per clip and per branch (batch inputs excluded).
 
-    int64 argmax indices count as 2 elements. Per branch (T = audio frames, T_l = ⌈T/2^l⌉,
+    int64 argmax indices count as 2 elements. BatchNorm's per-channel batch statistics (a per-step
+    constant, 155 KB at paper dims) are left out. Per branch (T = audio frames, T_l = ⌈T/2^l⌉,
     C = ``audio_channels``, D = ``embed_dim``, H = ``recon_hidden``, W = ``max_words``):
 
     * audio: the fp32 copy of the fp16 spectrogram (mel·T), conv1 output and its ReLU (2·C0·T),
       per layer 5·C_l·T_l for the first block (2 convs, 2 ReLUs, the projection shortcut's conv)
-      and 4·C_l·T_l for each further block, the pooling mask (T_4), the gated unit at C4
+      and 4·C_l·T_l for each further block, the pooling mask and divisor (T_4 + 1), the gated unit at C4
       (pooled input, fc output, sigmoid, gated output: 4·C4), the embedding (D), and the
       reconstruction head's two ReLU outputs (H + C4).
     * video: gated unit fc output, sigmoid, embedding (3·D) and the head (H + video_dim).
@@ -132,7 +176,7 @@ def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
         for width in c[1:]:
             t = _ceil_half(t)
             n += (5 + 4 * (model_cfg.audio_blocks - 1)) * width * t
-        n += t + 4 * c[-1] + d + ((h + c[-1]) if model_cfg.recon else 0)
+        n += t + 1 + 4 * c[-1] + d + ((h + c[-1]) if model_cfg.recon else 0)
         out["audio"] = n
     if "video" in active:
         out["video"] = 3 * d + ((h + model_cfg.video_dim) if model_cfg.recon else 0)
@@ -172,7 +216,7 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
 
 
 def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
-                           params: tuple[int, int] | None = None) -> dict[str, int]:
+                           params: tuple[int, int] | None = None, refit: bool = True) -> dict[str, int]:
     """Estimated peak bytes of one training worker (rank 0) for ``cfg``, by component.
 
     Args:
@@ -180,6 +224,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         activation_bytes: bytes per activation element; default 2 (bf16 autocast) with
             ``scale.use_gpu`` and 4 (fp32) on CPU, as ``loop.autocast`` does.
         params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
+        refit: estimate a k-means refit step (the largest, every ``loss.refresh_every`` steps on
+            rank 0); False gives the other steps (``kmeans_input`` = 0).
 
     Returns:
         The components of the module table (bytes, ints) and ``total``. Keys are stable: the
@@ -204,18 +250,18 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "autocast_weights": p * 2 if gpu else 0,
         "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
         "activations": b * per_clip * act,
-        "backward_workspace": b * BACKWARD_WORKSPACE_FACTOR * m.audio_channels[0] * d.audio_frames * act,
         "loss_slabs": loss["loss_slabs"],
         "gathered_embeddings": loss["gathered_embeddings"],
         "loss_grads": loss["loss_grads"],
         "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
-        "kmeans_input": (rows + clips) * m.embed_dim * FP32 + rows * m.embed_dim * FP32,
+        "conv_workspace": max(w * w * 9 for w in m.audio_channels[1:]) * FP32,  # each block's 2nd (1, 9) conv
+        "kmeans_input": ((rows + clips) * m.embed_dim * FP32 + rows * m.embed_dim * FP32) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
         "optimizer_workspace": p * FP32 if gpu else 2 * largest * FP32,
     }
     persistent = sum(est[k] for k in PERSISTENT)
-    step = sum(est[k] for k in STEP_PHASE) + max(est["backward_workspace"], est["kmeans_input"])
+    step = sum(est[k] for k in STEP_PHASE)
     est["total"] = persistent + max(step, est["optimizer_workspace"])
     return est
 
@@ -225,11 +271,11 @@ def _gib(n: int) -> str:
 
 
 def format_estimate(est: dict[str, int], top: int | None = None) -> str:
-    """``'total 41.2 GiB = activations 30.1 GiB + ...'``, components largest first."""
+    """``'total 41.20 GiB; largest: activations 30.10 GiB, ...'``, components largest first."""
     parts = sorted(((k, v) for k, v in est.items() if k != "total" and v), key=lambda kv: -kv[1])
     if top is not None:
         parts = parts[:top]
-    return f"total {_gib(est['total'])} = " + " + ".join(f"{k} {_gib(v)}" for k, v in parts)
+    return f"total {_gib(est['total'])}; largest: " + ", ".join(f"{k} {_gib(v)}" for k, v in parts)
 
 
 def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9) -> tuple[bool, str, int | None]:
@@ -281,7 +327,9 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     (``torch.profiler`` with ``profile_memory=True``); replaying them in time order gives the live
     bytes above what existed when ``fn`` started, so ``peak`` is the high-water mark of *new*
     allocations and ``end`` what is still held when it returns (the result included). A measured
-    figure: temporaries inside kernels count, fragmentation and non-torch memory do not.
+    figure: temporaries inside kernels count, fragmentation and non-torch memory do not. The
+    profiler does not see frees of blocks allocated before it started, so ``fn`` should not free
+    large pre-existing tensors (``bench/step.py`` profiles from before the first tensor instead).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -326,12 +374,13 @@ def fitted_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     intercept = my - slope * mx
     ss_tot = sum((y - my) ** 2 for y in ys)
-    ss_res = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys))
+    ss_res = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
     return intercept, slope, 1.0 - ss_res / ss_tot if ss_tot else 1.0
 
 
-__all__ = ["activation_elements_per_clip", "count_parameters", "parameter_stats", "estimate_worker_memory", "fits", "fitted_line",
-           "format_estimate", "loss_memory", "peak_allocated_bytes", "recon_dims", "saved_tensor_bytes"]
+__all__ = ["activation_elements_per_clip", "count_parameters", "estimate_worker_memory", "fits", "fitted_line",
+           "format_estimate", "loss_memory", "parameter_stats", "peak_allocated_bytes", "recon_dims",
+           "saved_tensor_bytes"]

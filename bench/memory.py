@@ -1,0 +1,369 @@
+"""Peak memory of the MCN loss per rank: raymcn's gathered-slab objective vs the DataParallel original.
+
+    python bench/memory.py            # B in 512 1024 2048 4096, N in 1 2 4 (~5 min on 2 quiet cores)
+    python bench/memory.py --quick    # B in 512 1024 (~1 min)
+    python bench/memory.py --json     # the tables, then one JSON line with every figure and ratio
+    python bench/memory.py --dim 64 --no-recon --no-refit   # only the b×B slabs matter (~15 s)
+
+Peak RSS of the process: ~5.3 GB (at B = 4096), ~2.4 GB with --quick.
+
+What is measured: the loss computation of one training step, forward + backward, starting from the
+embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, on CPU in fp32:
+
+* **raymcn, per rank**: the real :class:`raymcn.losses.MCNObjective` (contrastive MMS on the three
+  pairs, cluster CE against fixed centroids on a non-refresh step, reconstruction, queue push),
+  as rank 0 of N. One process plays rank 0: ``raymcn.losses.gather.dist`` is replaced by a stand-in
+  whose ``all_gather`` fills the other ranks' parts with copies of rank 0's rows and whose
+  ``all_reduce`` / ``broadcast`` do nothing. So every allocation of the real code path is made
+  (the ``(N, b, D)`` parts, the gathered ``(B, D)`` tensors, the gather backward's gradient clone,
+  the ``b×B`` row and column slabs); only the wire is missing (gloo's internal buffers are not
+  counted). The rank holds b = B/N clips.
+* **DataParallel (the original)**: everything on one device, as ``train_tri_kmeans.py`` did on
+  GPU 0 after DataParallel gathered the B embeddings: ``MMS_loss`` as written in the original
+  ``loss.py`` (dense ``th.eye(B)`` margin, ``S − δI``, ``log_softmax`` on S and on Sᵀ, NLL), the
+  three B×B similarity matrices kept as locals until backward as ``TrainOneBatch`` does, the
+  cluster CE with its one-hot B×K margin, and the same reconstruction term. fp32 throughout, as
+  raymcn's losses (under apex O1 the three S were fp16; everything after ``S − δI`` was fp32
+  already). Left out, in the baseline's favour: the labels of the whole queue that the original
+  assigned every step (only the B current rows here) and its queue shift (a clone of the whole
+  queue, ~0.9 GB at paper size).
+
+Both sides create their inputs inside the measured region (the DataParallel side holds all B rows
+of each output, a raymcn rank its b rows), so the peak includes them; persistent state (the
+feature queue, centroids) exists before and is excluded (it is listed in the second table).
+
+How: :func:`raymcn.train.footprint.peak_allocated_bytes` runs the step under ``torch.profiler``
+with ``profile_memory=True`` and replays every allocation and free of torch's CPU allocator in time
+order; the peak is the high-water mark of live bytes. This is an allocator-level measurement
+(temporaries inside kernels count; glibc fragmentation does not), so it is what a CUDA caching
+allocator would have to provide, minus its rounding.
+
+The estimate column is ``footprint.loss_memory`` (the preflight's accounting) plus the inputs;
+the slabs and gathered columns are its b×B and B×D terms, which explain the ratio: at D = 6144 the
+per-rank floor is the gathered (B, D) embeddings and their gradient (2·3·B·D·4 bytes, whatever N),
+so the ratio stays well above 1/N; with ``--dim 64 --no-recon`` the b×B slabs dominate and the
+ratio is 0.75/N (the 0.75: no identity, no S − δI copy, no S kept as a local).
+
+Second table, the k-means refit on rank 0 (skip it with ``--no-refit``): building the k-means input
+X = [queue contents; current rows] and one Lloyd iteration, for the queue at paper proportions
+(queue_steps = 20, half the clips of each video per step: 10·B rows), fp32 and bf16 queues,
+with the code as it is (``torch.cat([queue.contents(), current])``) and with a lean assembly
+that writes the queue rows straight into a preallocated X (the lean one lives only in this file,
+as a proposal for ``FeatureQueue`` / ``MCNObjective``; the table checks it builds the same X).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn.functional as F
+
+import raymcn.losses.gather as gather_module
+from raymcn.config import Config, ModelConfig
+from raymcn.losses import FeatureQueue, MCNObjective, cosine_kmeans
+from raymcn.train import footprint
+
+MIB = 1 << 20
+EMBED_DIM = ModelConfig().embed_dim  # 6144
+MODALITIES = ("video", "audio", "text")
+CLIPS_PER_VIDEO = 32
+MARGIN = 0.001
+
+
+# --- raymcn: rank 0 of N in one process ------------------------------------------------------------
+@contextlib.contextmanager
+def as_rank0_of(world: int):
+    """Make :mod:`raymcn.losses.gather` believe it is rank 0 of ``world`` (no-op for world 1).
+
+    Only the transport is faked: ``all_gather`` copies rank 0's rows into every part (same shapes
+    and allocations as the real collective), ``all_reduce`` and ``broadcast`` leave the tensor as is.
+    """
+    if world == 1:
+        yield
+        return
+
+    def all_gather(parts, x):
+        for p in parts:
+            p.copy_(x)
+
+    fake = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 0,
+        get_world_size=lambda: world, ReduceOp=torch_dist.ReduceOp, all_gather=all_gather,
+        all_reduce=lambda t, op=None: None, broadcast=lambda t, src=0: None)
+    real = gather_module.dist
+    gather_module.dist = fake
+    try:
+        yield
+    finally:
+        gather_module.dist = real
+
+
+def loss_config(clips: int, world: int, queue_dtype: str = "float32") -> Config:
+    """Paper loss settings for B = ``clips`` global clips (32 per video) over ``world`` ranks."""
+    return Config().replace({"data.batch_size": clips // CLIPS_PER_VIDEO, "data.clips_per_video": CLIPS_PER_VIDEO,
+                             "scale.num_workers": world, "loss.queue_dtype": queue_dtype, "loss.kmeans_iters": 1})
+
+
+def _recon_widths(dim: int) -> dict[str, int]:
+    """Reconstruction target widths: the video input, the pooled DAVEnet output, the text max-pool (D)."""
+    return {"video": ModelConfig().video_dim, "audio": ModelConfig().audio_channels[-1], "text": dim}
+
+
+def _sources(rows: int, dim: int, recon: bool, seed: int = 0) -> dict:
+    """Embeddings (rows, D) and, with ``recon``, reconstruction (pred, target) pairs."""
+    g = torch.Generator().manual_seed(seed)
+    src = {m: torch.randn(rows, dim, generator=g) * 0.02 for m in MODALITIES}
+    if recon:
+        for m, width in _recon_widths(dim).items():
+            src[f"recon_{m}"] = (torch.rand(rows, width, generator=g), torch.rand(rows, width, generator=g))
+    return src
+
+
+def _inputs(src: dict) -> dict:
+    """Fresh leaves (allocated inside the measured region), gradient where the model would have it:
+    embeddings and predictions always, targets for audio and text (not detached in the original)."""
+    out = {m: src[m].clone().requires_grad_() for m in MODALITIES}
+    for m in MODALITIES:
+        if f"recon_{m}" not in src:
+            continue
+        pred, target = src[f"recon_{m}"]
+        out[f"recon_{m}"] = (pred.clone().requires_grad_(), target.clone().requires_grad_(m != "video"))
+    return out
+
+
+def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True) -> tuple[int, float]:
+    """Peak bytes and seconds of rank 0's objective forward + backward (b = clips / world)."""
+    cfg = loss_config(clips, world)
+    b = clips // world
+    src = _sources(b, dim, recon)
+    objective = MCNObjective(cfg, dim, "cpu")
+    objective.centroids = torch.randn(cfg.loss.num_clusters, dim, generator=torch.Generator().manual_seed(1))
+    objective.active = frozenset(MODALITIES)
+
+    def step() -> None:
+        out = _inputs(src)
+        with as_rank0_of(world):
+            terms = objective(out, frozenset(MODALITIES), step=1)  # step 1: not a refresh step
+            terms["total_loss"].backward()
+
+    t0 = time.perf_counter()
+    _, peak, _ = footprint.peak_allocated_bytes(step)
+    return peak, time.perf_counter() - t0
+
+
+# --- the original, DataParallel: everything on GPU 0 -----------------------------------------------
+def original_mms(s: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
+    """``MMS_loss.forward`` of the original loss.py (spec §2.1), verbatim in substance."""
+    deltas = margin * torch.eye(s.size(0)).to(s.device)
+    s = s - deltas
+    target = torch.arange(s.size(0), device=s.device)
+    i2c = F.nll_loss(F.log_softmax(s, dim=1), target)
+    c2i = F.nll_loss(F.log_softmax(s.t(), dim=1), target)
+    return i2c + c2i
+
+
+def original_cluster_contrast(e: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The original ``cluster_contrast`` (nce=0): one-hot B×K margin, log_softmax, NLL."""
+    s = e @ centroids.t()
+    onehot = torch.zeros(e.shape[0], centroids.shape[0])
+    onehot[torch.arange(e.shape[0]), labels] = 1
+    s = s - onehot * MARGIN
+    return F.nll_loss(F.log_softmax(s, dim=1), labels)
+
+
+def dataparallel_peak(clips: int, dim: int = EMBED_DIM, recon: bool = True) -> tuple[int, float]:
+    """Peak bytes and seconds of the original loss forward + backward with all B rows on one device."""
+    src = _sources(clips, dim, recon)
+    centroids = torch.randn(256, dim, generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        out = _inputs(src)
+        audio, video, text = out["audio"], out["video"], out["text"]
+        # TrainOneBatch keeps the three similarity matrices as locals until backward.
+        sim_audio_video = audio @ video.t()
+        sim_audio_text = audio @ text.t()
+        sim_text_video = text @ video.t()
+        loss = original_mms(sim_text_video) + original_mms(sim_audio_text) + original_mms(sim_audio_video)
+        fused = (audio + text + video) / 3
+        with torch.no_grad():
+            labels = (F.normalize(fused, dim=1) @ F.normalize(centroids, dim=1).t()).argmax(dim=1)
+        loss = loss + (original_cluster_contrast(video, centroids, labels)
+                       + original_cluster_contrast(audio, centroids, labels)
+                       + original_cluster_contrast(text, centroids, labels)) / 3
+        if recon:
+            mse = sum(((out[f"recon_{m}"][0] - out[f"recon_{m}"][1]) ** 2).mean(dim=1) for m in MODALITIES)
+            loss = loss + 50 * mse.mean()
+        loss.backward()
+
+    t0 = time.perf_counter()
+    _, peak, _ = footprint.peak_allocated_bytes(step)
+    return peak, time.perf_counter() - t0
+
+
+def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True) -> dict[str, int]:
+    """The preflight's loss accounting (footprint.loss_memory) for rank 0, plus its inputs."""
+    cfg = loss_config(clips, world)
+    model = ModelConfig(embed_dim=dim, recon=recon)
+    f, f_live = footprint.recon_dims(model, cfg.loss.detach_recon_targets)
+    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live)
+    est["total"] = sum(est.values())
+    return est
+
+
+# --- k-means refit on rank 0 ------------------------------------------------------------------------
+def _full_queue(cfg: Config, seed: int = 2) -> FeatureQueue:
+    """The queue as it is at a refresh step: full, filled push by push (ring pointer back at 0)."""
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.loss.queue_dtype]
+    q = FeatureQueue(cfg.queue_rows, EMBED_DIM, dtype)
+    g = torch.Generator().manual_seed(seed)
+    per_push = cfg.clips_per_step * cfg.queue_clips_per_video // cfg.data.clips_per_video
+    for _ in range(cfg.queue_rows // per_push):
+        q.push(torch.randn(per_push, EMBED_DIM, generator=g) * 0.02)
+    return q
+
+
+def kmeans_input_current(queue: FeatureQueue, current: torch.Tensor) -> torch.Tensor:
+    """X as ``MCNObjective._cluster_loss`` builds it today."""
+    return torch.cat([queue.contents(), current])
+
+
+def kmeans_input_lean(queue: FeatureQueue, current: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """The same X (same rows, same order, fp32) written straight into one preallocated tensor.
+
+    ``contents()`` materialises the ring in chronological order (a copy), flips it (a second copy)
+    and converts it (a third, for bf16) before ``torch.cat`` makes X; here the newest-first row
+    indices are gathered chunk by chunk into X, so the only large allocation is X itself.
+    """
+    n, cap = len(queue), queue.capacity
+    x = torch.empty(n + current.shape[0], queue.dim, dtype=torch.float32, device=current.device)
+    # Logical row i (newest first) sits at buffer row (ptr - 1 - i) mod capacity.
+    order = torch.remainder(queue._ptr - 1 - torch.arange(n), cap)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        x[s:e].copy_(queue._buf.index_select(0, order[s:e]))
+    x[n:].copy_(current)
+    return x
+
+
+def refit_peak(clips: int, queue_dtype: str, lean: bool) -> tuple[int, float, int]:
+    """(peak bytes above the queue, seconds, queue bytes) of building X + one k-means iteration."""
+    cfg = loss_config(clips, 1, queue_dtype)
+    queue = _full_queue(cfg)
+    current = torch.randn(clips, EMBED_DIM, generator=torch.Generator().manual_seed(3)) * 0.02
+    build = kmeans_input_lean if lean else kmeans_input_current
+
+    def refit() -> None:
+        x = build(queue, current)
+        cosine_kmeans(x, cfg.loss.num_clusters, iters=1, tol=0.0, generator=torch.Generator().manual_seed(0))
+
+    t0 = time.perf_counter()
+    _, peak, _ = footprint.peak_allocated_bytes(refit)
+    return peak, time.perf_counter() - t0, queue._buf.nbytes
+
+
+def check_lean_matches(clips: int = 64) -> bool:
+    cfg = loss_config(256, 1, "bfloat16").replace({"loss.queue_steps": 3})
+    queue = _full_queue(cfg)
+    queue.push(torch.randn(40, EMBED_DIM))  # wrap the ring: pointer no longer at 0
+    current = torch.randn(clips, EMBED_DIM)
+    return torch.equal(kmeans_input_current(queue, current), kmeans_input_lean(queue, current))
+
+
+# --- tables ------------------------------------------------------------------------------------------
+def _mib(n: float) -> str:
+    return f"{n / MIB:.1f}"
+
+
+def loss_table(rows: list[dict]) -> str:
+    head = ("B", "N", "b", "raymcn/rank MiB", "DataParallel MiB", "ratio", "1/N", "estimate MiB", "est/meas",
+            "slabs MiB", "gathered MiB", "raymcn s", "DP s")
+    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    for r in rows:
+        e = r["estimate"]
+        cells = (r["B"], r["N"], r["b"], _mib(r["raymcn_peak"]), _mib(r["dataparallel_peak"]), f"{r['ratio']:.3f}",
+                 f"{1 / r['N']:.3f}", _mib(e["total"]), f"{r['estimate_over_measured']:.2f}", _mib(e["loss_slabs"]),
+                 _mib(e["gathered_embeddings"]), f"{r['raymcn_s']:.1f}", f"{r['dataparallel_s']:.1f}")
+        lines.append(" | ".join(str(c) for c in cells))
+    return "\n".join(lines)
+
+
+def refit_table(rows: list[dict]) -> str:
+    head = ("B", "queue rows", "queue dtype", "queue MiB", "X MiB", "peak now MiB", "peak lean MiB", "saved MiB",
+            "estimate MiB")
+    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    for r in rows:
+        cells = (r["B"], r["queue_rows"], r["queue_dtype"], _mib(r["queue_bytes"]), _mib(r["x_bytes"]),
+                 _mib(r["peak_current"]), _mib(r["peak_lean"]), _mib(r["peak_current"] - r["peak_lean"]),
+                 _mib(r["estimate"]))
+        lines.append(" | ".join(str(c) for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clips", type=int, nargs="+", help="global batch sizes B (default 512 1024 2048 4096)")
+    ap.add_argument("--world", type=int, nargs="+", default=[1, 2, 4], help="world sizes N (default 1 2 4)")
+    ap.add_argument("--quick", action="store_true", help="B in 512 1024 only")
+    ap.add_argument("--no-refit", dest="refit", action="store_false", help="skip the k-means refit table")
+    ap.add_argument("--dim", type=int, default=EMBED_DIM,
+                    help="embedding width D of the loss table (default 6144, the paper's); a small D with "
+                         "--no-recon isolates the b×B slabs")
+    ap.add_argument("--no-recon", dest="recon", action="store_false",
+                    help="leave the reconstruction term out of the loss table (both sides)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
+    args = ap.parse_args(argv)
+    sizes = args.clips or ([512, 1024] if args.quick else [512, 1024, 2048, 4096])
+    for b in sizes:
+        if b % CLIPS_PER_VIDEO or any((b // CLIPS_PER_VIDEO) % n for n in args.world):
+            ap.error(f"B={b}: must be {CLIPS_PER_VIDEO} clips × a number of videos divisible by every N")
+
+    print(f"bench/memory.py: loss forward+backward per rank, D={args.dim}, "
+          f"{'with' if args.recon else 'without'} reconstruction, fp32 on CPU, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    rows = []
+    for clips in sizes:
+        dp, dp_s = dataparallel_peak(clips, args.dim, args.recon)
+        for world in args.world:
+            peak, s = raymcn_peak(clips, world, args.dim, args.recon)
+            est = loss_estimate(clips, world, args.dim, args.recon)
+            rows.append({"B": clips, "N": world, "b": clips // world, "raymcn_peak": peak, "dataparallel_peak": dp,
+                         "ratio": peak / dp, "estimate": est, "estimate_over_measured": est["total"] / peak,
+                         "raymcn_s": s, "dataparallel_s": dp_s})
+            print(f"  B={clips} N={world}: raymcn {_mib(peak)} MiB, DataParallel {_mib(dp)} MiB", flush=True)
+    print()
+    print(loss_table(rows))
+
+    refit_rows = []
+    if args.refit:
+        print("\nk-means refit on rank 0 (building X + one Lloyd iteration), queue at paper proportions:", flush=True)
+        for clips in sizes:
+            for dtype in ("float32", "bfloat16"):
+                cfg = loss_config(clips, 1, dtype)
+                now, now_s, qbytes = refit_peak(clips, dtype, lean=False)
+                lean, lean_s, _ = refit_peak(clips, dtype, lean=True)
+                est = footprint.estimate_worker_memory(cfg)["kmeans_input"]
+                refit_rows.append({"B": clips, "queue_rows": cfg.queue_rows, "queue_dtype": dtype,
+                                   "queue_bytes": qbytes, "x_bytes": (cfg.queue_rows + clips) * EMBED_DIM * 4,
+                                   "peak_current": now, "peak_lean": lean, "estimate": est,
+                                   "current_s": now_s, "lean_s": lean_s})
+        print(refit_table(refit_rows))
+        print(f"lean X identical to the current X (wrapped bf16 ring): {check_lean_matches()}")
+
+    if args.json:
+        print(json.dumps({"bench": "memory", "embed_dim": args.dim, "recon": args.recon, "loss": rows,
+                          "refit": refit_rows, "refit_embed_dim": EMBED_DIM}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

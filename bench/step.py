@@ -1,0 +1,331 @@
+"""Time and peak memory of one MCN training step at paper dimensions on CPU, per clip count.
+
+    python bench/step.py            # clips 8, 16, 32, 64; 3 timed repeats (~6 min quiet, 2 cores)
+    python bench/step.py --quick    # clips 4, 8; 2 repeats (~1.5 min quiet)
+    python bench/step.py --json     # the table, then one JSON line with every figure
+    python bench/step.py --zero-grad-first   # the same with zero_grad before the forward (see below)
+
+What runs: the real training step, ``raymcn.train.loop.train_one_epoch`` on a one-batch epoch
+(forward, MCNObjective, backward, gradient-norm check, Adam, LR schedule), one process, no Ray,
+fp32 on CPU. The model is ``ModelConfig()`` (223.8 M parameters, 6144-d space, full-width
+DAVEnet); the batch follows the batch contract with 1000 audio frames (fp16) and random values.
+Clips are grouped 8 per video (``data.clips_per_video``) and ``loss.num_clusters`` = min(256,
+clips), because k-means needs at least K clips per step; everything else is the default config.
+Peak memory at 64 clips: 4.3 GB allocated, ~6.1 GB max RSS of the subprocess.
+
+Each clip count runs in a fresh subprocess. Torch's memory profiler (``profile_memory=True``)
+records from before the first tensor is created, so replaying its allocation and free events
+gives the *absolute* bytes held by live tensors at every moment:
+
+1. **saved activations**: one forward under ``torch.autograd.graph.saved_tensors_hooks``; the bytes
+   of the distinct storages autograd keeps (parameters, buffers and batch inputs excluded)
+   against ``footprint.activation_elements_per_clip`` (the analytic formula the preflight uses);
+2. a warm-up step (global step 0: k-means refit, Adam state allocated);
+3. the measured step (step 1: no refit, like 19 of every 20 steps): **peak alloc** = the maximum
+   of live bytes during the step and the phase it falls in, and **fwd+bwd peak** = the maximum
+   outside ``optimizer.step`` (what grows with the clips). **Peak RSS** (VmHWM minus the RSS after
+   ``import torch``; reset before the step where the kernel allows it) is a cross-check that
+   includes allocator fragmentation and the profiler's own records;
+4. ``--repeats`` timed steps, outside the profiler: median wall time and the loop's own phase
+   times (forward, loss, backward, optimizer).
+
+The estimate columns are ``footprint.estimate_worker_memory(cfg, refit=False)`` (one worker,
+fp32): its total, and persistent + step phase (everything but Adam's temporaries). A line
+fitted over the clip counts gives the per-clip slopes: every term is linear in the clips except
+the similarity slabs (b×B per pair, quadratic), a few kB at these sizes; ``bench/memory.py``
+measures those at B up to 4096.
+
+``--zero-grad-first`` replaces the loop's step by the same step with ``optimizer.zero_grad`` moved
+before the forward, as the original ``TrainOneBatch`` had it: ``loop.py`` frees last step's
+gradients only after the loss, so they (P × 4 = 0.9 GB) are live through the forward, the loss and
+any k-means refit.
+
+Load caveat: timings are wall-clock on whatever else the machine runs; re-measure on a quiet
+machine (memory figures do not depend on load). ``--threads`` pins torch's intra-op threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
+
+import torch
+
+from raymcn.config import Config
+from raymcn.train import footprint
+
+MB = 1e6
+GB = 1e9
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux ``clear_refs`` 5); False if not permitted."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def step_config(clips: int, cpv: int = 8) -> Config:
+    cpv = min(cpv, clips)
+    if clips % cpv:
+        raise SystemExit(f"--clips {clips}: must be a multiple of {cpv} (clips per video)")
+    return Config().replace({"data.batch_size": clips // cpv, "data.clips_per_video": cpv,
+                             "loss.num_clusters": min(256, clips), "scale.num_workers": 0})
+
+
+def make_batch(cfg: Config, clips: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    m, d = cfg.model, cfg.data
+    return {
+        "video": torch.rand(clips, m.video_dim, generator=g),
+        "audio": (-40 * torch.rand(clips, m.mel_bins, d.audio_frames, generator=g)).half(),  # dB <= 0
+        "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
+        "text": torch.randn(clips, d.max_words, m.word_dim, generator=g),
+        "key": [f"v{i // d.clips_per_video}" for i in range(clips)],
+    }
+
+
+def zero_grad_first_step(model, objective, optimizer, scheduler, batch: dict, *, cfg: Config, state) -> dict:
+    """``train_one_epoch``'s step for a joint run, but with ``zero_grad`` *before* the forward.
+
+    The original (``TrainOneBatch``) zeroed the gradients first; ``loop.py`` does it after the loss,
+    so last step's gradients (P × 4 bytes) are still held through the forward, the loss and a
+    k-means refit. ``--zero-grad-first`` measures the difference. Returns the loop's timing keys.
+    """
+    from raymcn.train.stages import ALL
+
+    times = {}
+    t = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    out = model(batch, ALL)
+    times["time_forward_s"], t = time.perf_counter() - t, time.perf_counter()
+    terms = objective(out, ALL, state.step)
+    times["time_loss_s"], t = time.perf_counter() - t, time.perf_counter()
+    terms["total_loss"].backward()
+    times["time_backward_s"], t = time.perf_counter() - t, time.perf_counter()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+    optimizer.step()
+    scheduler.step()
+    state.step += 1
+    times["time_optimizer_s"] = time.perf_counter() - t
+    return times
+
+
+def measure(clips: int, repeats: int, zero_grad_first: bool = False) -> dict:
+    """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from raymcn.losses import MCNObjective
+    from raymcn.model import MCN
+    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+
+    rss_start = _status_kib("VmRSS") * 1024
+    cfg = step_config(clips)
+    cpu = torch.device("cpu")
+    active = frozenset({"video", "audio", "text"})
+    # The profiler records from before the first tensor is made, so every allocation *and* free of
+    # the model, optimizer, queue and batch is in the trace and live bytes are absolute.
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.manual_seed(cfg.run.seed)
+        model = MCN(cfg.model)
+        batch = make_batch(cfg, clips)
+        inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
+        # 1. saved activations of one forward (the graph is dropped right after)
+        state_tensors = tuple(model.parameters()) + tuple(model.buffers())
+        out, saved = footprint.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
+        del out  # frees the graph and its saved tensors
+        optimizer = build_optimizer(model, cfg)
+        scheduler = build_scheduler(optimizer, cfg, total_steps=10_000)
+        objective = MCNObjective(cfg, cfg.model.embed_dim, cpu)
+        state = LoopState()
+
+        def one_step() -> dict:
+            if zero_grad_first:
+                return zero_grad_first_step(model, objective, optimizer, scheduler, batch, cfg=cfg, state=state)
+            return train_one_epoch(model, objective, optimizer, scheduler, [batch], cfg=cfg, state=state,
+                                   device=cpu, switch=0)
+
+        one_step()  # 2. warm-up: global step 0 (k-means refit, Adam state allocated)
+        rss_before = _status_kib("VmRSS") * 1024
+        reset = _reset_peak_rss()
+        window = (time.time_ns(), None)
+        one_step()  # the measured step (step 1: no refit, like 19 of every 20 steps)
+        window = (window[0], time.time_ns())
+        hwm = _status_kib("VmHWM") * 1024
+    replay = _replay(prof, window)
+
+    # 3. timed steps, outside the profiler
+    walls, phases = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        metrics = one_step()
+        walls.append(time.perf_counter() - t0)
+        phases.append({k: metrics[f"time_{k}_s"] for k in ("forward", "loss", "backward", "optimizer")})
+
+    est = footprint.estimate_worker_memory(cfg, refit=False)  # the measured step is not a refit step
+    formula = sum(footprint.activation_elements_per_clip(cfg.model, cfg.data.audio_frames,
+                                                         max_words=cfg.data.max_words).values()) * 4 * clips
+    return {
+        "clips": clips, "repeats": repeats, "threads": torch.get_num_threads(), "zero_grad_first": zero_grad_first,
+        "step_s": statistics.median(walls), "step_s_all": walls,
+        "phase_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+        "saved_activation_bytes": saved, "formula_activation_bytes": formula,
+        **replay,
+        "rss_start_bytes": rss_start, "rss_before_step_bytes": rss_before, "peak_rss_bytes": hwm,
+        "peak_rss_is_step_only": reset,
+        "estimate": est,
+        "estimate_fwd_bwd_bytes": sum(est[k] for k in footprint.PERSISTENT + footprint.STEP_PHASE),
+    }
+
+
+def _replay(prof, window: tuple[int, int]) -> dict:
+    """Replay the memory events: live torch bytes at the start of ``window``, their maximum inside
+    it (both absolute: the trace starts before the first tensor), the phase running at that
+    maximum, and the maximum outside the optimizer step (forward + loss + backward)."""
+    events = list(prof.profiler.kineto_results.events())
+    optim = [(e.start_ns(), e.end_ns()) for e in events if e.name().startswith("Optimizer.step")
+             and e.start_ns() >= window[0]]
+    mem = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = start = peak = peak_fb = 0
+    t_peak = window[0]
+    started = False
+    for e in mem:
+        if not started and e.start_ns() >= window[0]:
+            start = peak = peak_fb = live
+            started = True
+        if e.start_ns() > window[1]:
+            break
+        live += e.nbytes()
+        if not started:
+            continue
+        if live > peak:
+            peak, t_peak = live, e.start_ns()
+        if not any(a <= e.start_ns() <= b for a, b in optim):
+            peak_fb = max(peak_fb, live)
+    running = [e.name() for e in events if e.name() != "[memory]" and e.start_ns() <= t_peak <= e.end_ns()]
+    if any(n.startswith("Optimizer.step") for n in running):
+        phase = "optimizer"
+    elif any(n.startswith("autograd::engine") for n in running):
+        phase = "backward"
+    else:
+        phase = "forward/loss"
+    return {"live_at_step_start_bytes": start, "peak_alloc_bytes": peak, "peak_phase": phase,
+            "peak_fwd_bwd_bytes": peak_fb}
+
+
+def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_first: bool) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", str(clips), "--repeats", str(repeats)]
+    if zero_grad_first:
+        cmd.append("--zero-grad-first")
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"bench/step.py: the run with {clips} clips failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _table(rows: list[dict]) -> str:
+    head = ("clips", "step s", "fwd", "loss", "bwd", "opt", "s/clip", "saved MB", "formula MB",
+            "peak alloc GB", "peak in", "est GB", "est/meas", "fwd+bwd peak GB", "est GB", "est/meas", "peak RSS GB")
+    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    for r in rows:
+        p = r["phase_s"]
+        rss = r["peak_rss_bytes"] - r["rss_start_bytes"]
+        cells = (r["clips"], f"{r['step_s']:.2f}", f"{p['forward']:.2f}", f"{p['loss']:.2f}", f"{p['backward']:.2f}",
+                 f"{p['optimizer']:.2f}", f"{r['step_s'] / r['clips']:.3f}", f"{r['saved_activation_bytes'] / MB:.1f}",
+                 f"{r['formula_activation_bytes'] / MB:.1f}", f"{r['peak_alloc_bytes'] / GB:.3f}", r["peak_phase"],
+                 f"{r['estimate']['total'] / GB:.3f}", f"{r['estimate']['total'] / r['peak_alloc_bytes']:.3f}",
+                 f"{r['peak_fwd_bwd_bytes'] / GB:.3f}", f"{r['estimate_fwd_bwd_bytes'] / GB:.3f}",
+                 f"{r['estimate_fwd_bwd_bytes'] / r['peak_fwd_bwd_bytes']:.3f}", f"{rss / GB:.3f}")
+        lines.append(" | ".join(str(c) for c in cells))
+    return "\n".join(lines)
+
+
+def summarize(rows: list[dict]) -> dict:
+    xs = [float(r["clips"]) for r in rows]
+    t0, t_slope, t_r2 = footprint.fitted_line(xs, [r["step_s"] for r in rows])
+    m0, m_slope, m_r2 = footprint.fitted_line(xs, [float(r["peak_fwd_bwd_bytes"]) for r in rows])
+    e0, e_slope, _ = footprint.fitted_line(xs, [float(r["estimate_fwd_bwd_bytes"]) for r in rows])
+    s_per_clip = [r["saved_activation_bytes"] / r["clips"] for r in rows]
+    return {
+        "time_intercept_s": t0, "time_per_clip_s": t_slope, "time_r2": t_r2,
+        "peak_intercept_bytes": m0, "peak_per_clip_bytes": m_slope, "peak_r2": m_r2,
+        "estimate_per_clip_bytes": e_slope, "estimate_intercept_bytes": e0,
+        "saved_per_clip_bytes": statistics.mean(s_per_clip),
+        "formula_per_clip_bytes": rows[0]["formula_activation_bytes"] / rows[0]["clips"],
+        "estimate_over_measured": [r["estimate"]["total"] / r["peak_alloc_bytes"] for r in rows],
+        "fwd_bwd_estimate_over_measured": [r["estimate_fwd_bwd_bytes"] / r["peak_fwd_bwd_bytes"] for r in rows],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clips", type=int, nargs="+", help="clip counts (default 8 16 32 64; --quick: 4 8)")
+    ap.add_argument("--repeats", type=int, help="timed steps per clip count (default 3; --quick: 2)")
+    ap.add_argument("--quick", action="store_true", help="small clip counts, fewer repeats")
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
+    ap.add_argument("--zero-grad-first", action="store_true",
+                    help="free last step's gradients before the forward (the original's order) instead of "
+                         "after the loss (loop.py's): shows what the stale gradients cost")
+    ap.add_argument("--_child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (2 if args.quick else 3)
+    if args._child:
+        print(json.dumps(measure(args._child, repeats, args.zero_grad_first)))
+        return 0
+
+    clips = args.clips or ([4, 8] if args.quick else [8, 16, 32, 64])
+    print(f"bench/step.py: one MCN training step at paper dims on CPU ({os.cpu_count()} cores), "
+          f"clips {clips}, {repeats} timed repeats each"
+          + (", zero_grad before the forward" if args.zero_grad_first else ""), flush=True)
+    rows = []
+    for n in clips:
+        t0 = time.perf_counter()
+        rows.append(_run_child(n, repeats, args.threads, args.zero_grad_first))
+        print(f"  {n} clips done in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(_table(rows))
+    s = summarize(rows)
+    print(f"\nfit over clips: step time = {s['time_intercept_s']:.2f} s + {s['time_per_clip_s']:.3f} s/clip "
+          f"(R² {s['time_r2']:.3f})\n               fwd+bwd peak = {s['peak_intercept_bytes'] / GB:.2f} GB + "
+          f"{s['peak_per_clip_bytes'] / MB:.2f} MB/clip (R² {s['peak_r2']:.3f}); "
+          f"estimate = {s['estimate_intercept_bytes'] / GB:.2f} GB + {s['estimate_per_clip_bytes'] / MB:.2f} MB/clip")
+    print(f"saved activations: measured {s['saved_per_clip_bytes'] / MB:.3f} MB/clip, "
+          f"formula {s['formula_per_clip_bytes'] / MB:.3f} MB/clip (measured adds BatchNorm's batch statistics, "
+          f"a per-step constant)")
+    big = footprint.estimate_worker_memory(step_config(4096, 32))
+    last = rows[-1]
+    print(f"quadratic term (b×B slabs): {last['estimate']['loss_slabs'] / 1e3:.0f} kB at {last['clips']} clips; "
+          f"{big['loss_slabs'] / GB:.2f} GB for one worker at B = 4096 (bench/memory.py measures it)")
+    if len(rows) > 1 and not all(r["peak_rss_is_step_only"] for r in rows):
+        print("note: VmHWM could not be reset; peak RSS includes the warm-up step")
+    if args.json:
+        print(json.dumps({"bench": "step", "rows": rows, "summary": s}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
