@@ -3,7 +3,7 @@
     python bench/step.py            # clips 8, 16, 32, 64; 3 timed repeats (~6 min quiet, 2 cores)
     python bench/step.py --quick    # clips 4, 8; 2 repeats (~1.5 min quiet)
     python bench/step.py --json     # the table, then one JSON line with every figure
-    python bench/step.py --zero-grad-first   # the same with zero_grad before the forward (see below)
+    python bench/step.py --zero-grad-late    # the earlier loop order, zero_grad after the loss (before/after)
 
 What runs: the real training step, ``raymcn.train.loop.train_one_epoch`` on a one-batch epoch
 (forward, MCNObjective, backward, gradient-norm check, Adam, LR schedule), one process, no Ray,
@@ -35,10 +35,10 @@ fitted over the clip counts gives the per-clip slopes: every term is linear in t
 the similarity slabs (b×B per pair, quadratic), a few kB at these sizes; ``bench/memory.py``
 measures those at B up to 4096.
 
-``--zero-grad-first`` replaces the loop's step by the same step with ``optimizer.zero_grad`` moved
-before the forward, as the original ``TrainOneBatch`` had it: ``loop.py`` frees last step's
-gradients only after the loss, so they (P × 4 = 0.9 GB) are live through the forward, the loss and
-any k-means refit.
+``--zero-grad-late`` replaces the loop's step by the same step with ``optimizer.zero_grad`` moved
+after the loss, as ``loop.py`` first had it: last step's gradients (P × 4 = 0.9 GB) then stay live
+through the forward, the loss and any k-means refit. The loop now frees them before the forward
+(as the original ``TrainOneBatch`` did); this flag shows the before/after.
 
 Load caveat: timings are wall-clock on whatever else the machine runs; re-measure on a quiet
 machine (memory figures do not depend on load). ``--threads`` pins torch's intra-op threads.
@@ -104,22 +104,19 @@ def make_batch(cfg: Config, clips: int, seed: int = 0) -> dict:
     }
 
 
-def zero_grad_first_step(model, objective, optimizer, scheduler, batch: dict, *, cfg: Config, state) -> dict:
-    """``train_one_epoch``'s step for a joint run, but with ``zero_grad`` *before* the forward.
-
-    The original (``TrainOneBatch``) zeroed the gradients first; ``loop.py`` does it after the loss,
-    so last step's gradients (P × 4 bytes) are still held through the forward, the loss and a
-    k-means refit. ``--zero-grad-first`` measures the difference. Returns the loop's timing keys.
-    """
+def zero_grad_late_step(model, objective, optimizer, scheduler, batch: dict, *, cfg: Config, state) -> dict:
+    """``train_one_epoch``'s step for a joint run, but with ``zero_grad`` *after* the loss (the
+    earlier loop order), so last step's gradients (P × 4 bytes) are held through the forward, the
+    loss and a k-means refit. Returns the loop's timing keys."""
     from raymcn.train.stages import ALL
 
     times = {}
     t = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
     out = model(batch, ALL)
     times["time_forward_s"], t = time.perf_counter() - t, time.perf_counter()
     terms = objective(out, ALL, state.step)
     times["time_loss_s"], t = time.perf_counter() - t, time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
     terms["total_loss"].backward()
     times["time_backward_s"], t = time.perf_counter() - t, time.perf_counter()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
@@ -130,7 +127,7 @@ def zero_grad_first_step(model, objective, optimizer, scheduler, batch: dict, *,
     return times
 
 
-def measure(clips: int, repeats: int, zero_grad_first: bool = False) -> dict:
+def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
     """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -159,8 +156,8 @@ def measure(clips: int, repeats: int, zero_grad_first: bool = False) -> dict:
         state = LoopState()
 
         def one_step() -> dict:
-            if zero_grad_first:
-                return zero_grad_first_step(model, objective, optimizer, scheduler, batch, cfg=cfg, state=state)
+            if zero_grad_late:
+                return zero_grad_late_step(model, objective, optimizer, scheduler, batch, cfg=cfg, state=state)
             return train_one_epoch(model, objective, optimizer, scheduler, [batch], cfg=cfg, state=state,
                                    device=cpu, switch=0)
 
@@ -185,7 +182,7 @@ def measure(clips: int, repeats: int, zero_grad_first: bool = False) -> dict:
     formula = sum(footprint.activation_elements_per_clip(cfg.model, cfg.data.audio_frames,
                                                          max_words=cfg.data.max_words).values()) * 4 * clips
     return {
-        "clips": clips, "repeats": repeats, "threads": torch.get_num_threads(), "zero_grad_first": zero_grad_first,
+        "clips": clips, "repeats": repeats, "threads": torch.get_num_threads(), "zero_grad_late": zero_grad_late,
         "step_s": statistics.median(walls), "step_s_all": walls,
         "phase_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
         "saved_activation_bytes": saved, "formula_activation_bytes": formula,
@@ -232,10 +229,10 @@ def _replay(prof, window: tuple[int, int]) -> dict:
             "peak_fwd_bwd_bytes": peak_fb}
 
 
-def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_first: bool) -> dict:
+def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_late: bool) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", str(clips), "--repeats", str(repeats)]
-    if zero_grad_first:
-        cmd.append("--zero-grad-first")
+    if zero_grad_late:
+        cmd.append("--zero-grad-late")
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -286,26 +283,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small clip counts, fewer repeats")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
-    ap.add_argument("--zero-grad-first", action="store_true",
-                    help="free last step's gradients before the forward (the original's order) instead of "
-                         "after the loss (loop.py's): shows what the stale gradients cost")
+    ap.add_argument("--zero-grad-late", action="store_true",
+                    help="free last step's gradients after the loss (the earlier loop order) instead of "
+                         "before the forward (loop.py's now): shows what the stale gradients cost")
     ap.add_argument("--_child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 3)
     if args._child:
-        print(json.dumps(measure(args._child, repeats, args.zero_grad_first)))
+        print(json.dumps(measure(args._child, repeats, args.zero_grad_late)))
         return 0
 
     clips = args.clips or ([4, 8] if args.quick else [8, 16, 32, 64])
     print(f"bench/step.py: one MCN training step at paper dims on CPU ({os.cpu_count()} cores), "
           f"clips {clips}, {repeats} timed repeats each"
-          + (", zero_grad before the forward" if args.zero_grad_first else ""), flush=True)
+          + (", zero_grad after the loss (earlier order)" if args.zero_grad_late else ""), flush=True)
     rows = []
     for n in clips:
         t0 = time.perf_counter()
-        rows.append(_run_child(n, repeats, args.threads, args.zero_grad_first))
+        rows.append(_run_child(n, repeats, args.threads, args.zero_grad_late))
         print(f"  {n} clips done in {time.perf_counter() - t0:.0f} s", flush=True)
     print(_table(rows))
     s = summarize(rows)

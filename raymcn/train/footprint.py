@@ -14,11 +14,15 @@ last stage is the largest):
 component            formula
 ==================== ========================================================================
 params               P × 4 (fp32 master weights; BN running statistics included)
-grads                P × 4. The loop frees them (``zero_grad(set_to_none)``) only *after* the
-                     forward and the loss, so they are live for the whole step
+grads                P × 4 with one worker (0 with DDP: they live in the buckets). The loop frees
+                     them (``zero_grad(set_to_none)``) before the forward, so they exist from the
+                     backward on; counted as persistent, an upper bound (at paper dims the
+                     backward frees activations faster than gradients appear, so the measured
+                     peak is up to P × 4 lower; on tiny models gradients do add to the peak)
 adam_moments         P × 8 (``exp_avg`` and ``exp_avg_sq``, fp32)
-ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets
-                     (``gradient_as_bucket_view`` is off, Ray's default)
+ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which hold the gradients
+                     themselves (the worker sets ``gradient_as_bucket_view=True``; Ray's default
+                     would keep a second copy)
 autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
                      and saved for the backward
 batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·4 + 4): the batch
@@ -47,8 +51,8 @@ kmeans_input         refit steps, rank 0: X = (queue_rows + B) × D × 4 plus on
                      queue that ``FeatureQueue.contents`` still holds while X is concatenated
 optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
                      largest parameter × 4 on CPU (single-tensor: sqrt, then the division)
-total                persistent + max(step phase, optimizer_workspace), where persistent = params
-                     + grads + adam_moments + ddp_buckets + queue and the step phase = autocast
+total                persistent + max(step phase, optimizer_workspace), where persistent =
+                     params + grads + adam_moments + ddp_buckets + queue and the step phase = autocast
                      weights + batch + activations + loss terms + kmeans_input (the refit runs in
                      the forward, while every activation is saved); Adam's temporaries come after
                      the activations are freed. The backward needs no term of its own: measured,
@@ -244,7 +248,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     rows = cfg.queue_rows
     est = {
         "params": p * FP32,
-        "grads": p * FP32,
+        "grads": p * FP32 if world == 1 else 0,
         "adam_moments": 2 * p * FP32,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,

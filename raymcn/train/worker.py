@@ -47,7 +47,10 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     torch.manual_seed(cfg.run.seed)
     staged = cfg.schedule.stage_order != "joint"
     model = ray.train.torch.prepare_model(
-        MCN(cfg.model), parallel_strategy_kwargs={"find_unused_parameters": staged and cfg.scale.find_unused_parameters})
+        MCN(cfg.model), parallel_strategy_kwargs={
+            "find_unused_parameters": staged and cfg.scale.find_unused_parameters,
+            # gradients live in DDP's buckets instead of a second copy (0.9 GB at paper size)
+            "gradient_as_bucket_view": True})
     net = getattr(model, "module", model)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps)
