@@ -101,7 +101,8 @@ def test_paper_defaults_match_the_spec(paper_params):
     est = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
     assert 3.5e9 < est["params"] + est["grads"] + est["ddp_buckets"] + est["adam_moments"] < 3.7e9  # "≈ 3.6 GB"
     assert est["queue"] == 40960 * 6144 * 4 and abs(est["queue"] / GIB - 0.94) < 0.005  # "0.94 GiB fp32"
-    assert abs(est["kmeans_input"] - (45056 + 40960) * 6144 * 4) == 0  # X (1.03 GiB) + the queue copy
+    x_bytes = 45056 * 6144 * 4  # X (1.03 GiB), built in place, plus the Lloyd workspace
+    assert x_bytes < est["kmeans_input"] < 1.05 * x_bytes
     per_clip = est["activations"] / 4096
     assert 11.0e6 < per_clip < 11.5e6  # "≈ 11.3 MB per clip fp32"
     assert 44e9 < est["activations"] < 48e9  # "≈ 46 GB fp32 for 4096 clips"

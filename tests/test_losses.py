@@ -310,3 +310,16 @@ def test_objective_rejects_missing_modality_and_partial_videos():
         obj(_out(24, 8, 0, modalities=("video",)), frozenset({"video", "audio"}), 0)
     with pytest.raises(ValueError):
         obj(_out(20, 8, 0), frozenset({"video", "audio"}), 0)  # 20 clips are not whole videos of 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_queue_copy_into_equals_contents(dtype):
+    from raymcn.losses.cluster import FeatureQueue
+
+    q = FeatureQueue(10, 3, dtype=dtype, device=torch.device("cpu"))
+    for i in range(4):  # 4 pushes of 3 rows into 10 slots: wraps around
+        q.push(torch.arange(9, dtype=torch.float32).view(3, 3) + 10 * i)
+        out = torch.full((len(q) + 2, 3), -1.0)
+        assert q.copy_into(out, chunk_rows=4) == len(q)
+        assert torch.equal(out[:len(q)], q.contents())
+        assert (out[len(q):] == -1).all()

@@ -135,8 +135,12 @@ class MCNObjective:
             rank, _ = world_info()
             centroids = torch.empty(lc.num_clusters, self.embed_dim, dtype=torch.float32, device=self.device)
             if rank == 0:
-                # k-means input: the queue as it was before this step's push, then the current rows.
-                x = torch.cat([self.queue.contents(), current])
+                # k-means input: the queue as it was before this step's push, then the current rows,
+                # written in place (no extra copy of the queue alongside X).
+                n = len(self.queue)
+                x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
+                self.queue.copy_into(x)
+                x[n:] = current
                 gen = torch.Generator().manual_seed(int(self.cfg.run.seed) * 1_000_003 + int(step))
                 centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
                                              init=self.centroids, generator=gen)

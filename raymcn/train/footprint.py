@@ -47,8 +47,10 @@ loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands 
                      recon grads for the F = video_dim + C4 + D predictions and the F_live
                      non-detached targets). They wait in autograd until the model's backward runs
 queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
-kmeans_input         refit steps, rank 0: X = (queue_rows + B) × D × 4 plus one fp32 copy of the
-                     queue that ``FeatureQueue.contents`` still holds while X is concatenated
+kmeans_input         refit steps, rank 0: X = N × D × 4 with N = queue_rows + B, built in place
+                     (``FeatureQueue.copy_into``), plus the Lloyd iteration's workspace: one
+                     similarity block min(N, 16384) × K × 4 and ~5 centroid-sized K × D × 4 buffers
+                     (sums, new centroids, unit centroids, the shift; measured: 30 MiB at K = 256)
 optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
                      largest parameter × 4 on CPU (single-tensor: sqrt, then the division)
 total                persistent + max(step phase, optimizer_workspace), where persistent =
@@ -65,7 +67,7 @@ activation formula equals the bytes autograd saves (``bench/step.py``, and exact
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
 over-estimate the measured loss peak by 1–20 % for B = 512–4096, N = 1–4, both at D = 6144 and at
 D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
-``kmeans_input`` equals the measured refit peak; the total is within 0.3 % of a measured training
+``kmeans_input`` bounds the measured refit peak (within 4 %); the total is within 0.3 % of a measured training
 step at paper dims for 8–64 clips (``bench/step.py``).
 Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
 for), NCCL buffers, the data loader's host memory.
@@ -259,7 +261,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "loss_grads": loss["loss_grads"],
         "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
         "conv_workspace": max(w * w * 9 for w in m.audio_channels[1:]) * FP32,  # each block's 2nd (1, 9) conv
-        "kmeans_input": ((rows + clips) * m.embed_dim * FP32 + rows * m.embed_dim * FP32) if refit else 0,
+        "kmeans_input": _kmeans_bytes(rows + clips, lc.num_clusters, m.embed_dim) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
         "optimizer_workspace": p * FP32 if gpu else 2 * largest * FP32,
@@ -268,6 +270,11 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     step = sum(est[k] for k in STEP_PHASE)
     est["total"] = persistent + max(step, est["optimizer_workspace"])
     return est
+
+
+def _kmeans_bytes(n: int, k: int, d: int) -> int:
+    """X (n, d) fp32 plus one Lloyd iteration's workspace (see the table above)."""
+    return n * d * FP32 + min(n, 16384) * k * FP32 + 5 * k * d * FP32
 
 
 def _gib(n: int) -> str:
