@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from raymcn.config import RETRIEVAL_METRICS, Config, ConfigError, load_config
+from raymcn.train import preflight
 
 DEFAULT_PRESET = "default.yaml"
 
@@ -67,6 +68,13 @@ def final_summary(metrics: dict[str, float], run_dir: Path) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
+def _check_cluster(cfg: Config) -> None:
+    """The requested workers and GPUs exist (Ray would otherwise wait for them forever)."""
+    problems = preflight.cluster_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from raymcn.train import launch
 
@@ -76,11 +84,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = resolve_config(args)
         if _has_sweep_section(args.config):
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
+    if cfg is not None:
+        preflight.check(cfg)  # everything that can be checked before Ray starts, reported at once
     started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
     run_dir = Path(args.resume) if args.resume else None
     if cfg is not None:  # name the run here so an interruption can say where it is
         run_dir = launch.default_run_dir(cfg)
     try:
+        if started and cfg is not None:
+            _check_cluster(cfg)
         if args.resume:
             result = launch.resume(args.resume, args.overrides)
         else:
@@ -110,9 +122,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cfg = None if args.resume else resolve_config(args)
     if cfg is not None and not cfg.sweep.space:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
+    if cfg is not None:
+        preflight.check(cfg)
     started = start_ray(args.address)
     exp_dir = Path(args.resume) if args.resume else tuner.default_experiment_dir(cfg)
     try:
+        if cfg is not None:
+            _check_cluster(cfg)
         if args.resume:
             result = tuner.resume_sweep(args.resume)
         else:

@@ -1,0 +1,126 @@
+"""Preflight: every check that can fail a long run, done before Ray starts and reported together.
+
+``static_problems`` needs no Ray (config is already validated when it is loaded): output folder
+writable, shards and their manifest, eval-set file, per-worker memory. ``cluster_problems`` runs
+right after ``ray.init`` and compares the request with the cluster's CPUs and GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from raymcn.config import Config, ConfigError, default_storage_path
+
+
+def static_problems(cfg: Config, device_bytes: int | None = None) -> list[str]:
+    """Problems found without starting Ray (empty list when the run can start).
+
+    Args:
+        device_bytes: memory of one worker's device; default: this machine's RAM divided by the
+            workers on CPU, or the local GPU's memory when ``scale.use_gpu`` and a GPU is visible.
+    """
+    problems = _storage_problems(cfg)
+    problems += _shard_problems(cfg)
+    problems += _eval_set_problems(cfg)
+    problems += _memory_problems(cfg, device_bytes)
+    return problems
+
+
+def check(cfg: Config, device_bytes: int | None = None) -> None:
+    """Raise ConfigError listing every static problem."""
+    problems = static_problems(cfg, device_bytes)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _storage_problems(cfg: Config) -> list[str]:
+    path = Path(default_storage_path(cfg)).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return [f"run.storage_path={str(path)!r} is not writable: {e.strerror or e}"]
+    return []
+
+
+def _shard_problems(cfg: Config) -> list[str]:
+    if not cfg.data.shards:
+        return []
+    from raymcn.data.shards import ShardError, load_manifest
+
+    where = f"data.shards={cfg.data.shards!r}"
+    root = Path(cfg.data.shards)
+    if not root.is_dir():
+        return [f"{where}: directory does not exist"]
+    try:
+        manifest = load_manifest(root)
+    except (ShardError, OSError, ValueError) as e:
+        return [f"{where}: {e}"]
+    problems = []
+    for shard in manifest["shards"]:
+        path = root / shard["name"]
+        if not path.is_file():
+            problems.append(f"{where}: shard {shard['name']} listed in the manifest is missing")
+        elif path.stat().st_size != shard["bytes"]:
+            problems.append(f"{where}: shard {shard['name']} has {path.stat().st_size} bytes, the manifest "
+                            f"says {shard['bytes']} (truncated or rewritten; rerun `raymcn shards`)")
+    if not (root / "vocab.npy").is_file():
+        problems.append(f"{where}: vocab.npy is missing")
+    return problems
+
+
+def _eval_set_problems(cfg: Config) -> list[str]:
+    kind, _, file = cfg.data.eval_set.partition(":")
+    if kind == "synthetic":
+        return []
+    if not Path(file).is_file():
+        return [f"data.eval_set={cfg.data.eval_set!r}: file {file} does not exist"]
+    from raymcn.data.evalsets import EvalSetError, _load_list
+
+    try:
+        _load_list(Path(file))
+    except (EvalSetError, OSError, ValueError) as e:
+        return [f"data.eval_set={cfg.data.eval_set!r}: {e}"]
+    return []
+
+
+def _memory_problems(cfg: Config, device_bytes: int | None) -> list[str]:
+    from raymcn.train.footprint import fits
+
+    device_bytes = device_bytes or _device_bytes(cfg)
+    if device_bytes is None:
+        return []
+    ok, message, _ = fits(cfg, device_bytes)
+    return [] if ok else [message]
+
+
+def _device_bytes(cfg: Config) -> int | None:
+    if cfg.scale.use_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None  # the driver may run on a CPU head node; the workers' GPUs are checked by Ray
+        return torch.cuda.get_device_properties(0).total_memory
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(1, cfg.scale.num_workers)
+
+
+def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
+    """Compare the request with ``ray.cluster_resources()`` (call after ``ray.init``)."""
+    import ray
+
+    have = ray.cluster_resources()
+    workers = max(1, cfg.scale.num_workers) * concurrent_runs
+    need_cpu = cfg.scale.cpus_per_worker * workers
+    problems = []
+    if cfg.scale.num_workers and need_cpu > have.get("CPU", 0):
+        problems.append(f"scale.num_workers={cfg.scale.num_workers} x scale.cpus_per_worker="
+                        f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) needs {need_cpu:g} CPUs; "
+                        f"the cluster has {have.get('CPU', 0):g} (Ray would wait forever for them)")
+    if cfg.scale.use_gpu and workers > have.get("GPU", 0):
+        problems.append(f"scale.use_gpu=true with {workers} worker(s) needs {workers} GPUs; "
+                        f"the cluster has {have.get('GPU', 0):g}")
+    return problems

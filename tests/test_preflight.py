@@ -1,0 +1,76 @@
+"""Malformed configs and inputs fail before Ray starts, each with a message naming the problem."""
+
+import json
+import pickle
+
+import pytest
+
+import raymcn.cli as cli
+
+CASES = [  # (arguments after `raymcn train`, fragment of the message)
+    (["--set", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+    (["--set", "data.batch_size=7"], "data.batch_size=7 is not divisible by scale.num_workers=2"),
+    (["--set", "schedule.stage_order=VA_T"], "allowed values are AV_T, VT_A, AT_V, joint"),
+    (["--set", "loss.num_clusters=999"], "loss.num_clusters=999 is larger than the 128 clips"),
+    (["--set", "scale.use_gpu=perhaps"], "scale.use_gpu: expected bool, got 'perhaps'"),
+    (["--set", "optim.lr=-1"], "optim.lr=-1.0: must be a positive number"),
+    (["--set", "optim.lr=fast"], "optim.lr: expected float, got 'fast'"),
+    (["--set", "schedule.stage1_fraction=0"], "schedule.stage1_fraction=0.0: must lie strictly between 0 and 1"),
+    (["--set", "schedule.epochs=0"], "schedule.epochs=0: must be >= 1"),
+    (["--set", "data.eval_set=imagenet"], "data.eval_set='imagenet': allowed values are synthetic"),
+    (["--set", "loss.queue_dtype=int8"], "loss.queue_dtype='int8': allowed values are float32, bfloat16"),
+    (["--set", "model.audio_channels=[8,8]"], "model.audio_channels=[8, 8]: needs 5 positive widths"),
+    (["--set", "optim.lr"], "expected KEY=VALUE"),
+    (["--set", "sweep.algorithm=hyperopt"], "sweep.algorithm='hyperopt': allowed values are"),
+    (["--set", "scale.cpus_per_worker=0"], "scale.cpus_per_worker=0.0: must be a positive number"),
+    (["--set", "data.eval_set=youcook:{tmp}/missing.pkl"], "missing.pkl does not exist"),
+    (["--set", "data.eval_set=msrvtt:{tmp}/garbage.pkl"], "garbage.pkl"),
+    (["--set", "data.shards={tmp}/no-such-dir"], "no-such-dir': directory does not exist"),
+    (["--set", "data.shards={tmp}/empty"], "no shard manifest"),
+    (["--set", "data.shards={tmp}/truncated"], "shard-000000.tar has 10 bytes, the manifest says 20"),
+    (["--set", "run.storage_path=/proc/raymcn-results"], "is not writable"),
+    (["--config", "{tmp}/missing.yaml"], "missing.yaml does not exist"),
+    (["--config", "{tmp}/broken.yaml"], "is not valid YAML"),
+    (["--config", "{tmp}/unknown_section.yaml"], "unknown section 'optimizer' (did you mean 'optim'?)"),
+    (["--set", "data.clips_per_video=32", "--set", "data.batch_size=512", "--set", "model.embed_dim=6144",
+      "--set", "data.audio_frames=1000", "--set", "model.audio_channels=[128,128,256,512,1024]"],
+     "Try data.clips_per_video="),
+]
+
+
+@pytest.fixture
+def inputs(tmp_path, monkeypatch):
+    (tmp_path / "garbage.pkl").write_bytes(b"not a pickle")
+    (tmp_path / "broken.yaml").write_text("optim: [1, 2\n")
+    (tmp_path / "unknown_section.yaml").write_text("optimizer:\n  lr: 1.0\n")
+    (tmp_path / "empty").mkdir()
+    trunc = tmp_path / "truncated"
+    trunc.mkdir()
+    (trunc / "shard-000000.tar").write_bytes(b"x" * 10)
+    (trunc / "vocab.npy").write_bytes(b"")
+    from raymcn.data import shards
+
+    manifest = {"format": shards.FORMAT, "version": shards.FORMAT_VERSION, "counts": {"videos": 3},
+                "shards": [{"name": "shard-000000.tar", "videos": ["a", "b", "c"], "bytes": 20, "sha256": "0"}]}
+    (trunc / shards.MANIFEST).write_text(json.dumps(manifest))
+
+    def no_ray(*_):
+        raise AssertionError("Ray was started before the configuration was checked")
+
+    monkeypatch.setattr(cli, "start_ray", no_ray)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, fragment", CASES, ids=[c[1][:40] for c in CASES])
+def test_bad_input_fails_before_ray_naming_the_problem(inputs, capsys, argv, fragment):
+    argv = [a.replace("{tmp}", str(inputs)) for a in argv]
+    fragment = fragment.replace("{tmp}", str(inputs))
+    if "storage_path" not in " ".join(argv):
+        argv += ["--set", f"run.storage_path={inputs}/results"]
+    assert cli.main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err, err
+
+
+def test_at_least_twenty_cases():
+    assert len(CASES) >= 20
