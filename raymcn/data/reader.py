@@ -2,7 +2,7 @@
 
 Driver::
 
-    ds = build_dataset(shards_dir, cfg)                 # lazy; one read task per shard
+    ds = build_dataset(shards_dir, cfg)                 # lazy; read tasks of >= 512 MB of shards
     TorchTrainer(..., datasets={"train": ds})           # Ray Train splits it per rank (equal=True)
 
 Worker (each rank, each epoch)::
@@ -13,15 +13,21 @@ Worker (each rank, each epoch)::
     stats.bad_samples  # -> metric "bad_samples" (sum over ranks)
 
 Why a custom datasource instead of ``read_webdataset``: with its default decoder ``read_webdataset``
-parses each member through Python's ``tarfile``, ``np.load``-s (copies) every array, builds a pandas
-frame of ndarray objects and converts it to Arrow tensor columns; a consumer then converts those
-back. It also aborts the whole read on a truncated tar. Here one read task reads a whole shard in
-one sequential read, finds the member boundaries from the 512-byte headers, checks each sample
-(members present, CRC-32, ``.npy`` headers, shapes) and emits Arrow blocks whose ``sample`` column
-is a zero-copy slice of the file buffer (each row = the tar bytes of one video). The object store
-receives one copy; the worker maps the ``.npy`` members with ``np.frombuffer`` (no copy) and draws
-clips from them. Bad samples travel as rows with an ``error`` and no bytes, so the rank that
-receives them counts and logs them (shard name included) and nothing else is lost.
+parses every member through Python's ``tarfile``, ``np.load``-s (copies, ``ast.literal_eval`` of
+each header) every array, builds a pandas frame of ndarray objects that Ray converts to Arrow
+variable-shaped tensor columns (another copy; the object store held 2.7 GB for 1.4 GB of shards),
+splits each read task's output into ~1 MB blocks to reach 200 blocks, and the consumer converts
+back to numpy. It also aborts the whole read on a truncated tar. Measured on 4000 short videos:
+~370-460 videos/s, slower than the original per-video ``np.load``.
+
+Here a read task reads its shards sequentially in 64 MB pieces into uninitialised numpy buffers,
+finds the members from the 512-byte tar headers in place, checks every sample (members present,
+CRC-32 of each member) and emits one Arrow block per piece whose ``sample`` column is a zero-copy
+slice of the piece (each row = the tar bytes of one video, ``layout`` = where its ``.npy`` members
+are). The object store receives the only copy; the worker maps the members with ``np.frombuffer``
+(no copy, a regex parses the ``.npy`` headers) and draws clips from them. Bad samples travel as
+rows with an ``error`` and no bytes, so the rank that receives them counts and logs them (shard
+name included) and nothing else is lost.
 """
 
 from __future__ import annotations
@@ -44,13 +50,14 @@ from ray.data.datasource import Datasource, ReadTask
 from raymcn.config import Config
 from raymcn.data import shards
 from raymcn.data.features import VideoRecord, collate, sample_clips
-from raymcn.data.memory import to_tensors
 from raymcn.data.shards import SampleError, load_manifest
 from raymcn.data.words import Vocab
 
-DEFAULT_BLOCK_MB = 32.0  # target bytes of one Arrow block emitted by a read task
+DEFAULT_BLOCK_MB = 64.0  # target bytes of one Arrow block emitted by a read task (measured: 64 > 32)
+DEFAULT_TASK_MB = 512.0  # shards read by one read task, at least this many bytes
+_LAYOUT = 2 * len(shards.ARRAY_MEMBERS)  # (offset, size) of each .npy member within the sample's bytes
 SCHEMA = pa.schema([("key", pa.string()), ("shard", pa.string()), ("sample", pa.large_binary()),
-                    ("length", pa.int64()), ("error", pa.string())])
+                    ("layout", pa.list_(pa.int64(), _LAYOUT)), ("error", pa.string())])
 _LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest are summarised
 
 
@@ -62,39 +69,43 @@ def shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
     return np.random.default_rng([int(seed), int(epoch), 0x0DDBA11]).permutation(num_shards)
 
 
-def _block_table(key, shard, data, offsets, lengths, errors) -> pa.Table:
+def _block_table(key, shard, data, offsets, layout, errors) -> pa.Table:
     n = len(key)
     sample = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n,
                                               [None, pa.py_buffer(np.asarray(offsets, np.int64)), data])
+    flat = pa.array(np.asarray(layout, np.int64).reshape(-1), pa.int64())
     return pa.Table.from_arrays([pa.array(key, pa.string()), pa.array([shard] * n, pa.string()), sample,
-                                 pa.array(lengths, pa.int64()), pa.array(errors, pa.string())], schema=SCHEMA)
+                                 pa.FixedSizeListArray.from_arrays(flat, _LAYOUT), pa.array(errors, pa.string())],
+                                schema=SCHEMA)
 
 
 def _bad_table(name: str, bad: Sequence[tuple[str, str]]) -> pa.Table:
     n = len(bad)
-    return _block_table([k for k, _ in bad], name, pa.py_buffer(b""), np.zeros(n + 1, np.int64), [0] * n,
-                        [r for _, r in bad])
+    return _block_table([k for k, _ in bad], name, pa.py_buffer(b""), np.zeros(n + 1, np.int64),
+                        np.zeros((n, _LAYOUT), np.int64), [r for _, r in bad])
 
 
 def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes: int,
                       verify: bool = True) -> Iterator[pa.Table]:
-    """The read task of one shard: one Arrow block per ~block_bytes piece read, bad samples as rows.
+    """The read task of one shard: Arrow blocks of ~block_bytes, bad samples as rows of their own.
 
-    The shard is read sequentially in pieces (``shards.iter_shard_chunks``), so the first block
-    leaves before the whole shard is read and memory stays at about one piece. Good row:
-    ``sample`` = the shard bytes from this video's first tar header up to the next good video's
-    first header (a zero-copy slice of the piece buffer), ``length`` = the bytes of the video
-    itself. Bad row: empty ``sample``, ``error`` = the reason.
+    The shard is read sequentially in pieces (``shards.iter_shard_chunks``), so blocks leave before
+    the whole shard is read and memory stays at about one piece. Each sample is checked here
+    (members present, CRC-32 of every member); the ``.npy`` headers are parsed once, in the
+    consumer. Good row: ``sample`` = the shard bytes from this video's first tar header up to the
+    next video's (a zero-copy slice of the piece buffer), ``layout`` = (offset, size) of each
+    ``.npy`` member in it. Bad row: empty ``sample``, ``error`` = the reason.
     """
     emitted: set[str] = set()
     try:
-        for buf, scan in shards.iter_shard_chunks(path, expected, chunk_bytes=block_bytes, verify=verify):
+        for buf, scan in shards.iter_shard_chunks(path, expected, chunk_bytes=block_bytes, verify=verify,
+                                                  decode=False):
             good = scan.good
             if good:
                 s0 = good[0].start
                 offsets = [g.start - s0 for g in good] + [good[-1].end - s0]  # value k runs to the next sample
                 yield _block_table([g.key for g in good], name, pa.py_buffer(buf).slice(s0, good[-1].end - s0),
-                                   offsets, [g.end - g.start for g in good], [None] * len(good))
+                                   offsets, [shards.span_layout(g) for g in good], [None] * len(good))
                 emitted.update(g.key for g in good)
             if scan.bad:
                 yield _bad_table(name, scan.bad)
@@ -105,8 +116,15 @@ def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes
             yield _bad_table(name, bad)
 
 
+def read_shards_blocks(jobs: Sequence[tuple[str, str, Sequence[str]]], block_bytes: int,
+                       verify: bool = True) -> Iterator[pa.Table]:
+    """One read task: the shards ``jobs`` = [(path, name, expected ids)] one after the other."""
+    for path, name, expected in jobs:
+        yield from read_shard_blocks(path, name, expected, block_bytes, verify)
+
+
 class ShardDatasource(Datasource):
-    """Ray Data datasource over the shards listed in a manifest; one read task per shard.
+    """Ray Data datasource over the shards listed in a manifest; each read task reads a group of shards.
 
     The read tasks are created in a new order at every execution (= every epoch of a Ray Train
     run, every ``iter_batches`` pass over a plain dataset): ``shard_order(seed, start_epoch + k)``
@@ -114,12 +132,13 @@ class ShardDatasource(Datasource):
     """
 
     def __init__(self, shards_dir: str | Path, manifest: dict, seed: int, start_epoch: int = 0,
-                 block_mb: float = DEFAULT_BLOCK_MB, verify: bool = True):
+                 block_mb: float = DEFAULT_BLOCK_MB, verify: bool = True, task_mb: float = DEFAULT_TASK_MB):
         super().__init__()
         self._dir = str(Path(shards_dir).resolve())
         self._shards = [(s["name"], int(s["bytes"]), list(s["videos"])) for s in manifest["shards"]]
         self._seed, self._start_epoch = int(seed), int(start_epoch)
-        self._block_bytes = max(1, int(block_mb * (1 << 20)))
+        self.block_bytes = max(1 << 16, int(block_mb * (1 << 20)))
+        self.task_bytes = max(1, int(task_mb * (1 << 20)))
         self._verify = verify
 
     def get_name(self) -> str:
@@ -137,17 +156,34 @@ class ShardDatasource(Datasource):
                        data_context=None) -> list[ReadTask]:
         epoch = self.epoch_for(data_context)
         tasks = []
-        for i in shard_order(self._seed, epoch, len(self._shards)):
-            name, nbytes, videos = self._shards[int(i)]
-            path = f"{self._dir}/{name}"
-            meta = BlockMetadata(num_rows=len(videos), size_bytes=nbytes, input_files=[path], exec_stats=None)
-            fn = functools.partial(read_shard_blocks, path, name, videos, self._block_bytes, self._verify)
+        for group in self.task_groups(epoch):
+            meta = BlockMetadata(num_rows=sum(len(v) for _, _, v in group), size_bytes=sum(b for _, b, _ in group),
+                                 input_files=[f"{self._dir}/{name}" for name, _, _ in group], exec_stats=None)
+            jobs = [(f"{self._dir}/{name}", name, videos) for name, _, videos in group]
+            fn = functools.partial(read_shards_blocks, jobs, self.block_bytes, self._verify)
             tasks.append(ReadTask(fn, meta, schema=SCHEMA, per_task_row_limit=per_task_row_limit))
         return tasks
 
+    def task_groups(self, epoch: int) -> list[list[tuple[str, int, list[str]]]]:
+        """The shards in this epoch's order, cut into consecutive groups of >= task_bytes (one read task each).
+
+        Serial read tasks on a small machine each pay a scheduling gap (measured ~45 ms under load),
+        so a task reads a few shards one after the other; blocks still leave every block_mb.
+        """
+        groups: list[list[tuple[str, int, list[str]]]] = [[]]
+        size = 0
+        for i in shard_order(self._seed, epoch, len(self._shards)):
+            if groups[-1] and size >= self.task_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(self._shards[int(i)])
+            size += self._shards[int(i)][1]
+        return [g for g in groups if g]
+
 
 def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0, block_mb: float = DEFAULT_BLOCK_MB,
-                  num_cpus: float | None = None, verify: bool = True) -> ray.data.Dataset:
+                  task_mb: float = DEFAULT_TASK_MB, num_cpus: float | None = None,
+                  verify: bool = True) -> ray.data.Dataset:
     """The training dataset over the shards of ``shards_dir`` (lazy; nothing is read here).
 
     Args:
@@ -155,23 +191,31 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0, 
         cfg: uses ``run.seed`` for the per-epoch shard order.
         start_epoch: the epoch the run starts at (a resumed run continues the shard-order sequence).
         block_mb: Arrow block size emitted by the read tasks.
-        num_cpus: CPUs reserved per read task (default Ray Data's, 1). Read tasks are I/O + CRC;
-            on small machines 0.5 lets two shards stream at once.
+        task_mb: shards are grouped into read tasks of at least this many bytes.
+        num_cpus: CPUs reserved per read task (default Ray Data's, 1). On 2 cores one read task at
+            a time was fastest (two at 0.5 CPU each: ~40 % slower); pass < 1 only when Ray Train
+            leaves Data less than a whole CPU (Data must get at least this much, see ray-notes P1).
         verify: check each sample's CRC-32 list in the read task (catches flipped bytes).
 
     Returns:
-        ray.data.Dataset with columns ``key``, ``shard``, ``sample``, ``length``, ``error``;
+        ray.data.Dataset with columns ``key``, ``shard``, ``sample``, ``layout``, ``error``;
         consume it with :func:`iter_batches` / :func:`iter_records`.
     """
     manifest = load_manifest(shards_dir)
-    source = ShardDatasource(shards_dir, manifest, cfg.run.seed, start_epoch, block_mb, verify)
+    source = ShardDatasource(shards_dir, manifest, cfg.run.seed, start_epoch, block_mb, verify, task_mb)
     kwargs: dict[str, Any] = {}
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
-    # One block stream per shard: without this, Ray Data aims at >= 200 blocks and appends a
+    # One block stream per read task: without this, Ray Data aims at >= 200 blocks and appends a
     # SplitBlocks step that cuts every read task's output into ~1 MB pieces (measured: 66 pieces
     # of 3 videos for one 66 MB shard), which multiplies per-block overheads downstream.
-    return ray.data.read_datasource(source, override_num_blocks=len(manifest["shards"]), **kwargs)
+    ds = ray.data.read_datasource(source, override_num_blocks=len(source.task_groups(start_epoch)), **kwargs)
+    # Ray Data coalesces what a read task yields into blocks of target_max_block_size (128 MiB by
+    # default): a whole short shard then left as one block, only when fully read. The read task
+    # yields one table per piece of block_mb it reads (a little less: only complete samples);
+    # a target of 0.7 x block_mb lets each leave at once, and Ray slices only above 1.5 x target.
+    ds.context.target_max_block_size = int(0.7 * source.block_bytes)
+    return ds
 
 
 def steps_per_epoch(manifest: dict, cfg: Config) -> int:
@@ -203,6 +247,7 @@ class EpochStats:
             from a truncated shard); ``bad_by_shard`` splits them by shard name.
         reused: batch slots filled with a video this rank had already used this epoch (only when
             bad samples left the rank short of videos, so every rank still runs the same steps).
+        unused: readable videos received but not put in a batch (the epoch's remainder).
         wait_seconds: time spent waiting for Ray Data; decode_seconds: time decoding samples.
     """
 
@@ -210,6 +255,7 @@ class EpochStats:
     bad_samples: int = 0
     bad_by_shard: dict[str, int] = field(default_factory=dict)
     reused: int = 0
+    unused: int = 0
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
     bytes: int = 0
@@ -244,21 +290,21 @@ def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int
             keys = table.column("key").to_pylist()
             shard_names = table.column("shard").to_pylist()
             errors = table.column("error").to_pylist()
-            lengths = table.column("length").to_numpy()
+            layout = table.column("layout")
             row = 0
-            for chunk in table.column("sample").chunks:
+            for chunk, lay in zip(table.column("sample").chunks, _rechunk(layout, table.column("sample"))):
                 bufs = chunk.buffers()
                 offs = np.frombuffer(bufs[1], np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
                 mv = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+                lay = lay.flatten().to_numpy().reshape(-1, _LAYOUT)
                 for k in range(len(chunk)):
                     key, shard, err = keys[row], shard_names[row], errors[row]
-                    length = int(lengths[row])
                     row += 1
                     rec = None
                     if err is None:
                         t0 = time.perf_counter()
                         try:
-                            rec = shards.decode_sample_bytes(mv[offs[k]:offs[k] + length], key)
+                            rec = shards.decode_layout(mv[offs[k]:offs[k + 1]], key, lay[k])
                         except SampleError as e:
                             err = str(e)
                         stats.decode_seconds += time.perf_counter() - t0
@@ -269,7 +315,7 @@ def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int
                         logged += 1
                         continue
                     stats.videos += 1
-                    stats.bytes += length
+                    stats.bytes += int(offs[k + 1] - offs[k])
                     yield rec
             t_wait = time.perf_counter()
     finally:
@@ -281,9 +327,20 @@ def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int
             close()
 
 
+def _rechunk(column: pa.ChunkedArray, like: pa.ChunkedArray) -> list[pa.Array]:
+    """``column`` cut into the same chunk lengths as ``like`` (both columns of one table)."""
+    if [len(c) for c in column.chunks] == [len(c) for c in like.chunks]:
+        return list(column.chunks)
+    out, start = [], 0
+    for c in like.chunks:
+        out.append(column.slice(start, len(c)).combine_chunks())
+        start += len(c)
+    return out
+
+
 def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: int, steps: int,
                  vocab: Vocab | np.ndarray, *, stats: EpochStats | None = None, shuffle_buffer: int | None = None,
-                 log: Callable[[str], None] | None = _stderr) -> Iterator[dict]:
+                 drain: bool = True, log: Callable[[str], None] | None = _stderr) -> Iterator[dict]:
     """Exactly ``steps`` batches of ``cfg.data.batch_size // world_size`` videos for this rank and epoch.
 
     Same contract as ``TrainVideos.batches``: each batch is ``{video (B, 4096) f32, audio (B, 40,
@@ -292,8 +349,9 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
     ``np.random.default_rng([seed, epoch, rank])``; videos pass through a shuffle buffer
     (``default_rng([seed, epoch, rank, 1])``, ``shuffle_buffer`` videos, default 2 batches' worth)
     so that a batch mixes shards. If bad samples leave the rank short, the missing slots are filled
-    with videos it already used this epoch (``stats.reused``) so every rank runs ``steps`` steps;
-    the data stream is closed after the last batch.
+    with videos it already used this epoch (``stats.reused``) so every rank runs ``steps`` steps.
+    Before the last batch is yielded, the rest of the epoch's stream is read and dropped
+    (``drain``; ``stats.unused``), so ``stats`` covers the whole epoch when the loop ends.
 
     Args:
         data_iterator: ``ray.train.get_dataset_shard("train")`` (or a split / Dataset in tests).
@@ -303,6 +361,8 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
     Raises:
         RuntimeError: if the rank receives no readable video at all.
     """
+    from raymcn.data.memory import to_tensors  # torch: imported by workers only, never by read tasks
+
     d = cfg.data
     per_rank = d.batch_size // world_size
     if per_rank < 1:
@@ -330,8 +390,21 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
         buffer[i], buffer[-1] = buffer[-1], buffer[i]
         return buffer.pop()
 
+    def finish() -> None:
+        # Reading the rest of the epoch (at most a batch's worth of videos plus what the read-ahead
+        # holds, unless schedule.steps_per_epoch cuts the epoch short) lets Ray Data finish the
+        # execution; stopping early leaves read tasks to cancel, and the next epoch then started
+        # ~2 s late (measured). It also counts the bad samples of the whole epoch.
+        nonlocal exhausted
+        stats.unused += len(buffer)
+        buffer.clear()
+        if drain and not exhausted:
+            for _ in records:
+                stats.unused += 1
+            exhausted = True
+
     try:
-        for _ in range(steps):
+        for step in range(steps):
             chosen: list[VideoRecord] = []
             while len(chosen) < per_rank:
                 rec = next_record()
@@ -347,6 +420,8 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
                      for r in chosen]
             batch = to_tensors(collate(clips, [r.video_id for r in chosen]))
             used = chosen
+            if step == steps - 1:
+                finish()  # before the last yield: the stats are complete when the loop ends
             yield batch
     finally:
         buffer.clear()

@@ -455,14 +455,37 @@ def decode_span(buf, span: SampleSpan, verify: bool = True) -> VideoRecord:
         missing = [m for m in ARRAY_MEMBERS if m not in span.members]
         if missing:
             raise SampleError(f"missing member(s) {', '.join(missing)}")
-    a = {name: npy_view(_member(buf, span, name), name) for name in ARRAY_MEMBERS}
+    return build_record(span.key, {name: npy_view(_member(buf, span, name), name) for name in ARRAY_MEMBERS})
+
+
+def span_layout(span: SampleSpan) -> list[int]:
+    """(offset from the sample's start, size) of each array member, flattened: 2 x len(ARRAY_MEMBERS) ints."""
+    out = []
+    for name in ARRAY_MEMBERS:
+        off, size = span.members[name]
+        out += [off - span.start, size]
+    return out
+
+
+def decode_layout(blob, key: str, layout: Sequence[int]) -> VideoRecord:
+    """VideoRecord from one sample's bytes and its :func:`span_layout` (no tar header is re-read)."""
+    mv = memoryview(blob)
+    arrays = {}
+    for i, name in enumerate(ARRAY_MEMBERS):
+        off, size = int(layout[2 * i]), int(layout[2 * i + 1])
+        if off < 0 or off + size > len(mv):
+            raise SampleError(f"member {name} lies outside the sample's bytes")
+        arrays[name] = npy_view(mv[off:off + size], name)
+    return build_record(key, arrays)
+
+
+def build_record(key: str, a: dict[str, np.ndarray]) -> VideoRecord:
+    """Check dtypes, shapes and caption offsets of the decoded members; VideoRecord of views."""
     f2, f3, spec = a["2d.npy"], a["3d.npy"], a["spec.npy"]
     tokens, offsets, starts, ends = a["tokens.npy"], a["offsets.npy"], a["starts.npy"], a["ends.npy"]
-    for name, arr, dtype in (("2d.npy", f2, np.float32), ("3d.npy", f3, np.float32), ("spec.npy", spec, np.float16),
-                             ("tokens.npy", tokens, np.int32), ("offsets.npy", offsets, np.int64),
-                             ("starts.npy", starts, np.float64), ("ends.npy", ends, np.float64)):
-        if arr.dtype != dtype:
-            raise SampleError(f"member {name}: dtype {arr.dtype}, expected {np.dtype(dtype)}")
+    for name, dtype in _DTYPE_OF.items():
+        if a[name].dtype != dtype:
+            raise SampleError(f"member {name}: dtype {a[name].dtype}, expected {dtype}")
     if f2.ndim != 2 or f2.shape[1] != FEATURE_DIM or f3.ndim != 2 or f3.shape[1] != FEATURE_DIM:
         raise SampleError(f"2d/3d shapes {f2.shape}, {f3.shape}: expected (T, {FEATURE_DIM})")
     if spec.ndim != 2 or spec.shape[0] != MEL_BINS:
@@ -473,7 +496,12 @@ def decode_span(buf, span: SampleSpan, verify: bool = True) -> VideoRecord:
                           f"offsets {offsets.shape}, tokens {tokens.shape}")
     if offsets[0] != 0 or offsets[-1] != tokens.shape[0] or (n > 1 and np.any(np.diff(offsets) < 0)):
         raise SampleError("caption offsets are not a monotone partition of the tokens")
-    return VideoRecord(span.key, f2, f3, spec, starts, ends, tokens, offsets)
+    return VideoRecord(key, f2, f3, spec, starts, ends, tokens, offsets)
+
+
+_DTYPE_OF = {"2d.npy": np.dtype(np.float32), "3d.npy": np.dtype(np.float32), "spec.npy": np.dtype(np.float16),
+             "tokens.npy": np.dtype(np.int32), "offsets.npy": np.dtype(np.int64),
+             "starts.npy": np.dtype(np.float64), "ends.npy": np.dtype(np.float64)}
 
 
 def decode_sample_bytes(blob, key: str | None = None, verify: bool = False) -> VideoRecord:
@@ -493,6 +521,7 @@ class ShardScan:
 
     good: list[SampleSpan]
     bad: list[tuple[str, str]]
+    records: list[VideoRecord] = field(default_factory=list)  # decoded good samples (views), parallel to good
 
 
 class _Checker:
@@ -500,15 +529,15 @@ class _Checker:
 
     MISSING = "missing from the shard (truncated or damaged tar)"
 
-    def __init__(self, expected: Sequence[str] | None, verify: bool):
+    def __init__(self, expected: Sequence[str] | None, verify: bool, decode: bool = True):
         self.expected = None if expected is None else list(expected)
         self.wanted = None if expected is None else set(expected)
-        self.verify = verify
+        self.verify, self.decode = verify, decode
         self.seen: set[str] = set()
         self.damage: list[str] = []
 
     def feed(self, buf, spans: Iterable[SampleSpan]) -> ShardScan:
-        good, bad = [], []
+        good, bad, records = [], [], []
         for span in spans:
             if span.key in self.seen:
                 bad.append((span.key, "sample appears twice in the shard"))
@@ -518,12 +547,20 @@ class _Checker:
                 bad.append((span.key, "sample not listed in the manifest for this shard"))
                 continue
             try:
-                decode_span(buf, span, verify=self.verify)
+                if self.decode:
+                    records.append(decode_span(buf, span, verify=self.verify))
+                elif span.error:
+                    raise SampleError(span.error)
+                elif self.verify:
+                    check_crc(buf, span)
+                elif any(m not in span.members for m in ARRAY_MEMBERS):
+                    raise SampleError("missing member(s) " + ", ".join(m for m in ARRAY_MEMBERS
+                                                                      if m not in span.members))
             except SampleError as e:
                 bad.append((span.key, str(e)))
                 continue
             good.append(span)
-        return ShardScan(good, bad)
+        return ShardScan(good, bad, records)
 
     def finish(self) -> list[tuple[str, str]]:
         """The expected samples never seen (lost to truncation or a damaged header)."""
@@ -545,12 +582,12 @@ def check_shard(buf, expected: Sequence[str] | None = None, verify: bool = True)
     return scan
 
 
-DEFAULT_CHUNK_BYTES = 32 << 20
+DEFAULT_CHUNK_BYTES = 64 << 20  # the same pieces as the Ray read tasks (reader.DEFAULT_BLOCK_MB)
 
 
 def iter_shard_chunks(path: str | os.PathLike, expected: Sequence[str] | None = None, *,
-                      chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                      verify: bool = True) -> Iterator[tuple[np.ndarray, ShardScan]]:
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, verify: bool = True,
+                      decode: bool = True) -> Iterator[tuple[np.ndarray, ShardScan]]:
     """Read a shard sequentially in ~chunk_bytes pieces; yields ``(buffer, ShardScan)`` per piece.
 
     The good spans of each piece index into that piece's buffer (a fresh uint8 array per piece:
@@ -559,57 +596,67 @@ def iter_shard_chunks(path: str | os.PathLike, expected: Sequence[str] | None = 
     piece (or one sample, if a sample is larger). Bad samples are reported where found; the
     expected samples that never appeared come last, with an empty buffer.
 
+    Args:
+        verify: check each sample's CRC-32 list.
+        decode: also decode each good sample (``ShardScan.records``) — which checks the ``.npy``
+            headers, dtypes and shapes; without it only members and CRCs are checked.
+
     Raises:
         OSError: if the shard cannot be opened or read.
     """
     chunk_bytes = max(_BLOCK, chunk_bytes - chunk_bytes % _BLOCK)  # keeps every piece header-aligned
-    checker = _Checker(expected, verify)
+    checker = _Checker(expected, verify, decode)
     with open(path, "rb", buffering=0) as f:
-        base, want = 0, chunk_bytes
+        base = 0
+        _advise(f, 0, 0, "SEQUENTIAL")  # larger kernel read-ahead (WILLNEED per piece measured no better)
+        # np.empty, not bytearray: no memset, and numpy asks for huge pages on large buffers
+        # (page faults otherwise cost more than the read itself).
+        buf = np.empty(chunk_bytes, np.uint8)
+        got = _fill(f, buf, 0)
         while True:
-            # np.empty, not bytearray: no memset, and numpy asks for huge pages on large buffers
-            # (page faults otherwise cost more than the read itself).
-            buf = np.empty(want, np.uint8)
-            view, got = memoryview(buf), 0
-            while got < want:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-            view.release()
-            eof = got < want
+            eof = got < len(buf)
             spans, stop = scan_spans(buf, 0, got, checker.damage)
             if eof and stop < got:
                 checker.damage.append(f"shard truncated at byte {base + got}")
+            hold = got
             if not eof:  # the last sample may continue in the next piece: read it again there
                 hold = min(stop, spans[-1].start) if spans else stop
+                if hold == 0:  # one sample larger than the piece: grow the piece, keep what was read
+                    bigger = np.empty(2 * len(buf), np.uint8)
+                    bigger[:got] = buf[:got]
+                    buf, got = bigger, _fill(f, bigger, got)
+                    continue
                 spans = [sp for sp in spans if sp.start < hold]
-                if hold == 0:  # one sample larger than the piece: read a larger piece
-                    want += chunk_bytes
-                else:
-                    base, want = base + hold, chunk_bytes
-                f.seek(base)
-            yield buf, checker.feed(buf, spans)
+            if spans:
+                yield buf, checker.feed(buf, spans)
             if eof:
                 break
+            base += hold
+            f.seek(base)
+            buf = np.empty(chunk_bytes, np.uint8)
+            got = _fill(f, buf, 0)
     lost = checker.finish()
     if lost:
         yield np.empty(0, np.uint8), ShardScan([], lost)
 
 
-def read_file(path: str | os.PathLike) -> bytearray:
-    """The whole file in one buffer, read with large sequential reads."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        buf = bytearray(size)
-        view, got = memoryview(buf), 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
-        view.release()
-    return buf if got == size else buf[:got]
+def _advise(f, offset: int, length: int, what: str) -> None:
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        with contextlib.suppress(OSError):
+            advise(f.fileno(), offset, length, getattr(os, f"POSIX_FADV_{what}"))
+
+
+def _fill(f, buf: np.ndarray, got: int) -> int:
+    """Read into ``buf[got:]`` until it is full or the file ends; returns the bytes now in ``buf``."""
+    view = memoryview(buf)
+    while got < len(buf):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    view.release()
+    return got
 
 
 def iter_shard_records(path: str | os.PathLike, expected: Sequence[str] | None = None, verify: bool = True,
@@ -623,9 +670,9 @@ def iter_shard_records(path: str | os.PathLike, expected: Sequence[str] | None =
     done: set[str] = set()
     try:
         for buf, scan in iter_shard_chunks(path, expected, chunk_bytes=chunk_bytes, verify=verify):
-            for span in scan.good:
+            for span, rec in zip(scan.good, scan.records):
                 done.add(span.key)
-                yield span.key, decode_span(buf, span, verify=False), None
+                yield span.key, rec, None
             for key, reason in scan.bad:
                 done.add(key)
                 yield key, None, reason
@@ -819,17 +866,22 @@ def _ensure_vocab(out: Path, plan: dict, src: LayoutSources, captions) -> Vocab:
             if len(vocab.words) == m.get("words"):
                 return vocab
     paths = [p for s in plan["shards"] for p in s["paths"]]
-    words_used = {tok for text in _caption_texts(paths, captions) for tok in tokenize(text)}
+    # One tokenising pass (HowTo100M has ~10^8 captions): the words in order of first appearance;
+    # the vocabulary is then what build_vocab gives: those words that have a vector, in that order.
+    first_seen: dict[str, None] = {}
+    for text in _caption_texts(paths, captions):
+        for tok in tokenize(text):
+            first_seen.setdefault(tok)
     try:
-        wv = read_word2vec_bin(src.word_vectors, keep=words_used)
+        wv = read_word2vec_bin(src.word_vectors, keep=first_seen)
     except ValueError as e:
         raise ShardError(str(e)) from None
     except OSError as e:
         raise ShardError(f"--word-vectors {src.word_vectors}: unreadable ({e})") from None
     if not wv.words:
-        raise ShardError(f"--word-vectors {src.word_vectors}: none of the {len(words_used)} caption words "
+        raise ShardError(f"--word-vectors {src.word_vectors}: none of the {len(first_seen)} caption words "
                          "has a vector")
-    vocab = build_vocab(_caption_texts(paths, captions), wv)
+    vocab = build_vocab([" ".join(first_seen)], wv)
     tmpdir = Path(tempfile.mkdtemp(prefix=".vocab-", dir=out))
     try:
         save_vocab(tmpdir, vocab)
@@ -1054,7 +1106,6 @@ def ensure_synthetic_shards(cfg) -> Path:
         shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
                            corpus.word_vectors, tmp, seed=0, workers=1, videos_per_shard=per_shard,
                            progress=False, log=lambda msg: None)
-        # plan.json names the private directory's inputs, not its path; the manifest is what readers use
         try:
             os.rename(tmp, final)
         except OSError:
@@ -1064,3 +1115,16 @@ def ensure_synthetic_shards(cfg) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def shards_dir_for(cfg) -> Path:
+    """The shard directory a run reads: ``data.shards``, or (when it is "") the cached synthetic shards.
+
+    Raises:
+        FileNotFoundError / ShardError: ``data.shards`` holds no valid manifest (the message names it).
+    """
+    if cfg.data.shards:
+        directory = Path(cfg.data.shards).expanduser().resolve()
+        load_manifest(directory)  # fail on the driver, before Ray Train starts
+        return directory
+    return ensure_synthetic_shards(cfg)

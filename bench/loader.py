@@ -1,0 +1,418 @@
+"""Loader benchmark: the original per-video npz loading vs raymcn's shards through Ray Data.
+
+On the same corpus (written in the original layout, then sharded with ``raymcn.data.shards``), with
+a cold page cache before every measurement (``sync; echo 3 > /proc/sys/vm/drop_caches`` when
+permitted; the table says which), at two per-video sizes — short clips (~0.33 MB) and
+HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
+
+  (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each;
+  (b) raymcn's Ray Data reader as the trainer uses it: ``reader.build_dataset`` +
+      ``streaming_split(ranks, equal=True)`` (what Ray Train's DataConfig does), each split consumed
+      by its own Ray actor through ``reader.iter_records`` (samples decoded to zero-copy arrays);
+      the consumers reserve ``--consumer-cpus`` each and that budget is excluded from Ray Data's,
+      as Ray Train does for its workers. Timed: one epoch after a first one (stopped after one
+      video), i.e. what every epoch of a run costs, including Ray Data's per-epoch start-up, but
+      not the one-time start of the split coordinator;
+  (c) a single-process sequential tar reader without Ray (``shards.iter_shard_records``: same
+      checks and decoding, no Ray) — the overhead-free reference;
+  (d) ``cat`` of the shard files to /dev/null — the physical limit.
+
+Targets: (b) >= 2x (a) and (b) >= 0.6x (c) at both sizes. ``--diagnose`` adds rows for
+``ray.data.read_webdataset`` with its default decoder and for a Python ``tarfile`` + ``np.load``
+sequential reader; ``--stats`` prints Ray Data's ``stats()`` of the (b) run.
+
+Usage::
+
+    python bench/loader.py                 # 4000 short videos + 200 long ones (~3.3 GB on disk, twice)
+    python bench/loader.py --quick         # a tiny run to check that everything works: at 200 videos
+                                           # Ray Data's per-epoch start-up (~0.2 s) dominates (b)
+    python bench/loader.py --json          # the figures as one JSON line at the end
+    python bench/loader.py --repeat 3      # best of 3 runs of each measurement (noisy machines)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pickle
+import platform
+import random
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from raymcn.data import shards
+from raymcn.data.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
+from raymcn.data.words import write_word2vec_bin
+
+# per-video shapes: (2d rows, 3d rows, spectrogram frames); 1 row/s, 1.5 rows/s, 100 frames/s
+SIZES = {
+    "short": {"seconds": 12, "label": "short clips (~0.33 MB)"},
+    "long": {"seconds": 360, "label": "HowTo100M-like (~10 MB)"},
+}
+TARGET_B_OVER_A = 2.0
+TARGET_B_OVER_C = 0.6
+WORDS = [f"w{i:03d}" for i in range(200)]
+
+
+# --- corpus in the original layout ------------------------------------------------------------------
+def make_layout(root: Path, videos: int, seconds: int, seed: int = 0) -> Path:
+    """Random features in the original layout (uncompressed ``np.savez`` like the HowTo100M files).
+
+    Generated once per (size, count): a ``done`` marker makes reruns reuse it.
+    """
+    if (root / "done").is_file():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    pool = rng.random(16 << 20, dtype=np.float32)  # 64 MB of values; videos take random windows of it
+    t2, t3, ta = seconds, int(seconds * 1.5), seconds * 100
+    rows, captions = [], {}
+    for i in range(videos):
+        vid = f"v{i:010d}"  # 11 characters, like a YouTube id
+        path = f"Cat{i % 12:02d}/Sub{i % 5}/{vid}"
+        rows.append(path)
+        fdir, adir = root / "features" / path, root / "audio" / path
+        fdir.mkdir(parents=True, exist_ok=True)
+        adir.mkdir(parents=True, exist_ok=True)
+        for name, n in (("2d", t2), ("3d", t3)):
+            start = int(rng.integers(0, pool.size - n * FEATURE_DIM))
+            np.savez(fdir / f"{vid}_{name}.npz", features=pool[start:start + n * FEATURE_DIM].reshape(n, FEATURE_DIM))
+        start = int(rng.integers(0, pool.size - MEL_BINS * ta))
+        spec = (pool[start:start + MEL_BINS * ta].reshape(MEL_BINS, ta) * -80).astype(np.float16)
+        np.savez(adir / f"{vid}_spec.npz", spec)
+        n_caps = max(1, seconds // 4)
+        starts = np.arange(n_caps) * 4.0
+        captions[vid] = {"start": starts, "end": starts + 3.5,
+                         "text": np.array([" ".join(rng.choice(WORDS, 8)) for _ in range(n_caps)], dtype=object)}
+    (root / "videos.csv").write_text("path\n" + "".join(r + "\n" for r in rows))
+    with open(root / "captions.pickle", "wb") as f:
+        pickle.dump(captions, f, protocol=pickle.HIGHEST_PROTOCOL)
+    write_word2vec_bin(root / "word2vec.bin", WORDS, rng.standard_normal((len(WORDS), 300)).astype(np.float32))
+    (root / "done").write_text("ok\n")
+    return root
+
+
+def make_shards(layout: Path, out: Path, shard_size_mb: float, workers: int) -> dict:
+    return shards.shards_from_layout(layout / "features", layout / "audio", layout / "captions.pickle",
+                                     layout / "videos.csv", layout / "word2vec.bin", out,
+                                     shard_size_mb=shard_size_mb, workers=workers, progress=False,
+                                     verify="size", log=lambda m: None)
+
+
+# --- cache control ----------------------------------------------------------------------------------
+def drop_caches() -> tuple[bool, str]:
+    """``sync; echo 3 > /proc/sys/vm/drop_caches``; returns (done, why not)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True, ""
+    except OSError as e:
+        return False, f"{type(e).__name__}: {e}"
+
+
+class Cache:
+    def __init__(self, enabled: bool):
+        self.enabled, self.cold, self.why = enabled, None, "disabled by --warm"
+
+    def drop(self) -> None:
+        if not self.enabled:
+            self.cold = False
+            return
+        ok, why = drop_caches()
+        self.cold = ok if self.cold is None else (self.cold and ok)
+        if not ok:
+            self.why = why
+
+
+# --- (a) the original way ---------------------------------------------------------------------------
+def run_npz(layout: Path, seed: int = 0) -> dict:
+    paths = read_video_paths(layout / "videos.csv")
+    random.Random(seed).shuffle(paths)
+    nbytes = 0
+    t0 = time.perf_counter()
+    for path in paths:
+        vid = video_id_of(path)
+        files = (layout / "features" / path / f"{vid}_2d.npz", layout / "features" / path / f"{vid}_3d.npz",
+                 layout / "audio" / path / f"{vid}_spec.npz")
+        for f, key in zip(files, ("features", "features", "arr_0")):
+            with np.load(f) as z:
+                z[key]
+            nbytes += f.stat().st_size
+    return {"videos": len(paths), "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+
+# --- (c) sequential tar reader without Ray ----------------------------------------------------------
+def run_sequential(shard_dir: Path, manifest: dict) -> dict:
+    n = bad = 0
+    t0 = time.perf_counter()
+    for s in manifest["shards"]:
+        for _, rec, err in shards.iter_shard_records(shard_dir / s["name"], s["videos"]):
+            if rec is None:
+                bad += 1
+            else:
+                n += 1
+    return {"videos": n, "bad": bad, "bytes": manifest["counts"]["bytes"], "seconds": time.perf_counter() - t0}
+
+
+def run_tarfile(shard_dir: Path, manifest: dict) -> dict:
+    """Python's tarfile + np.load per member: the straightforward sequential reader (diagnostic)."""
+    n = 0
+    t0 = time.perf_counter()
+    for s in manifest["shards"]:
+        with tarfile.open(shard_dir / s["name"], mode="r|") as tf:
+            for m in tf:
+                data = tf.extractfile(m).read()
+                if m.name.endswith(".npy"):
+                    np.load(io.BytesIO(data))
+                elif m.name.endswith(".json"):
+                    n += 1
+    return {"videos": n, "bytes": manifest["counts"]["bytes"], "seconds": time.perf_counter() - t0}
+
+
+# --- (d) physical limit -----------------------------------------------------------------------------
+def run_cat(shard_dir: Path, manifest: dict) -> dict:
+    files = [str(shard_dir / s["name"]) for s in manifest["shards"]]
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        subprocess.run(["cat", *files], stdout=null, check=True)
+    return {"videos": manifest["counts"]["videos"], "bytes": manifest["counts"]["bytes"],
+            "seconds": time.perf_counter() - t0}
+
+
+# --- (b) Ray Data -----------------------------------------------------------------------------------
+def _consumer_class(ray):
+    from raymcn.data import reader
+
+    @ray.remote
+    class Consumer:
+        """Stands in for a Ray Train worker: consumes one split with reader.iter_records."""
+
+        def ping(self) -> bool:
+            return True
+
+        def run(self, it, limit: int | None = None) -> dict:
+            stats = reader.EpochStats()
+            t0, c0 = time.perf_counter(), time.process_time()
+            for i, _ in enumerate(reader.iter_records(it, stats, log=None)):
+                if limit is not None and i + 1 >= limit:
+                    break
+            return {"videos": stats.videos, "bad": stats.bad_samples, "bytes": stats.bytes,
+                    "wait": stats.wait_seconds, "decode": stats.decode_seconds, "seconds": time.perf_counter() - t0,
+                    "cpu": time.process_time() - c0}
+
+    return Consumer
+
+
+class RayBench:
+    """One local Ray instance for all (b) measurements (started and warmed up before any timing)."""
+
+    def __init__(self, num_cpus: int, ranks: int, consumer_cpus: float, object_store_mb: int | None):
+        import ray
+        from ray.data import DataContext
+
+        self.ray = ray
+        kwargs = {"object_store_memory": object_store_mb << 20} if object_store_mb else {}
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **kwargs)
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        if consumer_cpus * ranks:  # what Ray Train does: Data must not count the workers' CPUs
+            from ray.data._internal.execution.interfaces import ExecutionResources
+
+            ctx.execution_options.exclude_resources = ExecutionResources(cpu=consumer_cpus * ranks)
+        Consumer = _consumer_class(ray)
+        self.consumers = [Consumer.options(num_cpus=consumer_cpus).remote() for _ in range(ranks)]
+        ray.get([c.ping.remote() for c in self.consumers])
+        def import_reader(batch):  # a closure: pickled by value, whatever imported this module
+            import raymcn.data.reader  # noqa: F401
+
+            return batch
+
+        # start the task workers and import the read path there (a training run pays this once)
+        ray.data.range(8, override_num_blocks=4).map_batches(import_reader).materialize()
+        self.ranks = ranks
+
+    def run(self, shard_dir: Path, cfg, read_cpus: float | None, block_mb: float, task_mb: float, cache: Cache,
+            want_stats: bool) -> dict:
+        from raymcn.data import reader
+
+        ds = reader.build_dataset(shard_dir, cfg, num_cpus=read_cpus, block_mb=block_mb, task_mb=task_mb)
+        its = ds.streaming_split(self.ranks, equal=True)
+        # Epoch 1 of a split also starts its coordinator actor (~0.5 s, once per training run):
+        # a first full epoch pays that, then the measured epoch runs as every later epoch of a
+        # run does (new execution, new shard order, cold cache). (A first epoch stopped early
+        # would leave read tasks to cancel and delay the next epoch's start by ~2 s.)
+        self.ray.get([c.run.remote(it) for c, it in zip(self.consumers, its)])
+        cache.drop()
+        t0 = time.perf_counter()
+        parts = self.ray.get([c.run.remote(it) for c, it in zip(self.consumers, its)])
+        seconds = time.perf_counter() - t0
+        out = {"videos": sum(p["videos"] for p in parts), "bad": sum(p["bad"] for p in parts),
+               "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
+               "consumer_wait_s": [round(p["wait"], 3) for p in parts],
+               "consumer_cpu_s": [round(p["cpu"], 3) for p in parts],
+               "consumer_decode_s": [round(p["decode"], 3) for p in parts]}
+        if want_stats:
+            out["stats"] = its[0].stats()
+        return out
+
+    def run_webdataset(self, shard_dir: Path, manifest: dict, cache: Cache) -> dict:
+        """``read_webdataset`` with its default decoder, iterated in the driver (diagnostic)."""
+        files = [str(shard_dir / s["name"]) for s in manifest["shards"]]
+        ds = self.ray.data.read_webdataset(files)
+        cache.drop()
+        n = 0
+        t0 = time.perf_counter()
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            n += len(batch["__key__"])
+        return {"videos": n, "bytes": manifest["counts"]["bytes"], "seconds": time.perf_counter() - t0}
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()
+
+
+# --- driver -----------------------------------------------------------------------------------------
+def rates(r: dict) -> dict:
+    s = max(r["seconds"], 1e-9)
+    return {**{k: v for k, v in r.items() if k != "stats"}, "videos_per_s": r["videos"] / s,
+            "mb_per_s": r["bytes"] / s / 2**20}
+
+
+def keep_best(row: dict, key: str, r: dict) -> None:
+    runs = row.setdefault("runs", {}).setdefault(key, [])
+    runs.append(round(r["videos_per_s"], 1))
+    if key not in row or r["videos_per_s"] > row[key]["videos_per_s"]:
+        row[key] = r
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--videos", type=int, default=4000, help="short-clip videos (default 4000)")
+    p.add_argument("--long-videos", type=int, default=200, help="HowTo100M-like videos (default 200)")
+    p.add_argument("--quick", action="store_true", help="tiny run: 200 short + 10 long videos")
+    p.add_argument("--sizes", default="short,long", help="comma list of: short, long")
+    p.add_argument("--workdir", default=os.environ.get("RAYMCN_BENCH_DIR", "/tmp/raymcn-bench"),
+                   help="where the corpora and shards are generated (reused across runs)")
+    p.add_argument("--shard-size-mb", type=float, default=256.0, help="as raymcn shards (default 256)")
+    p.add_argument("--block-mb", type=float, default=64.0, help="Arrow block size of the read tasks")
+    p.add_argument("--task-mb", type=float, default=512.0, help="shards per read task, in MB")
+    p.add_argument("--read-cpus", type=float, default=None, help="CPUs per read task (default Ray's, 1)")
+    p.add_argument("--ranks", type=int, default=2, help="consumers, like Ray Train workers (default 2)")
+    p.add_argument("--consumer-cpus", type=float, default=0.5,
+                   help="CPUs each consumer reserves (the preset's scale.cpus_per_worker, 0.5)")
+    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--object-store-mb", type=int, default=None)
+    p.add_argument("--warm", action="store_true", help="do not drop the page cache")
+    p.add_argument("--repeat", type=int, default=1, help="run each measurement N times, report the best")
+    p.add_argument("--only", default="a,b,c,d", help="comma list of the measurements to run")
+    p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
+    p.add_argument("--stats", action="store_true", help="print Ray Data's stats() of each (b) run")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.videos, args.long_videos = 200, 10
+    counts = {"short": args.videos, "long": args.long_videos}
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    only = set(args.only.split(","))
+    work = Path(args.workdir)
+    cache = Cache(not args.warm)
+    from raymcn.config import Config
+
+    cfg = Config()
+    results: dict = {}
+    bench = None
+    try:
+        for size in sizes:
+            seconds, n = SIZES[size]["seconds"], counts[size]
+            t0 = time.perf_counter()
+            layout = make_layout(work / f"{size}-{n}" / "layout", n, seconds)
+            shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb"
+            manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=min(2, os.cpu_count() or 1))
+            print(f"[{size}] corpus {layout} and {manifest['counts']['shards']} shards ready "
+                  f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+            row: dict = {"videos": n, "mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
+                         "shards": manifest["counts"]["shards"]}
+            if "b" in only or args.diagnose:
+                if bench is None:
+                    bench = RayBench(args.num_cpus, args.ranks, args.consumer_cpus, args.object_store_mb)
+            for _ in range(max(1, args.repeat)):  # the best of --repeat runs of each (noisy machines)
+                if "a" in only:
+                    cache.drop()
+                    keep_best(row, "a", rates(run_npz(layout)))
+                if "b" in only:
+                    r = bench.run(shard_dir, cfg, args.read_cpus, args.block_mb, args.task_mb, cache, args.stats)
+                    if args.stats:
+                        print(f"--- Ray Data stats, {size} ---\n{r['stats']}", file=sys.stderr)
+                    keep_best(row, "b", rates(r))
+                if "c" in only:
+                    cache.drop()
+                    keep_best(row, "c", rates(run_sequential(shard_dir, manifest)))
+                if "d" in only:
+                    cache.drop()
+                    keep_best(row, "d", rates(run_cat(shard_dir, manifest)))
+                if args.diagnose:
+                    cache.drop()
+                    keep_best(row, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
+                    keep_best(row, "b_read_webdataset", rates(bench.run_webdataset(shard_dir, manifest, cache)))
+            results[size] = row
+    finally:
+        if bench is not None:
+            bench.shutdown()
+    report(results, cache, args)
+    return 0
+
+
+def report(results: dict, cache: Cache, args) -> None:
+    cold = "cold page cache (dropped before each measurement)" if cache.cold else \
+        f"WARM page cache: could not drop caches ({cache.why})"
+    print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
+    print(f"(b) = Ray Data, {args.ranks} consumers x {args.consumer_cpus} CPU, read tasks "
+          f"{args.read_cpus or 1} CPU and >= {args.task_mb:g} MB, blocks {args.block_mb:g} MB, "
+          f"shards ~{args.shard_size_mb:g} MB")
+    names = {"a": "(a) npz files, random order, np.load", "b": "(b) raymcn Ray Data reader",
+             "c": "(c) sequential tar, 1 process, no Ray", "d": "(d) cat shards > /dev/null",
+             "b_read_webdataset": "    read_webdataset, default decoder",
+             "c_tarfile": "    tarfile + np.load, 1 process"}
+    for size, row in results.items():
+        print(f"\n{SIZES[size]['label']}: {row['videos']} videos, {row['mb_per_video']:.2f} MB each, "
+              f"{row['shards']} shards")
+        print(f"  {'method':40s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
+        for k in ("a", "b", "c", "d", "b_read_webdataset", "c_tarfile"):
+            if k in row:
+                r = row[k]
+                print(f"  {names[k]:40s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} {r['seconds']:8.2f}")
+        ratios = {}
+        if "a" in row and "b" in row:
+            ratios["b_over_a"] = row["b"]["videos_per_s"] / row["a"]["videos_per_s"]
+        if "c" in row and "b" in row:
+            ratios["b_over_c"] = row["b"]["videos_per_s"] / row["c"]["videos_per_s"]
+        if "d" in row and "b" in row:
+            ratios["b_over_d"] = row["b"]["videos_per_s"] / row["d"]["videos_per_s"]
+        row["ratios"] = ratios
+        for key, target, label in (("b_over_a", TARGET_B_OVER_A, "(b)/(a)"), ("b_over_c", TARGET_B_OVER_C, "(b)/(c)"),
+                                   ("b_over_d", None, "(b)/(d)")):
+            if key in ratios:
+                verdict = "" if target is None else (f"  target >= {target:g}: " +
+                                                     ("met" if ratios[key] >= target else "NOT met"))
+                print(f"  {label} = {ratios[key]:.2f}{verdict}")
+    if args.json:
+        print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
+                          "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
+                              "shard_size_mb", "block_mb", "task_mb", "read_cpus", "ranks", "consumer_cpus")},
+                          "results": results}, default=float))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

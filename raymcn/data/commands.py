@@ -1,0 +1,131 @@
+"""The ``raymcn synth`` and ``raymcn shards`` commands (argument definitions + runners; no Ray).
+
+``cli.py`` wires them as sub-commands::
+
+    p = sub.add_parser("synth", help=...); add_synth_arguments(p); p.set_defaults(func=run_synth)
+    p = sub.add_parser("shards", help=...); add_shards_arguments(p); p.set_defaults(func=run_shards)
+
+Each runner returns an exit status: 0 on success, 2 on a problem with the inputs (the message,
+printed to stderr, names the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from raymcn.data.features import FeatureFileError
+
+SYNTH_HELP = "write a synthetic corpus in the original HowTo100M feature layout (+ a YouCook2-style eval pickle)"
+SHARDS_HELP = "convert the original feature layout into shuffled tar shards + vocabulary + manifest"
+
+
+def _error(command: str, message: str) -> int:
+    print(f"raymcn {command}: {message}", file=sys.stderr)
+    return 2
+
+
+# --- raymcn synth ------------------------------------------------------------------------------------
+def add_synth_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from raymcn.data.synthetic import CORPUS_SEED, SynthSettings
+
+    d = SynthSettings()
+    parser.add_argument("--out", required=True, help="directory to write (created; existing files are overwritten)")
+    parser.add_argument("--videos", type=int, default=d.videos, help=f"training videos (default {d.videos})")
+    parser.add_argument("--seed", type=int, default=CORPUS_SEED, help=f"generator seed (default {CORPUS_SEED})")
+    parser.add_argument("--eval-clips", type=int, default=d.eval_clips,
+                        help=f"clips of the YouCook2-style eval pickle (default {d.eval_clips})")
+    parser.add_argument("--msrvtt-clips", type=int, default=0,
+                        help="also write an MSR-VTT-style pickle with this many clips (default 0: none)")
+    parser.add_argument("--topics", type=int, default=d.topics, help=f"latent topics (default {d.topics})")
+    parser.add_argument("--word-dim", type=int, default=d.word_dim, help=f"word-vector size (default {d.word_dim})")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    return parser
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    from raymcn.data.synthetic import SynthSettings, write_corpus
+
+    for name in ("videos", "topics", "word_dim"):
+        if getattr(args, name) < 1:
+            return _error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    for name in ("eval_clips", "msrvtt_clips"):
+        if getattr(args, name) < 0:
+            return _error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 0")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return _error("synth", f"--out {out}: exists and is not a directory")
+    settings = SynthSettings(videos=args.videos, eval_clips=args.eval_clips, topics=args.topics,
+                             word_dim=args.word_dim, seed=args.seed, msrvtt_clips=args.msrvtt_clips)
+    t0 = time.perf_counter()
+    try:
+        paths = write_corpus(out, settings)
+    except OSError as e:
+        return _error("synth", f"cannot write {e.filename or out}: {e.strerror or e}")
+    print(f"wrote {args.videos} videos in the original layout to {out} ({time.perf_counter() - t0:.1f} s)")
+    print(f"  video list   {paths.video_csv}\n  features     {paths.features_root}\n"
+          f"  audio        {paths.audio_root}\n  captions     {paths.captions}\n"
+          f"  word vectors {paths.word_vectors}\n  eval pickle  {paths.youcook_eval}")
+    print(f"shard it with: raymcn shards --features {paths.features_root} --audio-features {paths.audio_root} "
+          f"--captions {paths.captions} --video-list {paths.video_csv} --word-vectors {paths.word_vectors} "
+          f"--out {out / 'shards'}")
+    if args.json:
+        print(json.dumps({"out": str(out), "videos": args.videos, "video_list": str(paths.video_csv),
+                          "features": str(paths.features_root), "audio_features": str(paths.audio_root),
+                          "captions": str(paths.captions), "word_vectors": str(paths.word_vectors),
+                          "eval": str(paths.youcook_eval)}))
+    return 0
+
+
+# --- raymcn shards -----------------------------------------------------------------------------------
+def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from raymcn.data.shards import DEFAULT_SHARD_SIZE_MB
+
+    parser.add_argument("--features", required=True, help="root of <path>/<id>_2d.npz and _3d.npz")
+    parser.add_argument("--audio-features", required=True, help="root of <path>/<id>_spec.npz")
+    parser.add_argument("--captions", required=True, help="caption pickle: video_id -> {start, end, text}")
+    parser.add_argument("--video-list", required=True, help="CSV with header 'path' (category/subfolder/<id>)")
+    parser.add_argument("--word-vectors", required=True, help="binary word2vec file (e.g. GoogleNews-...-300.bin)")
+    parser.add_argument("--out", required=True, help="output directory (a rerun resumes / is a no-op)")
+    parser.add_argument("--shard-size-mb", type=float, default=DEFAULT_SHARD_SIZE_MB,
+                        help=f"target shard size in MB (default {DEFAULT_SHARD_SIZE_MB:g})")
+    parser.add_argument("--videos-per-shard", type=int, default=None,
+                        help="fixed videos per shard instead of --shard-size-mb")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the video -> shard permutation (default 0)")
+    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                        help="processes writing shards in parallel (default min(4, CPUs))")
+    parser.add_argument("--verify", choices=("sha256", "size"), default="sha256",
+                        help="how a rerun checks finished shards (default sha256: rehash them)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the manifest counts as one JSON line last")
+    return parser
+
+
+def run_shards(args: argparse.Namespace) -> int:
+    from raymcn.data.shards import MANIFEST, ShardError, shards_from_layout
+
+    if args.workers < 0:
+        return _error("shards", f"--workers={args.workers}: must be >= 0")
+    try:
+        manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
+                                      args.word_vectors, args.out, shard_size_mb=args.shard_size_mb, seed=args.seed,
+                                      workers=args.workers, videos_per_shard=args.videos_per_shard,
+                                      verify=args.verify, progress=not args.no_progress)
+    except (ShardError, FeatureFileError) as e:
+        return _error("shards", str(e))
+    except OSError as e:
+        return _error("shards", f"{e.filename or args.out}: {e.strerror or e}")
+    c = manifest["counts"]
+    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+          f"{c['skipped']} skipped, vocabulary {c['vocab_words']} words x {c['word_dim']}: {Path(args.out) / MANIFEST}")
+    for s in manifest["skipped"][:10]:
+        print(f"  skipped {s['video']}: {s['reason']}")
+    if len(manifest["skipped"]) > 10:
+        print(f"  ... {len(manifest['skipped']) - 10} more in the manifest")
+    if args.json:
+        print(json.dumps({"out": str(args.out), **c}))
+    return 0

@@ -1,0 +1,243 @@
+"""Ray Data reader over tar shards: batch contract, per-rank disjointness, per-epoch shard order, damage.
+
+One module-scoped local Ray instance (2 CPUs, 100 MB object store) serves every test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.ray
+
+ray = pytest.importorskip("ray")
+
+from raymcn.config import load_config  # noqa: E402
+from raymcn.data import reader, shards, synthetic  # noqa: E402
+from raymcn.data.features import FEATURE_DIM, MEL_BINS  # noqa: E402
+from raymcn.data.words import load_vocab  # noqa: E402
+
+VIDEOS, PER_SHARD = 24, 3
+SETTINGS = synthetic.SynthSettings(videos=VIDEOS, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
+                                   filler_words=8, video_seconds=(6.0, 10.0))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False)
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory) -> Path:
+    corpus = synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
+    out = tmp_path_factory.mktemp("shards")
+    shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
+                              corpus.word_vectors, out, videos_per_shard=PER_SHARD, progress=False,
+                              log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    from raymcn.cli import preset_path
+
+    return load_config(preset_path(), ["data.batch_size=8", "data.clips_per_video=4", "data.audio_frames=64",
+                                       "data.max_words=6", "model.word_dim=16", "loss.num_clusters=4",
+                                       "scale.num_workers=2", "run.seed=3"])
+
+
+def consume_split(its, fn):
+    """Run fn(rank, iterator) for every split concurrently (a split must be consumed in parallel)."""
+    out, errors = {}, []
+
+    def run(rank):
+        try:
+            out[rank] = fn(rank, its[rank])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(its))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def test_batches_follow_the_contract(shard_dir, cfg):
+    manifest = shards.load_manifest(shard_dir)
+    vocab = load_vocab(shard_dir)
+    steps = reader.steps_per_epoch(manifest, cfg)
+    assert steps == VIDEOS // cfg.data.batch_size
+    ds = reader.build_dataset(shard_dir, cfg)
+    stats = reader.EpochStats()
+    batches = list(reader.iter_batches(ds, cfg, epoch=0, rank=0, world_size=1, steps=steps, vocab=vocab,
+                                       stats=stats))
+    assert len(batches) == steps
+    b = cfg.data.batch_size * cfg.data.clips_per_video
+    import torch
+
+    for batch in batches:
+        assert set(batch) == {"video", "audio", "nframes", "text", "key"}
+        assert batch["video"].shape == (b, 2 * FEATURE_DIM) and batch["video"].dtype == torch.float32
+        assert batch["audio"].shape == (b, MEL_BINS, cfg.data.audio_frames) and batch["audio"].dtype == torch.float16
+        assert batch["nframes"].shape == (b,) and batch["nframes"].dtype == torch.int32
+        assert batch["text"].shape == (b, cfg.data.max_words, 16) and batch["text"].dtype == torch.float32
+        assert len(batch["key"]) == b
+        vids = [k.split("#")[0] for k in batch["key"]]
+        assert vids == [v for v in dict.fromkeys(vids) for _ in range(cfg.data.clips_per_video)]  # video-major
+        norms = batch["video"][:, :FEATURE_DIM].norm(dim=1)
+        assert torch.allclose(norms[norms > 0], torch.ones_like(norms[norms > 0]), atol=1e-4)
+    assert stats.bad_samples == 0 and stats.videos >= steps * cfg.data.batch_size
+
+
+def test_clip_sampling_is_deterministic_per_seed_epoch_rank(shard_dir, cfg):
+    """Same (seed, epoch, rank) and same videos -> the same clips (generator default_rng([seed, epoch, rank]))."""
+    from raymcn.data.features import collate, sample_clips
+
+    vocab = load_vocab(shard_dir)
+    ds = reader.build_dataset(shard_dir, cfg)
+    batch = next(reader.iter_batches(ds, cfg, epoch=2, rank=1, world_size=2, steps=1, vocab=vocab,
+                                     shuffle_buffer=1))  # buffer 1: videos in stream order
+    ids = list(dict.fromkeys(k.split("#")[0] for k in batch["key"]))
+    records = {r.video_id: r for r in reader.iter_records(reader.build_dataset(shard_dir, cfg))}
+    rng = np.random.default_rng([cfg.run.seed, 2, 1])
+    d = cfg.data
+    clips = [sample_clips(records[v], d.clips_per_video, d.min_time, d.audio_frames, d.max_words, rng,
+                          vocab.matrix) for v in ids]
+    expected = collate(clips, ids)
+    assert np.array_equal(batch["video"].numpy(), expected["video"])
+    assert np.array_equal(batch["audio"].numpy(), expected["audio"])
+    assert np.array_equal(batch["text"].numpy(), expected["text"])
+
+
+def test_two_ranks_are_disjoint_and_cover_everything(shard_dir, cfg):
+    vocab = load_vocab(shard_dir)
+    steps = reader.steps_per_epoch(shards.load_manifest(shard_dir), cfg)
+    its = reader.build_dataset(shard_dir, cfg).streaming_split(2, equal=True)  # what Ray Train's DataConfig does
+    every = sorted(v for s in shards.load_manifest(shard_dir)["shards"] for v in s["videos"])
+    for epoch in range(2):
+        def run(rank, it, epoch=epoch):
+            seen = []
+            for batch in reader.iter_batches(it, cfg, epoch, rank, 2, steps, vocab):
+                seen += list(dict.fromkeys(k.split("#")[0] for k in batch["key"]))
+            return seen
+
+        seen = consume_split(its, run)
+        assert len(seen[0]) == len(seen[1]) == steps * cfg.data.batch_size // 2
+        assert not set(seen[0]) & set(seen[1])
+        assert len(set(seen[0])) == len(seen[0])  # no video twice within a rank either
+        assert sorted(seen[0] + seen[1]) == every
+
+
+def test_shard_order_changes_every_epoch(shard_dir, cfg):
+    manifest = shards.load_manifest(shard_dir)
+    names = [s["name"] for s in manifest["shards"]]
+    ds = reader.build_dataset(shard_dir, cfg, task_mb=1e-6)  # one read task per shard
+    ds.context.execution_options.preserve_order = True  # output order = read-task order
+    orders = []
+    for epoch in range(3):  # each iteration is one execution = one epoch
+        shard_seq = []
+        for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for name in table.column("shard").to_pylist():
+                if not shard_seq or shard_seq[-1] != name:
+                    shard_seq.append(name)
+        assert shard_seq == [names[i] for i in reader.shard_order(cfg.run.seed, epoch, len(names))]
+        orders.append(shard_seq)
+    assert orders[0] != orders[1] != orders[2]
+    resumed = reader.ShardDatasource(shard_dir, manifest, cfg.run.seed, start_epoch=2)
+    planned = [f.rsplit("/", 1)[1] for t in resumed.get_read_tasks(1) for f in t.metadata.input_files]
+    assert planned == orders[2]  # a run resumed at epoch 2 continues the sequence
+    small_tasks = reader.ShardDatasource(shard_dir, manifest, cfg.run.seed, task_mb=1e-6)  # one shard per task
+    assert [len(t.metadata.input_files) for t in small_tasks.get_read_tasks(1)] == [1] * len(names)
+
+
+def corrupt(src: Path, dst: Path) -> dict[str, int]:
+    """Copy the shards and damage three of them; returns the expected bad count per shard name."""
+    shutil.copytree(src, dst)
+    manifest = shards.load_manifest(dst)
+    a, b, c = (dst / s["name"] for s in manifest["shards"][:3])
+    raw = a.read_bytes()
+    spans = list(shards.scan_tar(raw))
+    a.write_bytes(raw[:spans[1].members["3d.npy"][0] + 100])  # truncated: samples 1 and 2 lost
+    raw = bytearray(b.read_bytes())
+    spans = list(shards.scan_tar(bytes(raw)))
+    raw[spans[0].members["spec.npy"][0] + 300] ^= 0xFF  # flipped bytes: CRC fails
+    b.write_bytes(bytes(raw))
+    raw = c.read_bytes()
+    spans = list(shards.scan_tar(raw))
+    data_off, size = spans[2].members["tokens.npy"]
+    c.write_bytes(raw[:data_off - 512] + raw[data_off + size + (-size % 512):])  # a member removed
+    return {a.name: 2, b.name: 1, c.name: 1}
+
+
+def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
+    bad_by_shard = corrupt(shard_dir, tmp_path / "damaged")
+    d = tmp_path / "damaged"
+    logs: list[str] = []
+    stats = reader.EpochStats()
+    keys = [r.video_id for r in reader.iter_records(reader.build_dataset(d, cfg), stats, log=logs.append)]
+    assert stats.bad_samples == sum(bad_by_shard.values()) == 4
+    assert stats.bad_by_shard == bad_by_shard
+    assert len(keys) == len(set(keys)) == VIDEOS - 4
+    assert len(logs) == 4 and all(any(name in line for name in bad_by_shard) for line in logs)
+    assert any("CRC-32" in line for line in logs) and any("missing" in line for line in logs)
+
+    # the training iterator still runs every step on both ranks; the shortfall is refilled and counted
+    vocab = load_vocab(d)
+    steps = reader.steps_per_epoch(shards.load_manifest(d), cfg)
+    its = reader.build_dataset(d, cfg).streaming_split(2, equal=True)
+    per_rank = {}
+
+    def run(rank, it):
+        st = reader.EpochStats()
+        n = sum(1 for _ in reader.iter_batches(it, cfg, 0, rank, 2, steps, vocab, stats=st, log=None))
+        per_rank[rank] = st
+        return n
+
+    assert consume_split(its, run) == {0: steps, 1: steps}
+    assert sum(st.bad_samples for st in per_rank.values()) == 4
+    assert sum(st.reused for st in per_rank.values()) >= 1
+    assert per_rank[0].as_metrics()["bad_samples"] == per_rank[0].bad_samples
+
+
+def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
+    d = tmp_path / "missing"
+    shutil.copytree(shard_dir, d)
+    manifest = shards.load_manifest(d)
+    (d / manifest["shards"][0]["name"]).unlink()
+    stats = reader.EpochStats()
+    n = sum(1 for _ in reader.iter_records(reader.build_dataset(d, cfg), stats, log=None))
+    assert (n, stats.bad_samples) == (VIDEOS - PER_SHARD, PER_SHARD)
+
+
+def test_helpers_raise_clear_errors(shard_dir, cfg, tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        reader.build_dataset(tmp_path, cfg)
+    big = cfg.replace({"data.batch_size": 64})
+    with pytest.raises(ValueError, match="fewer than one step"):
+        reader.steps_per_epoch(shards.load_manifest(shard_dir), big)
+    capped = cfg.replace({"schedule.steps_per_epoch": 1})
+    assert reader.steps_per_epoch(shards.load_manifest(shard_dir), capped) == 1
+
+
+def test_read_webdataset_reads_the_shards_too(shard_dir):
+    """The shards are plain WebDataset tars: Ray's own reader decodes them (slowly) as well."""
+    manifest = shards.load_manifest(shard_dir)
+    first = manifest["shards"][0]
+    ds = ray.data.read_webdataset(str(shard_dir / first["name"]))
+    row = ds.take(1)[0]
+    ours = next(shards.iter_shard_records(shard_dir / first["name"]))[1]
+    assert row["__key__"] == ours.video_id
+    assert np.array_equal(row["3d.npy"], ours.feat_3d)
