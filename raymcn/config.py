@@ -50,6 +50,7 @@ class DataConfig:
     max_words: int = 20  # tokens per caption
     shards: str = ""  # directory of tar shards; "" = the synthetic corpus (generated once, cached)
     eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
+    word_vectors: str = ""  # word2vec .bin for eval captions; "" = the shards' vocabulary
     eval_audio_frames: int = 0  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
     cache_dir: str = ""  # "" = $RAYMCN_CACHE or ~/.cache/raymcn
     synthetic_videos: int = 256  # size of the synthetic training corpus

@@ -8,6 +8,7 @@ looks complete. No Ray here: ``worker.py`` hands the directory to ``ray.train.re
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 STATE_FILE = "state.pt"
+META_FILE = "loop.json"
 FORMAT_VERSION = 1
 
 
@@ -57,6 +59,8 @@ def save(directory: str | os.PathLike, **parts: Any) -> Path:
         tmp.unlink(missing_ok=True)  # e.g. disk full: drop the partial file, keep the previous one
         raise
     os.replace(tmp, final)  # atomic on POSIX: readers see the old file or the whole new one
+    if "loop" in payload:  # small sidecar: the driver reads the epoch without loading the weights
+        (directory / META_FILE).write_text(json.dumps(payload["loop"]))
     return final
 
 
@@ -107,3 +111,13 @@ def load_latest_good(latest: str | os.PathLike, warn=print) -> tuple[dict[str, A
             warn(f"warning: {'; '.join(problems)}; resuming from the older checkpoint {path} instead")
         return payload, path
     raise CheckpointError("no readable checkpoint: " + "; ".join(problems))
+
+
+def latest_epoch(run_dir: str | os.PathLike) -> int:
+    """Epochs completed by the newest checkpoint of ``run_dir`` (0 for a fresh run)."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return int(json.loads((path / META_FILE).read_text())["epoch"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return 0

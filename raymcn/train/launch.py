@@ -18,6 +18,7 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path, load_config
+from raymcn.train import checkpoint
 from raymcn.train.worker import train_func_per_worker
 
 CONFIG_FILE = "raymcn_config.yaml"
@@ -41,14 +42,30 @@ def default_run_dir(cfg: Config) -> Path:
     return storage / (cfg.run.name or new_run_name(cfg))
 
 
+def data_cpus(cfg: Config) -> float:
+    """CPUs per Ray Data read task: 1 when the cluster has one to spare beyond the Train workers,
+    else what is left. Train reserves its workers' CPUs away from Ray Data; a read task that asks
+    for more than the rest never runs and the epoch waits forever (ray-notes P1)."""
+    total = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else (os.cpu_count() or 1)
+    spare = total - cfg.scale.num_workers * cfg.scale.cpus_per_worker - 0.02  # 0.02: sweep trial drivers
+    return max(0.05, min(1.0, round(spare, 2)))
+
+
 def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | None = None) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
+    from raymcn.data import reader, shards
+
+    shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
+    reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)  # too few videos: fail here
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict()},
+        train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir)},
+        # A resumed run continues the per-epoch shard-order sequence where its checkpoint stopped.
+        datasets={"train": reader.build_dataset(shards_dir, cfg, num_cpus=data_cpus(cfg),
+                                                start_epoch=checkpoint.latest_epoch(storage_path / name))},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(

@@ -116,10 +116,11 @@ def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
     workers = max(1, cfg.scale.num_workers) * concurrent_runs
     need_cpu = cfg.scale.cpus_per_worker * workers
     problems = []
-    if cfg.scale.num_workers and need_cpu > have.get("CPU", 0):
+    if cfg.scale.num_workers and need_cpu + 0.05 > have.get("CPU", 0):
         problems.append(f"scale.num_workers={cfg.scale.num_workers} x scale.cpus_per_worker="
-                        f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) needs {need_cpu:g} CPUs; "
-                        f"the cluster has {have.get('CPU', 0):g} (Ray would wait forever for them)")
+                        f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
+                        f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
+                        "forever): lower scale.cpus_per_worker or scale.num_workers")
     if cfg.scale.use_gpu and workers > have.get("GPU", 0):
         problems.append(f"scale.use_gpu=true with {workers} worker(s) needs {workers} GPUs; "
                         f"the cluster has {have.get('GPU', 0):g}")

@@ -14,8 +14,9 @@ import ray.train.torch
 import torch
 
 from raymcn.config import Config
-from raymcn.data.memory import TrainVideos
+from raymcn.data import reader
 from raymcn.data.evalsets import load_eval_set
+from raymcn.data.words import load_vocab
 from raymcn.losses import MCNObjective
 from raymcn.losses.gather import all_reduce_mean
 from raymcn.model import MCN
@@ -35,11 +36,17 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     device = ray.train.torch.get_device()
     log = print if rank == 0 else None
 
-    # [1] Data: this rank's disjoint share of the videos each epoch, and the held-out eval set.
-    videos = TrainVideos.load(cfg)
-    eval_set = load_eval_set(cfg.data.eval_set, max_words=cfg.data.max_words,
-                             audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
-    steps_per_epoch = videos.steps_per_epoch(cfg)
+    # [1] Data: this rank's share of the shards through Ray Data (disjoint across ranks), the
+    # memory-mapped vocabulary, and the held-out eval set.
+    shards_dir = loop_config["shards_dir"]
+    steps_per_epoch = reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)
+    vocab = load_vocab(shards_dir)
+    data_iterator = ray.train.get_dataset_shard("train")
+    eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
+                                 None if cfg.data.eval_set == "synthetic" else vocab),
+                             max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
+    if log and eval_set.note:
+        log(eval_set.note)
     total_steps = steps_per_epoch * cfg.schedule.epochs
     switch = switch_step(cfg.schedule.stage_order, cfg.schedule.stage1_fraction, total_steps)
 
@@ -70,7 +77,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for epoch in range(state.epoch, cfg.schedule.epochs):
         state.epoch = epoch
-        batches = videos.batches(cfg, epoch=epoch, rank=rank, world_size=world, steps=steps_per_epoch)
+        stats = reader.EpochStats()
+        batches = reader.iter_batches(data_iterator, cfg, epoch, rank, world, steps_per_epoch, vocab, stats=stats)
         train_metrics = train_one_epoch(model, objective, optimizer, scheduler, batches, cfg=cfg, state=state,
                                         device=device, switch=switch, log=log, total_steps=total_steps)
         state.epoch = epoch + 1
@@ -78,6 +86,9 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         averaged = all_reduce_mean(torch.tensor([train_metrics[k] for k in keys], dtype=torch.float64,
                                                 device=device))
         metrics = dict(zip(keys, averaged.tolist()))
+        # damaged samples skipped this epoch, summed over ranks (a metric, never a silent drop)
+        bad = all_reduce_mean(torch.tensor([float(stats.bad_samples)], dtype=torch.float64, device=device))
+        metrics["bad_samples"] = float(bad.item() * world)
         metrics.update(evaluate(model, eval_set, device))
         metrics.update(epoch=float(state.epoch), global_step=float(state.step),
                        budget_epoch=float(budget_epoch(state.epoch, cfg.schedule.stage1_fraction, cfg.schedule.epochs)))
