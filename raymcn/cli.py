@@ -159,6 +159,50 @@ def _print_results(experiment_dir: Path) -> None:
     table.run_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Zero-shot retrieval of a checkpoint on an eval set; same JSON keys as ``train --json``."""
+    import torch
+
+    from raymcn.data.evalsets import EvalSetError, load_eval_set
+    from raymcn.model import MCN
+    from raymcn.train import checkpoint
+    from raymcn.train.loop import evaluate
+
+    path = Path(args.checkpoint)
+    try:
+        payload = checkpoint.load(path if path.is_dir() else path.parent)
+    except checkpoint.CheckpointError as e:
+        raise ConfigError([str(e)]) from None
+    cfg = Config.from_dict(payload["config"])
+    if args.eval_set:
+        cfg = cfg.replace({"data.eval_set": args.eval_set})
+    words = args.word_vectors or cfg.data.word_vectors or None
+    if words is None and cfg.data.eval_set != "synthetic":
+        from raymcn.data.shards import shards_dir_for
+        from raymcn.data.words import load_vocab
+
+        words = load_vocab(shards_dir_for(cfg))
+    try:
+        eval_set = load_eval_set(cfg.data.eval_set, word_vectors=words, max_words=cfg.data.max_words,
+                                 audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
+    except (EvalSetError, OSError) as e:
+        raise ConfigError([f"--eval-set {cfg.data.eval_set}: {e}"]) from None
+    if eval_set.note:
+        print(eval_set.note)
+    model = MCN(cfg.model)
+    model.load_state_dict(payload["model"])
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    metrics = evaluate(model.to(device), eval_set, device)
+    metrics.update({k: v for k, v in payload.get("metrics", {}).items() if k.endswith("_loss")})
+    metrics["epoch"] = payload["loop"]["epoch"]
+    summary = final_summary(metrics, path if path.is_dir() else path.parent)
+    for k, v in summary.items():
+        print(f"  {k:32s} {v}")
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raymcn", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,8 +214,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep")
     p.set_defaults(func=cmd_sweep)
+    from raymcn.data import commands
     from raymcn.results import table
 
+    p = sub.add_parser("synth", help="write a synthetic corpus in the original HowTo100M feature layout")
+    commands.add_synth_arguments(p)
+    p.set_defaults(func=commands.run_synth)
+    p = sub.add_parser("shards", help="convert the original feature layout into shuffled tar shards")
+    commands.add_shards_arguments(p)
+    p.set_defaults(func=commands.run_shards)
+    p = sub.add_parser("eval", help="zero-shot text-to-video retrieval of a checkpoint")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint directory (or its state.pt)")
+    p.add_argument("--eval-set", help="synthetic | youcook:FILE | msrvtt:FILE (default: the run's)")
+    p.add_argument("--word-vectors", help="word2vec .bin for the eval captions (default: the shards' vocabulary)")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON line last")
+    p.set_defaults(func=cmd_eval)
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=table.run_table)

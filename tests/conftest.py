@@ -23,6 +23,8 @@ def ray_local():
     # Ray workers must import functions defined in test modules (pickled by reference).
     tests_dir = os.path.dirname(__file__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
+    if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
+        ray.shutdown()
     ctx = ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
                    log_to_driver=False, configure_logging=False)
     yield ctx

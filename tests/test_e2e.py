@@ -1,0 +1,41 @@
+"""The whole real-data path on a tiny corpus: synth -> shards -> train -> eval."""
+
+import json
+
+import pytest
+
+from raymcn.cli import main
+from raymcn.train import checkpoint
+
+pytestmark = pytest.mark.ray
+
+
+def last_json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
+    corpus, shards = tmp_path / "corpus", tmp_path / "shards"
+    assert main(["synth", "--out", str(corpus), "--videos", "48", "--eval-clips", "64"]) == 0
+    args = ["shards", "--features", f"{corpus}/features", "--audio-features", f"{corpus}/audio",
+            "--captions", f"{corpus}/caption.pickle", "--video-list", f"{corpus}/videopaths.csv",
+            "--word-vectors", f"{corpus}/word2vec.bin", "--out", str(shards), "--videos-per-shard", "8",
+            "--no-progress"]
+    assert main(args) == 0
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["counts"]["videos"] == 48 and len(manifest["shards"]) == 6
+    capsys.readouterr()
+
+    youcook = f"youcook:{corpus}/youcook_val_audio.pkl"
+    assert main(["train", "--num-workers", "1", "--json", "--set", f"data.shards={shards}",
+                 "--set", f"data.eval_set={youcook}", "--set", "data.batch_size=16", "--set", "schedule.epochs=2",
+                 "--set", "scale.cpus_per_worker=1", "--set", f"run.storage_path={tmp_path}/runs"]) == 0
+    trained = last_json(capsys)
+    assert trained["epochs"] == 2 and trained["eval_size"] == 64
+
+    latest = checkpoint.list_checkpoints(trained["run_dir"])[-1]
+    assert main(["eval", "--checkpoint", str(latest), "--eval-set", youcook, "--json"]) == 0
+    evaluated = last_json(capsys)
+    for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR"):
+        assert evaluated[key] == pytest.approx(trained[key]), key  # the same weights, the same set
+    assert set(trained) == set(evaluated)  # same JSON keys as train --json
