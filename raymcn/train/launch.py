@@ -57,15 +57,17 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
 
     shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
     reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)  # too few videos: fail here
+    # A resumed run continues the per-epoch shard-order sequence where its checkpoint stopped.
+    dataset = reader.build_dataset(shards_dir, cfg, num_cpus=data_cpus(cfg),
+                                   start_epoch=checkpoint.latest_epoch(storage_path / name))
+    dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir)},
-        # A resumed run continues the per-epoch shard-order sequence where its checkpoint stopped.
-        datasets={"train": reader.build_dataset(shards_dir, cfg, num_cpus=data_cpus(cfg),
-                                                start_epoch=checkpoint.latest_epoch(storage_path / name))},
+        datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
