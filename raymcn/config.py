@@ -169,6 +169,16 @@ class Config:
         """Global FIFO rows: queue_steps · batch_size · queue_clips_per_video."""
         return self.loss.queue_steps * self.data.batch_size * self.queue_clips_per_video
 
+    def steps_per_epoch(self, videos: int) -> int:
+        """Steps every rank runs per epoch over ``videos``: videos // data.batch_size, capped by
+        schedule.steps_per_epoch. Raises ValueError when they cannot fill one step."""
+        steps = videos // self.data.batch_size
+        if self.schedule.steps_per_epoch:
+            steps = min(steps, self.schedule.steps_per_epoch)
+        if steps < 1:
+            raise ValueError(f"{videos} videos are fewer than one step of data.batch_size={self.data.batch_size}")
+        return steps
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: _section_to_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
 

@@ -1,4 +1,8 @@
-"""The training corpus held in each worker's memory, read from the original per-video layout.
+"""The training corpus held in memory, read from the original per-video layout.
+
+The trainer reads shards through Ray Data (``reader.py``); this in-memory path serves the
+benchmarks that need the same data without Ray (``bench/overhead.py`` bare DDP,
+``bench/sweep_efficiency.py``) and ``to_tensors``, shared with the reader.
 
 Each epoch the video order is reshuffled with (seed, epoch); rank r takes every world_size-th
 video of that order, so ranks never share a video within an epoch and together cover
@@ -49,13 +53,7 @@ class TrainVideos:
         return cls.from_layout(CorpusPaths(ensure_corpus(cfg)), cfg.data.max_words)
 
     def steps_per_epoch(self, cfg: Config) -> int:
-        steps = len(self.records) // cfg.data.batch_size
-        if cfg.schedule.steps_per_epoch:
-            steps = min(steps, cfg.schedule.steps_per_epoch)
-        if steps < 1:
-            raise ValueError(f"{len(self.records)} readable videos cannot fill one step of data.batch_size="
-                             f"{cfg.data.batch_size} videos")
-        return steps
+        return cfg.steps_per_epoch(len(self.records))
 
     def batches(self, cfg: Config, epoch: int, rank: int, world_size: int, steps: int) -> Iterator[dict]:
         """This rank's ``steps`` batches of epoch ``epoch`` (torch tensors, video-major clips)."""

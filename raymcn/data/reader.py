@@ -224,14 +224,7 @@ def steps_per_epoch(manifest: dict, cfg: Config) -> int:
     Raises:
         ValueError: when the shards cannot fill one step.
     """
-    videos = int(manifest["counts"]["videos"])
-    steps = videos // cfg.data.batch_size
-    if cfg.schedule.steps_per_epoch:
-        steps = min(steps, cfg.schedule.steps_per_epoch)
-    if steps < 1:
-        raise ValueError(f"the shards hold {videos} videos, fewer than one step of data.batch_size="
-                         f"{cfg.data.batch_size}")
-    return steps
+    return cfg.steps_per_epoch(int(manifest["counts"]["videos"]))
 
 
 # =====================================================================================================
