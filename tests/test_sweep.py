@@ -25,7 +25,7 @@ def fake_trial(config):
         tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, FRACTION, EPOCHS), PRIMARY_METRIC: r10})
 
 
-def run_fake_sweep(time_attr, tmp_path):
+def run_fake_sweep(time_attr, tmp_path, orders):
     from ray import tune
 
     from raymcn.sweep.tuner import build_search
@@ -35,18 +35,19 @@ def run_fake_sweep(time_attr, tmp_path):
     _, scheduler = build_search(cfg)
     if time_attr != "budget_epoch":  # the naive clock, to show the rule matters
         scheduler._time_attr = time_attr
-    orders = ["joint", "AV_T", "VT_A", "AT_V"]
     grid = tune.Tuner(
         tune.with_resources(fake_trial, {"cpu": 0.25}),
         param_space={"schedule.stage_order": tune.grid_search(orders)},
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode="max", scheduler=scheduler),
+        # one trial at a time, in the given order: ASHA's decisions then do not depend on timing
+        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode="max", scheduler=scheduler, max_concurrent_trials=1),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name=time_attr, verbose=0),
     ).fit()
     return {r.config["schedule.stage_order"]: int(r.metrics["epoch"]) for r in grid}
 
 
 def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tmp_path):
-    epochs_run = run_fake_sweep("budget_epoch", tmp_path)
+    # staged orders first, joint last: joint meets their rung values and is the one stopped
+    epochs_run = run_fake_sweep("budget_epoch", tmp_path, ["AV_T", "VT_A", "AT_V", "joint"])
     switch = math.ceil(FRACTION * EPOCHS)
     for order in ("AV_T", "VT_A", "AT_V"):
         assert epochs_run[order] > switch, epochs_run  # every staged trial trained all modalities
@@ -54,7 +55,7 @@ def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tm
 
 
 def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
-    epochs_run = run_fake_sweep("epoch", tmp_path)
+    epochs_run = run_fake_sweep("epoch", tmp_path, ["joint", "AV_T", "VT_A", "AT_V"])
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
 
 

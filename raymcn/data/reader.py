@@ -132,7 +132,8 @@ class ShardDatasource(Datasource):
     """
 
     def __init__(self, shards_dir: str | Path, manifest: dict, seed: int, start_epoch: int = 0,
-                 block_mb: float = DEFAULT_BLOCK_MB, verify: bool = True, task_mb: float = DEFAULT_TASK_MB):
+                 block_mb: float = DEFAULT_BLOCK_MB, verify: bool = True, task_mb: float = DEFAULT_TASK_MB,
+                 epoch_fn: Callable[[], int] | None = None):
         super().__init__()
         self._dir = str(Path(shards_dir).resolve())
         self._shards = [(s["name"], int(s["bytes"]), list(s["videos"])) for s in manifest["shards"]]
@@ -140,6 +141,7 @@ class ShardDatasource(Datasource):
         self.block_bytes = max(1 << 16, int(block_mb * (1 << 20)))
         self.task_bytes = max(1, int(task_mb * (1 << 20)))
         self._verify = verify
+        self._epoch_fn = epoch_fn
 
     def get_name(self) -> str:
         return "RaymcnShards"
@@ -148,6 +150,10 @@ class ShardDatasource(Datasource):
         return sum(b for _, b, _ in self._shards)
 
     def epoch_for(self, data_context) -> int:
+        if self._epoch_fn is not None:
+            # The trainer's own count of finished epochs (its latest checkpoint): the same after
+            # a worker-group restart or a resume, unlike Ray's count of executions.
+            return int(self._epoch_fn())
         # Ray counts completed executions of a dataset in its DataContext (FileShuffleConfig's
         # reseed_after_execution relies on the same counter).
         return self._start_epoch + int(getattr(data_context, "_execution_idx", 0) or 0)
@@ -181,7 +187,8 @@ class ShardDatasource(Datasource):
         return [g for g in groups if g]
 
 
-def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0, block_mb: float = DEFAULT_BLOCK_MB,
+def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0,
+                  epoch_fn: Callable[[], int] | None = None, block_mb: float = DEFAULT_BLOCK_MB,
                   task_mb: float = DEFAULT_TASK_MB, num_cpus: float | None = None,
                   verify: bool = True) -> ray.data.Dataset:
     """The training dataset over the shards of ``shards_dir`` (lazy; nothing is read here).
@@ -190,6 +197,8 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0, 
         shards_dir: a directory written by ``raymcn shards`` (or ``ensure_synthetic_shards``).
         cfg: uses ``run.seed`` for the per-epoch shard order.
         start_epoch: the epoch the run starts at (a resumed run continues the shard-order sequence).
+        epoch_fn: when given, returns the epoch about to be read (the trainer passes "epochs in the
+            run's latest checkpoint"); replaces start_epoch + Ray's execution count.
         block_mb: Arrow block size emitted by the read tasks.
         task_mb: shards are grouped into read tasks of at least this many bytes.
         num_cpus: CPUs reserved per read task (default Ray Data's, 1). On 2 cores one read task at
@@ -202,7 +211,7 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0, 
         consume it with :func:`iter_batches` / :func:`iter_records`.
     """
     manifest = load_manifest(shards_dir)
-    source = ShardDatasource(shards_dir, manifest, cfg.run.seed, start_epoch, block_mb, verify, task_mb)
+    source = ShardDatasource(shards_dir, manifest, cfg.run.seed, start_epoch, block_mb, verify, task_mb, epoch_fn)
     kwargs: dict[str, Any] = {}
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus

@@ -8,6 +8,7 @@ happen by accident. The resolved config is written next to the run's checkpoints
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import secrets
 from dataclasses import dataclass
@@ -57,9 +58,10 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
 
     shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
     reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)  # too few videos: fail here
-    # A resumed run continues the per-epoch shard-order sequence where its checkpoint stopped.
+    # The shard order of each epoch follows the epochs in the run's latest checkpoint, so a resumed
+    # run or a restarted worker group reads the order the uninterrupted run would have read.
     dataset = reader.build_dataset(shards_dir, cfg, num_cpus=data_cpus(cfg),
-                                   start_epoch=checkpoint.latest_epoch(storage_path / name))
+                                   epoch_fn=functools.partial(checkpoint.latest_epoch, storage_path / name))
     dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
