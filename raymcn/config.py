@@ -390,9 +390,8 @@ def _validate_trial_configs(cfg: Config, limit: int = 512) -> list[str]:
         return []
     keys, axes = [], []
     for key, spec in cfg.sweep.space.items():
-        domain, args = next(iter(spec.items()))
         keys.append(key)
-        axes.append(list(args))  # choice/grid values, or [low, high] of a range
+        axes.append(list(next(iter(spec.values()))))  # choice/grid values, or [low, high] of a range
     problems: list[str] = []
     base = cfg.to_dict()
     for combo in itertools.islice(itertools.product(*axes), limit):

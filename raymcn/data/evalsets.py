@@ -16,7 +16,6 @@ padded length T (the model clamps its pooling mask to T).
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from raymcn.data.features import FEATURE_DIM, MEL_BINS, l2_normalize
+from raymcn.data.files import load_pickle
 from raymcn.data.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
 
 YOUCOOK_FRAMES = 1024 * 5
@@ -77,14 +77,9 @@ def parse_eval_spec(spec: str) -> tuple[str, str]:
     return kind, path
 
 
-def _load_list(path: Path) -> list:
-    try:
-        with open(path, "rb") as f:
-            data = pickle.load(f)
-    except FileNotFoundError:
-        raise EvalSetError(f"eval pickle {path} does not exist") from None
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is reported the same way
-        raise EvalSetError(f"eval pickle {path} is unreadable: {type(e).__name__}: {e}") from None
+def load_eval_list(path: Path) -> list:
+    """The per-clip dicts of an eval pickle; EvalSetError naming the file otherwise."""
+    data = load_pickle(path, "eval pickle", EvalSetError)
     if not isinstance(data, list) or not data:
         raise EvalSetError(f"eval pickle {path}: expected a non-empty list of per-clip dicts, "
                            f"got {type(data).__name__}{'' if not isinstance(data, list) else ' (empty)'}")
@@ -161,7 +156,7 @@ def _pad_audio(specs: list[np.ndarray], frames: int) -> tuple[np.ndarray, np.nda
 
 
 def _load_clips(path: Path, keys_2d3d: tuple[str, str], caption_keys: tuple[str, ...]):
-    entries = _load_list(path)
+    entries = load_eval_list(path)
     video = np.stack([np.concatenate([l2_normalize(_pooled_half(e, k, path, i)) for k in keys_2d3d])
                       for i, e in enumerate(entries)])
     specs = [_spectrogram(e, path, i) for i, e in enumerate(entries)]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import pickle
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raymcn.data.files import load_pickle
 from raymcn.data.words import PAD_ID, token_ids
 
 FEATURE_DIM = 2048  # per half; the model's video input is 2 × 2048
@@ -60,13 +60,7 @@ def video_id_of(path: str) -> str:
 
 def load_captions(pickle_path: str | os.PathLike) -> dict:
     """The caption pickle: dict video_id -> record with parallel ``start``, ``end``, ``text``."""
-    try:
-        with open(pickle_path, "rb") as f:
-            captions = pickle.load(f)
-    except FileNotFoundError:
-        raise FeatureFileError(f"caption pickle {pickle_path} does not exist") from None
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing here
-        raise FeatureFileError(f"caption pickle {pickle_path} is unreadable: {e}") from None
+    captions = load_pickle(pickle_path, "caption pickle", FeatureFileError)
     if not isinstance(captions, Mapping):
         raise FeatureFileError(f"caption pickle {pickle_path}: expected a dict video_id -> captions, "
                                f"got {type(captions).__name__}")

@@ -187,7 +187,7 @@ class ShardDatasource(Datasource):
         return [g for g in groups if g]
 
 
-def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0,
+def build_dataset(shards_dir: str | Path, cfg: Config, *, manifest: dict | None = None, start_epoch: int = 0,
                   epoch_fn: Callable[[], int] | None = None, block_mb: float = DEFAULT_BLOCK_MB,
                   task_mb: float = DEFAULT_TASK_MB, num_cpus: float | None = None,
                   verify: bool = True) -> ray.data.Dataset:
@@ -196,6 +196,7 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0,
     Args:
         shards_dir: a directory written by ``raymcn shards`` (or ``ensure_synthetic_shards``).
         cfg: uses ``run.seed`` for the per-epoch shard order.
+        manifest: the directory's manifest if the caller already read it (it lists every video).
         start_epoch: the epoch the run starts at (a resumed run continues the shard-order sequence).
         epoch_fn: when given, returns the epoch about to be read (the trainer passes "epochs in the
             run's latest checkpoint"); replaces start_epoch + Ray's execution count.
@@ -210,7 +211,7 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, start_epoch: int = 0,
         ray.data.Dataset with columns ``key``, ``shard``, ``sample``, ``layout``, ``error``;
         consume it with :func:`iter_batches` / :func:`iter_records`.
     """
-    manifest = load_manifest(shards_dir)
+    manifest = manifest or load_manifest(shards_dir)
     source = ShardDatasource(shards_dir, manifest, cfg.run.seed, start_epoch, block_mb, verify, task_mb, epoch_fn)
     kwargs: dict[str, Any] = {}
     if num_cpus is not None:

@@ -57,8 +57,17 @@ from typing import Any
 
 import numpy as np
 
-from raymcn.data.features import (FEATURE_DIM, MEL_BINS, FeatureFileError, VideoRecord, load_captions,
-                                  read_video, read_video_paths, video_id_of)
+from raymcn.data.features import (
+    FEATURE_DIM,
+    MEL_BINS,
+    FeatureFileError,
+    VideoRecord,
+    load_captions,
+    read_video,
+    read_video_paths,
+    video_id_of,
+)
+from raymcn.data.files import build_once
 from raymcn.data.words import Vocab, build_vocab, load_vocab, read_word2vec_bin, save_vocab, tokenize
 
 FORMAT = "raymcn-shards"
@@ -1053,6 +1062,15 @@ def _progress(total: int, enabled: bool):
 # =====================================================================================================
 # Reading the manifest; the embedded default (synthetic corpus -> shards in the cache)
 # =====================================================================================================
+def manifest_path(directory: str | os.PathLike) -> Path:
+    """``directory/manifest.json``; FileNotFoundError naming it when it is missing."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no shard manifest (is {directory} a directory written by "
+                                "`raymcn shards`?)")
+    return path
+
+
 def load_manifest(directory: str | os.PathLike) -> dict:
     """The manifest of a shard directory.
 
@@ -1060,10 +1078,7 @@ def load_manifest(directory: str | os.PathLike) -> dict:
         FileNotFoundError / ShardError: naming ``<directory>/manifest.json`` (missing, unreadable,
             not a raymcn shard manifest, or listing no videos).
     """
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no shard manifest (is {directory} a directory written by "
-                                "`raymcn shards`?)")
+    path = manifest_path(directory)
     manifest = _read_json(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ShardError(f"{path}: not a {FORMAT} manifest")
@@ -1096,35 +1111,25 @@ def ensure_synthetic_shards(cfg) -> Path:
     corpus = CorpusPaths(ensure_corpus(cfg))
     settings = settings_from_config(cfg)
     per_shard = max(1, math.ceil(settings.videos / SYNTHETIC_SHARDS))
-    cache = Path(default_cache_dir(cfg))
-    final = cache / f"shards-{shard_digest(settings.digest(), per_shard, 0)}"
-    if (final / MANIFEST).is_file():
-        return final
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache))
-    try:
+    final = Path(default_cache_dir(cfg)) / f"shards-{shard_digest(settings.digest(), per_shard, 0)}"
+
+    def write(tmp: Path) -> None:
         shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
                            corpus.word_vectors, tmp, seed=0, workers=1, videos_per_shard=per_shard,
                            progress=False, log=lambda msg: None)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / MANIFEST).is_file():
-                raise RuntimeError(f"{final} exists but holds no {MANIFEST}; it is not a complete shard "
-                                   "directory (delete it to regenerate)") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return build_once(final, MANIFEST, write, "shard directory")
 
 
 def shards_dir_for(cfg) -> Path:
     """The shard directory a run reads: ``data.shards``, or (when it is "") the cached synthetic shards.
 
     Raises:
-        FileNotFoundError / ShardError: ``data.shards`` holds no valid manifest (the message names it).
+        FileNotFoundError: ``data.shards`` holds no manifest (the message names it); the caller
+            reads and checks the manifest itself, once.
     """
     if cfg.data.shards:
         directory = Path(cfg.data.shards).expanduser().resolve()
-        load_manifest(directory)  # fail on the driver, before Ray Train starts
+        manifest_path(directory)
         return directory
     return ensure_synthetic_shards(cfg)

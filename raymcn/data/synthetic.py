@@ -34,8 +34,6 @@ import io
 import json
 import os
 import pickle
-import shutil
-import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from raymcn.data.features import AUDIO_HOP, AUDIO_SR, FEATURE_DIM, FPS_2D, FPS_3D, MEL_BINS
+from raymcn.data.files import build_once
 from raymcn.data.words import write_word2vec_bin
 
 GENERATOR_VERSION = 1  # bump whenever the generated data changes: it is part of the cache key
@@ -388,23 +387,8 @@ def ensure_settings(cache_dir: str | os.PathLike, settings: SynthSettings) -> Pa
     reader never sees a half-written corpus. If another process wins the race, its copy is kept and
     ours is discarded.
     """
-    cache = Path(cache_dir)
-    final = cache / f"synthetic-{settings.digest()}"
-    if (final / MANIFEST).is_file():
-        return final
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache))
-    try:
-        write_corpus(tmp, settings)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / MANIFEST).is_file():  # not a lost race: an incomplete directory in the way
-                raise RuntimeError(f"{final} exists but holds no {MANIFEST}; it is not a complete "
-                                   "synthetic corpus (delete it to regenerate)") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    final = Path(cache_dir) / f"synthetic-{settings.digest()}"
+    return build_once(final, MANIFEST, lambda tmp: write_corpus(tmp, settings), "synthetic corpus")
 
 
 def ensure_corpus(cfg) -> Path:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, RETRIEVAL_METRICS, STAGE_ORDERS
+from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, RETRIEVAL_METRICS
 
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # = sweep.tuner.SWEEP_CONFIG_FILE; not imported: tuner imports Ray
 STAGE_KEY = "schedule.stage_order"

@@ -57,10 +57,11 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
     from raymcn.data import reader, shards
 
     shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
-    reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)  # too few videos: fail here
+    manifest = reader.load_manifest(shards_dir)  # read once here: it lists every video
+    steps_per_epoch = reader.steps_per_epoch(manifest, cfg)  # too few videos: fail here
     # The shard order of each epoch follows the epochs in the run's latest checkpoint, so a resumed
     # run or a restarted worker group reads the order the uninterrupted run would have read.
-    dataset = reader.build_dataset(shards_dir, cfg, num_cpus=data_cpus(cfg),
+    dataset = reader.build_dataset(shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
                                    epoch_fn=functools.partial(checkpoint.latest_epoch, storage_path / name))
     dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
@@ -68,7 +69,8 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir)},
+        train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir),
+                           "steps_per_epoch": steps_per_epoch},
         datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),
@@ -89,8 +91,9 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
 def fit(cfg: Config, name: str | None = None, storage_path: Path | None = None,
         callbacks: list | None = None) -> RunResult:
     """Run training to completion (or resume ``name`` if it already has checkpoints)."""
-    storage_path = Path(storage_path or default_storage_path(cfg)).expanduser().resolve()
-    name = name or cfg.run.name or new_run_name(cfg)
+    default = default_run_dir(cfg)
+    storage_path = Path(storage_path).expanduser().resolve() if storage_path else default.parent
+    name = name or default.name
     run_dir = storage_path / name
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.dump(run_dir / CONFIG_FILE)

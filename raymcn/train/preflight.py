@@ -78,10 +78,10 @@ def _eval_set_problems(cfg: Config) -> list[str]:
         return []
     if not Path(file).is_file():
         return [f"data.eval_set={cfg.data.eval_set!r}: file {file} does not exist"]
-    from raymcn.data.evalsets import EvalSetError, _load_list
+    from raymcn.data.evalsets import EvalSetError, load_eval_list
 
     try:
-        _load_list(Path(file))
+        load_eval_list(Path(file))
     except (EvalSetError, OSError, ValueError) as e:
         return [f"data.eval_set={cfg.data.eval_set!r}: {e}"]
     return []

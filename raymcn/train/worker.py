@@ -38,8 +38,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     # [1] Data: this rank's share of the shards through Ray Data (disjoint across ranks), the
     # memory-mapped vocabulary, and the held-out eval set.
-    shards_dir = loop_config["shards_dir"]
-    steps_per_epoch = reader.steps_per_epoch(reader.load_manifest(shards_dir), cfg)
+    shards_dir, steps_per_epoch = loop_config["shards_dir"], loop_config["steps_per_epoch"]
     vocab = load_vocab(shards_dir)
     data_iterator = ray.train.get_dataset_shard("train")
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
@@ -82,13 +81,13 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         train_metrics = train_one_epoch(model, objective, optimizer, scheduler, batches, cfg=cfg, state=state,
                                         device=device, switch=switch, log=log, total_steps=total_steps)
         state.epoch = epoch + 1
+        train_metrics["bad_samples"] = float(stats.bad_samples)
         keys = sorted(train_metrics)
         averaged = all_reduce_mean(torch.tensor([train_metrics[k] for k in keys], dtype=torch.float64,
                                                 device=device))
         metrics = dict(zip(keys, averaged.tolist()))
         # damaged samples skipped this epoch, summed over ranks (a metric, never a silent drop)
-        bad = all_reduce_mean(torch.tensor([float(stats.bad_samples)], dtype=torch.float64, device=device))
-        metrics["bad_samples"] = float(bad.item() * world)
+        metrics["bad_samples"] *= world
         metrics.update(evaluate(model, eval_set, device))
         metrics.update(epoch=float(state.epoch), global_step=float(state.step),
                        budget_epoch=float(budget_epoch(state.epoch, cfg.schedule.stage1_fraction, cfg.schedule.epochs)))
