@@ -5,6 +5,7 @@ One module-scoped local Ray instance (2 CPUs, 100 MB object store) serves every 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 from pathlib import Path
@@ -161,6 +162,59 @@ def test_shard_order_changes_every_epoch(shard_dir, cfg):
     assert planned == orders[2]  # a run resumed at epoch 2 continues the sequence
     small_tasks = reader.ShardDatasource(shard_dir, manifest, cfg.run.seed, task_mb=1e-6)  # one shard per task
     assert [len(t.metadata.input_files) for t in small_tasks.get_read_tasks(1)] == [1] * len(names)
+
+
+def test_announced_epoch_sets_the_planned_shard_order(shard_dir, cfg, tmp_path):
+    manifest = shards.load_manifest(shard_dir)
+    names = [s["name"] for s in manifest["shards"]]
+    source = reader.ShardDatasource(shard_dir, manifest, cfg.run.seed, task_mb=1e-6,
+                                    epoch_fn=functools.partial(reader.announced_epoch, tmp_path))
+
+    def planned():
+        return [t.metadata.input_files[0].rsplit("/", 1)[1] for t in source.get_read_tasks(1)]
+
+    assert reader.announced_epoch(tmp_path) == 0  # nothing announced yet: a fresh run
+    assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 0, len(names))]
+    reader.announce_epoch(tmp_path, 5)
+    assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 5, len(names))]
+    (tmp_path / reader.EPOCH_FILE).write_text("{}")
+    with pytest.raises(ValueError, match=reader.EPOCH_FILE):
+        reader.announced_epoch(tmp_path)
+
+
+def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg, tmp_path):
+    manifest = shards.load_manifest(shard_dir)
+    vocab = load_vocab(shard_dir)
+    steps = reader.steps_per_epoch(manifest, cfg)
+    every = sorted(v for s in manifest["shards"] for v in s["videos"])
+    ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, tmp_path))
+    its = ds.streaming_split(2, equal=True)
+    epochs = 3
+
+    def run(rank, it):
+        announce = functools.partial(reader.announce_epoch, tmp_path) if rank == 0 else None
+        stream = reader.RankStream(it, cfg, rank, 2, steps, vocab, epochs=epochs, announce=announce, log=None)
+        seen, ahead, counted = [], [], []
+        for epoch in range(epochs):
+            batches, stats = stream.epoch(epoch)
+            videos = []
+            for batch in batches:
+                videos += list(dict.fromkeys(k.split("#")[0] for k in batch["key"]))
+            seen.append(videos)
+            ahead.append(stream.requested_ahead)  # asked of Ray Data before stream.epoch(epoch + 1)
+            counted.append(stats.videos)
+        return seen, ahead, counted
+
+    out = consume_split(its, run)
+    for rank in range(2):
+        assert out[rank][1] == [1, 2, None]  # nothing is requested past the last epoch
+    assert reader.announced_epoch(tmp_path) == epochs - 1
+    for epoch in range(epochs):  # early requests change nothing of what each epoch holds
+        a, b = out[0][0][epoch], out[1][0][epoch]
+        assert len(a) == len(b) == steps * cfg.data.batch_size // 2
+        assert not set(a) & set(b)
+        assert sorted(a + b) == every
+        assert out[0][2][epoch] + out[1][2][epoch] == VIDEOS  # each epoch's counters are its own
 
 
 def corrupt(src: Path, dst: Path) -> dict[str, int]:

@@ -34,6 +34,13 @@ def build_once(final: Path, marker: str, write: Callable[[Path], object], what: 
     return final
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or the new text."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def load_pickle(path: str | os.PathLike, what: str, error: type[Exception]):
     """Unpickle ``path``; a missing or unreadable file raises ``error`` naming ``what`` and the path."""
     try:

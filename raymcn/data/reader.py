@@ -5,12 +5,14 @@ Driver::
     ds = build_dataset(shards_dir, cfg)                 # lazy; read tasks of >= 512 MB of shards
     TorchTrainer(..., datasets={"train": ds})           # Ray Train splits it per rank (equal=True)
 
-Worker (each rank, each epoch)::
+Worker (each rank)::
 
-    it = ray.train.get_dataset_shard("train")
-    stats = EpochStats()
-    for batch in iter_batches(it, cfg, epoch, rank, world, steps, vocab, stats=stats): ...
-    stats.bad_samples  # -> metric "bad_samples" (sum over ranks)
+    stream = RankStream(ray.train.get_dataset_shard("train"), cfg, rank, world, steps, vocab,
+                        epochs=cfg.schedule.epochs, announce=...)   # rank 0 announces each epoch
+    for epoch in ...:
+        batches, stats = stream.epoch(epoch)       # the next epoch is requested before this one ends
+        for batch in batches: ...
+        stats.bad_samples  # -> metric "bad_samples" (sum over ranks)
 
 Why a custom datasource instead of ``read_webdataset``: with its default decoder ``read_webdataset``
 parses every member through Python's ``tarfile``, ``np.load``-s (copies, ``ast.literal_eval`` of
@@ -33,7 +35,10 @@ name included) and nothing else is lost.
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +55,7 @@ from ray.data.datasource import Datasource, ReadTask
 from raymcn.config import Config
 from raymcn.data import shards
 from raymcn.data.features import VideoRecord, collate, sample_clips
+from raymcn.data.files import write_text_atomic
 from raymcn.data.shards import SampleError, load_manifest
 from raymcn.data.words import Vocab
 
@@ -64,6 +70,37 @@ _LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest ar
 # =====================================================================================================
 # Driver side
 # =====================================================================================================
+EPOCH_FILE = "data_epoch.json"  # in the run directory: the epoch rank 0 is about to read
+
+
+def announce_epoch(run_dir: str | Path, epoch: int) -> None:
+    """Record that ``epoch`` is read next (rank 0 calls this before asking Ray Data for it).
+
+    The datasource plans an epoch's shard order when Ray Data starts the epoch, in the split
+    coordinator, which knows nothing of the trainer; it reads this file (``announced_epoch``). The
+    trainer's own count, not Ray's count of executions, so the order is the same after a resume or a
+    worker-group restart, and it is known before the previous epoch's checkpoint exists (the next
+    epoch is requested early, see :class:`RankStream`).
+    """
+    write_text_atomic(Path(run_dir) / EPOCH_FILE, json.dumps({"epoch": int(epoch)}))
+
+
+def announced_epoch(run_dir: str | Path) -> int:
+    """The epoch last announced in ``run_dir`` (0 when none was).
+
+    Raises:
+        ValueError: the file exists but is not an announcement (naming the file).
+    """
+    path = Path(run_dir) / EPOCH_FILE
+    try:
+        return int(json.loads(path.read_text())["epoch"])
+    except FileNotFoundError:
+        return 0
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a raymcn epoch announcement ({type(e).__name__}: {e}); "
+                         "delete it to restart the shard order at the checkpoint's epoch") from None
+
+
 def shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
     """The order in which shards are read in ``epoch`` (a permutation; a function of seed and epoch)."""
     return np.random.default_rng([int(seed), int(epoch), 0x0DDBA11]).permutation(num_shards)
@@ -151,8 +188,8 @@ class ShardDatasource(Datasource):
 
     def epoch_for(self, data_context) -> int:
         if self._epoch_fn is not None:
-            # The trainer's own count of finished epochs (its latest checkpoint): the same after
-            # a worker-group restart or a resume, unlike Ray's count of executions.
+            # The trainer's own epoch (announce_epoch): the same after a worker-group restart or
+            # a resume, unlike Ray's count of executions.
             return int(self._epoch_fn())
         # Ray counts completed executions of a dataset in its DataContext (FileShuffleConfig's
         # reseed_after_execution relies on the same counter).
@@ -198,8 +235,8 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, manifest: dict | None 
         cfg: uses ``run.seed`` for the per-epoch shard order.
         manifest: the directory's manifest if the caller already read it (it lists every video).
         start_epoch: the epoch the run starts at (a resumed run continues the shard-order sequence).
-        epoch_fn: when given, returns the epoch about to be read (the trainer passes "epochs in the
-            run's latest checkpoint"); replaces start_epoch + Ray's execution count.
+        epoch_fn: when given, returns the epoch about to be read (the trainer passes
+            ``announced_epoch`` of its run directory); replaces start_epoch + Ray's execution count.
         block_mb: Arrow block size emitted by the read tasks.
         task_mb: shards are grouped into read tasks of at least this many bytes.
         num_cpus: CPUs reserved per read task (default Ray Data's, 1). On 2 cores one read task at
@@ -346,6 +383,20 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
                  drain: bool = True, log: Callable[[str], None] | None = _stderr) -> Iterator[dict]:
     """Exactly ``steps`` batches of ``cfg.data.batch_size // world_size`` videos for this rank and epoch.
 
+    One epoch of ``data_iterator`` (``ray.train.get_dataset_shard("train")``, or a split / Dataset
+    in tests) through :func:`batches_from_records`; ``stats`` is filled in place.
+    """
+    stats = stats if stats is not None else EpochStats()
+    return batches_from_records(iter_records(data_iterator, stats, log=log), cfg, epoch, rank, world_size, steps,
+                                vocab, stats=stats, shuffle_buffer=shuffle_buffer, drain=drain)
+
+
+def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int, rank: int, world_size: int,
+                         steps: int, vocab: Vocab | np.ndarray, *, stats: EpochStats | None = None,
+                         shuffle_buffer: int | None = None, drain: bool = True,
+                         on_drained: Callable[[], None] | None = None) -> Iterator[dict]:
+    """Exactly ``steps`` batches of ``cfg.data.batch_size // world_size`` videos from one epoch's ``records``.
+
     Same contract as ``TrainVideos.batches``: each batch is ``{video (B, 4096) f32, audio (B, 40,
     audio_frames) f16, nframes (B,) i32, text (B, max_words, D) f32, key: B strings "<id>#<clip>"}``
     with B = videos · clips_per_video, video-major. Clips are drawn with
@@ -354,12 +405,13 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
     so that a batch mixes shards. If bad samples leave the rank short, the missing slots are filled
     with videos it already used this epoch (``stats.reused``) so every rank runs ``steps`` steps.
     Before the last batch is yielded, the rest of the epoch's stream is read and dropped
-    (``drain``; ``stats.unused``), so ``stats`` covers the whole epoch when the loop ends.
+    (``drain``; ``stats.unused``), so ``stats`` covers the whole epoch when the loop ends, and
+    ``on_drained`` is called (the stream is finished: the next epoch may be requested).
 
     Args:
-        data_iterator: ``ray.train.get_dataset_shard("train")`` (or a split / Dataset in tests).
+        records: this rank's readable videos of the epoch (:func:`iter_records`); closed at the end.
         vocab: the Vocab (its memory-mapped matrix) or the (V+1, D) matrix itself.
-        stats: filled in place (``bad_samples`` ...); read it after the loop for the epoch metrics.
+        stats: the epoch's counters (the ones ``records`` fills); ``reused`` and ``unused`` are added here.
 
     Raises:
         RuntimeError: if the rank receives no readable video at all.
@@ -375,7 +427,6 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
     rng = np.random.default_rng([cfg.run.seed, epoch, rank])
     pick = np.random.default_rng([cfg.run.seed, epoch, rank, 1])
     capacity = max(1, shuffle_buffer if shuffle_buffer is not None else 2 * per_rank)
-    records = iter_records(data_iterator, stats, log=log)
     buffer: list[VideoRecord] = []
     exhausted = False
     used: list[VideoRecord] = []
@@ -405,6 +456,8 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
             for _ in records:
                 stats.unused += 1
             exhausted = True
+        if exhausted and on_drained is not None:
+            on_drained()
 
     try:
         for step in range(steps):
@@ -429,3 +482,94 @@ def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: 
     finally:
         buffer.clear()
         records.close()
+
+
+@dataclass
+class _OpenEpoch:
+    """One epoch's record stream, possibly started in the background (``first`` pulled by ``thread``)."""
+
+    epoch: int
+    stats: EpochStats
+    records: Iterator[VideoRecord]
+    thread: threading.Thread | None = None
+    first: list[VideoRecord] = field(default_factory=list)  # 0 or 1 record pulled early
+    error: BaseException | None = None
+
+    def resume(self) -> Iterator[VideoRecord]:
+        """The whole stream, the record pulled early first; closing it closes ``records``."""
+        try:
+            if self.thread is not None:
+                self.thread.join()
+            if self.error is not None:
+                raise self.error
+            yield from self.first
+            yield from self.records
+        finally:
+            close = getattr(self.records, "close", None)
+            if close is not None:
+                close()
+
+
+class RankStream:
+    """This rank's batches, epoch after epoch; each next epoch is requested before the current one ends.
+
+    Ray Data starts an epoch only when every rank asks for its first block: the split coordinator
+    polls its barrier (every 0.1 s), plans the read tasks, schedules one and waits for its first
+    block. Measured on 2 cores with the default preset: 0.2-0.5 s before the first batch of every
+    epoch (~10 steps' worth of time), while the rest of the epoch's batches waited ~6 ms each. So
+    as soon as an epoch's stream is drained (just before its last batch is yielded) the next epoch
+    is requested in a background thread, and that wait overlaps the last step, the evaluation, the
+    checkpoint and ``ray.train.report``.
+
+    Args:
+        data_iterator: ``ray.train.get_dataset_shard("train")`` (or a split / Dataset in tests).
+        epochs: the run's epoch count; nothing is requested beyond epoch ``epochs - 1``.
+        announce: called with an epoch just before Ray Data is asked for it; rank 0 passes
+            ``functools.partial(announce_epoch, run_dir)`` so the datasource plans that epoch's order.
+        prefetch: request each next epoch early (False: when the loop asks for it).
+        cfg, rank, world_size, steps, vocab, log: as :func:`iter_batches`.
+    """
+
+    def __init__(self, data_iterator, cfg: Config, rank: int, world_size: int, steps: int,
+                 vocab: Vocab | np.ndarray, *, epochs: int, announce: Callable[[int], None] | None = None,
+                 prefetch: bool = True, log: Callable[[str], None] | None = _stderr):
+        self._data, self._cfg, self._vocab, self._log = data_iterator, cfg, vocab, log
+        self._rank, self._world, self._steps, self._epochs = rank, world_size, steps, epochs
+        self._announce, self._prefetch = announce, prefetch
+        self._next: _OpenEpoch | None = None
+
+    def epoch(self, epoch: int) -> tuple[Iterator[dict], EpochStats]:
+        """The batches of ``epoch`` (see :func:`batches_from_records`) and its counters, filled as they are read."""
+        if self._next is not None and self._next.epoch != epoch:
+            raise RuntimeError(f"epoch {epoch} asked for while epoch {self._next.epoch} was already requested "
+                               "from Ray Data; epochs must be read in order")
+        opened, self._next = self._next or self._open(epoch), None
+        ahead = self._prefetch and epoch + 1 < self._epochs
+        batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, self._world, self._steps,
+                                       self._vocab, stats=opened.stats,
+                                       on_drained=(lambda: self._start(epoch + 1)) if ahead else None)
+        return batches, opened.stats
+
+    @property
+    def requested_ahead(self) -> int | None:
+        """The epoch already requested in the background, if any."""
+        return None if self._next is None else self._next.epoch
+
+    def _open(self, epoch: int) -> _OpenEpoch:
+        if self._announce is not None:
+            self._announce(epoch)
+        stats = EpochStats()
+        return _OpenEpoch(epoch, stats, iter_records(self._data, stats, log=self._log))
+
+    def _start(self, epoch: int) -> None:
+        opened = self._open(epoch)
+
+        def pull() -> None:  # asks Ray Data for the epoch and waits for its first record
+            try:
+                opened.first.extend(itertools.islice(opened.records, 1))
+            except BaseException as e:  # noqa: BLE001 - re-raised by resume() in the loop's thread
+                opened.error = e
+
+        opened.thread = threading.Thread(target=pull, name=f"raymcn-epoch{epoch}-request", daemon=True)
+        opened.thread.start()
+        self._next = opened

@@ -67,7 +67,7 @@ from raymcn.data.features import (
     read_video_paths,
     video_id_of,
 )
-from raymcn.data.files import build_once
+from raymcn.data.files import build_once, write_text_atomic
 from raymcn.data.words import Vocab, build_vocab, load_vocab, read_word2vec_bin, save_vocab, tokenize
 
 FORMAT = "raymcn-shards"
@@ -715,12 +715,6 @@ def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -836,7 +830,7 @@ def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
     os.replace(tmp, final)
     marker = {"name": name, "index": index, "plan": w["plan"], "videos": videos, "skipped": skipped,
               "bytes": hf.bytes, "sha256": hf.sha.hexdigest(), "seconds": round(time.perf_counter() - t0, 3)}
-    _atomic_write_text(out / DONE_DIR / f"{name}.json", json.dumps(marker))
+    write_text_atomic(out / DONE_DIR / f"{name}.json", json.dumps(marker))
     return marker
 
 
@@ -898,7 +892,7 @@ def _ensure_vocab(out: Path, plan: dict, src: LayoutSources, captions) -> Vocab:
         os.replace(tmpdir / "vocab.txt", out / "vocab.txt")
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    _atomic_write_text(marker, json.dumps({"plan": plan["plan"], "words": len(vocab.words),
+    write_text_atomic(marker, json.dumps({"plan": plan["plan"], "words": len(vocab.words),
                                            "dim": vocab.dim, "sha256": _file_sha256(out / "vocab.npy")}))
     return load_vocab(out)
 
@@ -975,7 +969,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         if not paths:
             raise ShardError(f"--video-list {src.video_list}: lists no videos")
         plan = _make_plan(paths, src, seed, shard_size_mb, videos_per_shard, key)
-        _atomic_write_text(plan_path, json.dumps(plan))
+        write_text_atomic(plan_path, json.dumps(plan))
 
     settings = {"seed": seed, "shard_size_mb": shard_size_mb}
     jobs = [(i, s["name"], s["paths"]) for i, s in enumerate(plan["shards"])]
@@ -994,7 +988,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         manifest = _build_manifest(out, plan, list(done.values()), src, settings)
         text = json.dumps(manifest, indent=1)
         if not (out / MANIFEST).is_file() or (out / MANIFEST).read_text() != text:
-            _atomic_write_text(out / MANIFEST, text)
+            write_text_atomic(out / MANIFEST, text)
         log(f"shards: all {len(jobs)} shards in {out} are complete; nothing to do")
         return manifest
 
@@ -1034,7 +1028,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     finally:
         _WORK.clear()
     manifest = _build_manifest(out, plan, list(done.values()), src, settings)
-    _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=1))
     c = manifest["counts"]
     log(f"shards: {c['videos']} videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
         f"{c['skipped']} skipped, {time.perf_counter() - t0:.1f} s -> {out / MANIFEST}")

@@ -112,12 +112,3 @@ def load_latest_good(latest: str | os.PathLike, warn=print) -> tuple[dict[str, A
         return payload, path
     raise CheckpointError("no readable checkpoint: " + "; ".join(problems))
 
-
-def latest_epoch(run_dir: str | os.PathLike) -> int:
-    """Epochs completed by the newest checkpoint of ``run_dir`` (0 for a fresh run)."""
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            return int(json.loads((path / META_FILE).read_text())["epoch"])
-        except (OSError, ValueError, KeyError):
-            continue
-    return 0

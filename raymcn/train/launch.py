@@ -19,7 +19,6 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path, load_config
-from raymcn.train import checkpoint
 from raymcn.train.worker import train_func_per_worker
 
 CONFIG_FILE = "raymcn_config.yaml"
@@ -59,10 +58,11 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
     shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
     manifest = reader.load_manifest(shards_dir)  # read once here: it lists every video
     steps_per_epoch = reader.steps_per_epoch(manifest, cfg)  # too few videos: fail here
-    # The shard order of each epoch follows the epochs in the run's latest checkpoint, so a resumed
-    # run or a restarted worker group reads the order the uninterrupted run would have read.
+    # The shard order of each epoch follows the epoch rank 0 announces in the run directory, so a
+    # resumed run or a restarted worker group reads the order the uninterrupted run would have read.
+    run_dir = storage_path / name
     dataset = reader.build_dataset(shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
-                                   epoch_fn=functools.partial(checkpoint.latest_epoch, storage_path / name))
+                                   epoch_fn=functools.partial(reader.announced_epoch, run_dir))
     dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
@@ -70,7 +70,7 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir),
-                           "steps_per_epoch": steps_per_epoch},
+                           "steps_per_epoch": steps_per_epoch, "run_dir": str(run_dir)},
         datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),

@@ -6,6 +6,7 @@ to checkpoints and to ``ray.train.report``, which every rank calls once per epoc
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from typing import Any
 
@@ -40,7 +41,11 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # memory-mapped vocabulary, and the held-out eval set.
     shards_dir, steps_per_epoch = loop_config["shards_dir"], loop_config["steps_per_epoch"]
     vocab = load_vocab(shards_dir)
-    data_iterator = ray.train.get_dataset_shard("train")
+    # Rank 0 tells the datasource which epoch it asks for (the shard order follows the trainer's
+    # epochs, also after a restart); each next epoch is requested while this one ends.
+    announce = functools.partial(reader.announce_epoch, loop_config["run_dir"]) if rank == 0 else None
+    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank, world, steps_per_epoch, vocab,
+                               epochs=cfg.schedule.epochs, announce=announce)
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
                                  None if cfg.data.eval_set == "synthetic" else vocab),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
@@ -76,8 +81,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for epoch in range(state.epoch, cfg.schedule.epochs):
         state.epoch = epoch
-        stats = reader.EpochStats()
-        batches = reader.iter_batches(data_iterator, cfg, epoch, rank, world, steps_per_epoch, vocab, stats=stats)
+        batches, stats = stream.epoch(epoch)
         train_metrics = train_one_epoch(model, objective, optimizer, scheduler, batches, cfg=cfg, state=state,
                                         device=device, switch=switch, log=log, total_steps=total_steps)
         state.epoch = epoch + 1
