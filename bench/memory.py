@@ -13,11 +13,11 @@ embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, 
 * **raymcn, per rank**: the real :class:`raymcn.losses.MCNObjective` (contrastive MMS on the three
   pairs, cluster CE against fixed centroids on a non-refresh step, reconstruction, queue push),
   as rank 0 of N. One process plays rank 0: ``raymcn.losses.gather.dist`` is replaced by a stand-in
-  whose ``all_gather`` fills the other ranks' parts with copies of rank 0's rows and whose
+  whose ``all_gather_single`` fills the other ranks' rows with copies of rank 0's and whose
   ``all_reduce`` / ``broadcast`` do nothing. So every allocation of the real code path is made
-  (the ``(N, b, D)`` parts, the gathered ``(B, D)`` tensors, the gather backward's gradient clone,
-  the ``b×B`` row and column slabs); only the wire is missing (gloo's internal buffers are not
-  counted). The rank holds b = B/N clips.
+  (the gathered ``(B, D)`` tensors, the normalisers, the ``b×B`` row and column slabs and their
+  gradients); only the wire is missing (gloo's internal buffers are not counted). The rank holds
+  b = B/N clips.
 * **DataParallel (the original)**: everything on one device, as ``train_tri_kmeans.py`` did on
   GPU 0 after DataParallel gathered the B embeddings: ``MMS_loss`` as written in the original
   ``loss.py`` (dense ``th.eye(B)`` margin, ``S − δI``, ``log_softmax`` on S and on Sᵀ, NLL), the
@@ -40,9 +40,14 @@ allocator would have to provide, minus its rounding.
 
 The estimate column is ``footprint.loss_memory`` (the preflight's accounting) plus the inputs;
 the slabs and gathered columns are its b×B and B×D terms, which explain the ratio: at D = 6144 the
-per-rank floor is the gathered (B, D) embeddings and their gradient (2·3·B·D·4 bytes, whatever N),
-so the ratio stays well above 1/N; with ``--dim 64 --no-recon`` the b×B slabs dominate and the
-ratio is 0.75/N (the 0.75: no identity, no S − δI copy, no S kept as a local).
+per-rank floor is the gathered, detached (B, D) embeddings (3·B·D·4 bytes, whatever N), which a
+rank needs to score its rows against all B columns, so the ratio stays above 1/N; with
+``--dim 64 --no-recon`` the b×B slabs dominate and the ratio is below 1/N (no identity, no
+S − δI copy, no B×B matrix).
+
+Before/after of the change that stopped sending gradients back through the gather (the loss now
+computes each rank's full gradient locally from the gathered row/column normalisers): run this
+file in a checkout of the commit before it (``git worktree add /tmp/before e88bb5c``) and here.
 
 Second table, the k-means refit on rank 0 (skip it with ``--no-refit``): building the k-means input
 X = [queue contents; current rows] and one Lloyd iteration, for the queue at paper proportions
@@ -93,14 +98,15 @@ def as_rank0_of(world: int):
         yield
         return
 
-    def all_gather(parts, x):
-        for p in parts:
-            p.copy_(x)
+    def all_gather_single(out, x):  # into one (world·b, ...) tensor, as gloo/NCCL fill it
+        for part in out.view(world, *x.shape):
+            part.copy_(x)
 
     fake = types.SimpleNamespace(
         is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 0,
-        get_world_size=lambda: world, ReduceOp=torch_dist.ReduceOp, all_gather=all_gather,
-        all_reduce=lambda t, op=None: None, broadcast=lambda t, src=0: None)
+        get_world_size=lambda: world, ReduceOp=torch_dist.ReduceOp, all_gather_single=all_gather_single,
+        all_gather_into_tensor=all_gather_single, all_reduce=lambda t, op=None: None,
+        broadcast=lambda t, src=0: None)
     real = gather_module.dist
     gather_module.dist = fake
     try:

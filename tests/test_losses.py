@@ -48,12 +48,33 @@ def test_mms_symmetric_in_its_arguments():
     torch.testing.assert_close(mms_loss(x, y, x, y, 0, 0.3), mms_loss(y, x, y, x, 0, 0.3))
 
 
-def test_mms_slabs_sum_to_full_batch():
-    # Two "ranks" of 3 rows each, fed the full batch as *_all: the mean of the shares is the full loss.
+def test_mms_shares_give_full_batch_loss_and_gradient():
+    # Two "ranks" of 3 rows each in one process. The normaliser exchange is the all-gather of
+    # (row logsumexp, column logsumexp) over ranks; here it returns the full-batch values directly.
     g = torch.Generator().manual_seed(2)
-    x, y = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    shares = [mms_loss(x[r * 3:(r + 1) * 3], y[r * 3:(r + 1) * 3], x, y, r * 3, 0.2) for r in range(2)]
-    torch.testing.assert_close(torch.stack(shares).mean().double(), _mms_reference(x, y, 0.2), rtol=1e-5, atol=1e-6)
+    x, y = torch.randn(6, 4, generator=g, requires_grad=True), torch.randn(6, 4, generator=g, requires_grad=True)
+    s = (x @ y.T - 0.2 * torch.eye(6)).detach()
+    everyone = torch.stack([torch.logsumexp(s, 1), torch.logsumexp(s, 0)], dim=1)
+    shares, grads = [], []
+    for r in range(2):
+        xl, yl = x[r * 3:(r + 1) * 3].detach().requires_grad_(), y[r * 3:(r + 1) * 3].detach().requires_grad_()
+        share = mms_loss(xl, yl, x, y, r * 3, 0.2, gather=lambda local, r=r: everyone)
+        share.backward()
+        shares.append(share)
+        grads.append((xl.grad, yl.grad))
+    assert x.grad is None and y.grad is None  # the gathered rows are constants: nothing flows back to them
+    reference = _mms_reference(x, y, 0.2)
+    torch.testing.assert_close(torch.stack(shares).mean().double(), reference, rtol=1e-5, atol=1e-6)
+    reference.backward()
+    # each share's gradient for its own rows is world (2) × the full-batch gradient of those rows
+    torch.testing.assert_close(torch.cat([gx for gx, _ in grads]) / 2, x.grad.float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([gy for _, gy in grads]) / 2, y.grad.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_mms_refuses_normalisers_of_another_batch():
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    with pytest.raises(ValueError, match="gathered 2 normalisers for 4 rows"):
+        mms_loss(x[:2], y[:2], x, y, 0, 0.1, gather=lambda local: local)
 
 
 def test_mms_gradient_matches_reference():

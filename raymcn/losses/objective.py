@@ -17,7 +17,7 @@ import torch
 from raymcn.config import MODALITIES, Config
 from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans
 from raymcn.losses.contrastive import PAIRS, mms_loss
-from raymcn.losses.gather import all_gather_no_grad, all_gather_with_grad, broadcast_from_rank0, world_info
+from raymcn.losses.gather import all_gather_no_grad, broadcast_from_rank0, world_info
 from raymcn.losses.recon import recon_loss
 
 _QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -100,9 +100,13 @@ class MCNObjective:
         offset = rank * b
         terms: dict[str, torch.Tensor] = {}
 
-        # Contrastive: global negatives through gathered-with-gradient embeddings.
+        # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
+        # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
+        # runs first: its (B, D) temporaries are gone before the contrastive slabs are allocated.
         in_pairs = [m for m in MODALITIES if any(m in (x, y) and x in active and y in active for x, y, _ in PAIRS)]
-        gathered = {m: all_gather_with_grad(emb[m].float()) for m in in_pairs}
+        gathered = {m: all_gather_no_grad(emb[m].float()) for m in in_pairs}
+        cluster = self._cluster_loss(emb, gathered, b, offset, step)
+
         contrastive = []
         for x, y, name in PAIRS:
             if x in active and y in active:
@@ -113,7 +117,7 @@ class MCNObjective:
         terms["contrastive_loss"] = (torch.stack(contrastive).sum() if contrastive
                                      else torch.zeros((), device=ref.device))
 
-        terms["cluster_loss"] = self._cluster_loss(emb, b, offset, step)
+        terms["cluster_loss"] = cluster
 
         recon_pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
         total = terms["contrastive_loss"] + lc.cluster_weight * terms["cluster_loss"]
@@ -123,12 +127,21 @@ class MCNObjective:
         terms["total_loss"] = total
         return terms
 
-    def _cluster_loss(self, emb: dict[str, torch.Tensor], b: int, offset: int, step: int) -> torch.Tensor:
-        """Fused-vector k-means labels -> cluster CE; updates queue and centroids."""
+    def _cluster_loss(self, emb: dict[str, torch.Tensor], gathered: dict[str, torch.Tensor], b: int, offset: int,
+                      step: int) -> torch.Tensor:
+        """Fused-vector k-means labels -> cluster CE; updates queue and centroids.
+
+        ``gathered`` holds the (B, D) global rows of the modalities the contrastive pairs gathered.
+        """
         lc = self.cfg.loss
         # Fused vector over the *active* modalities only (the original divided by 3 regardless).
-        fused = torch.stack([e.float() for e in emb.values()]).mean(dim=0)  # (b, D), keeps gradient
-        current = all_gather_no_grad(fused).to(self.device)  # (B, D) global, rank- then video-major
+        fused = _mean_of([e.float() for e in emb.values()])  # (b, D), keeps gradient
+        if set(gathered) == set(emb):  # every stage order: the global fused rows need no gather of their own
+            with torch.no_grad():
+                current = _mean_of([gathered[m] for m in emb], in_place=True)
+        else:
+            current = all_gather_no_grad(fused)
+        current = current.to(self.device)  # (B, D) global, rank- then video-major
 
         refresh = self.centroids is None or step % lc.refresh_every == 0
         if refresh:
@@ -165,3 +178,19 @@ class MCNObjective:
                              f"(data.clips_per_video)")
         per_video = current.view(current.shape[0] // cpv, cpv, self.embed_dim)
         self.queue.push(per_video[:, :self.cfg.queue_clips_per_video].reshape(-1, self.embed_dim))
+
+
+def _mean_of(xs: list[torch.Tensor], in_place: bool = False) -> torch.Tensor:
+    """Elementwise mean in one fixed order of operations, ((x0 + x1) + x2) / n: the mean of gathered
+    rows is then bit for bit the gathered local means, so each rank's cluster labels (from the
+    global rows) belong to exactly the fused vectors its loss uses. ``in_place`` (no autograd):
+    one output allocation instead of one per operation (the same arithmetic)."""
+    if in_place:
+        total = xs[0].clone()
+        for x in xs[1:]:
+            total.add_(x)
+        return total.div_(len(xs))
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total / len(xs)

@@ -33,15 +33,15 @@ activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 u
 conv_workspace       the largest DAVEnet conv weight × 4: oneDNN reorders it into a temporary on
                      every CPU call (measured, 37.7 MB at paper dims); stands in for cuDNN's
                      workspace on GPU
-loss_slabs           (2·3 + 3) × b × B × 4: each pair's row and column log-softmax (b × B fp32)
-                     are saved until backward; while the last pair's column CE runs, its row and
-                     column logits (alive until ``mms_loss`` returns) and the margin-shifted copy
-                     are live too (measured: 9.05 slabs where slabs dominate, D = 64). At paper D
-                     the loss's peak is at the end of its backward with 0–4.5 slabs live, so the
-                     term is an upper bound there. No B × B tensor exists on any worker
-gathered_embeddings  2 × 3 × B × D × 4 when world > 1: the all-gathered v, a, t (saved by the
-                     slab matmuls) and their B × D gradient before the gather's backward reduces
-                     it; 0 with one worker (the local rows are the global rows)
+loss_slabs           (2·3 + 3) × b × B × 4: each pair's margin-shifted row and column slabs
+                     (b × B fp32) are saved for the backward, which builds two more at a time (the
+                     two exp terms of one slab's gradient); the ninth slab covers the D-wide
+                     temporaries beside them (measured: 8.25 slabs where slabs dominate, D = 64,
+                     N = 1, inputs included). No B × B tensor exists on any worker
+gathered_embeddings  3 × B × D × 4 when world > 1: the all-gathered v, a, t, detached and saved
+                     for the backward (no gradient goes back through the gather: each rank computes
+                     the full gradient of its own rows, see ``losses/contrastive.py``); 0 with one
+                     worker (the local rows are the global rows)
 loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands to the model (embedding
                      grads from the row/column/cluster terms accumulate through 2 live buffers;
                      recon grads for the F = video_dim + C4 + D predictions and the F_live
@@ -65,7 +65,7 @@ total                persistent + max(step phase, optimizer_workspace), where pe
 Checked against measurement on CPU (torch's allocator, :func:`peak_allocated_bytes`): the
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
-over-estimate the measured loss peak by 1–20 % for B = 512–4096, N = 1–4, both at D = 6144 and at
+over-estimate the measured loss peak by 1–35 % for B = 512–4096, N = 1–4, both at D = 6144 and at
 D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
 ``kmeans_input`` bounds the measured refit peak (within 4 %); the total is within 0.3 % of a measured training
 step at paper dims for 8–64 clips (``bench/step.py``).
@@ -90,8 +90,8 @@ FP32 = 4
 _QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
 PAIR_COUNT = 3  # tv, at, av
-LIVE_SLABS_PER_PAIR = 2  # row and column log-softmax, saved for backward
-LIVE_SLABS_TRANSIENT = 3  # last pair: row + column logits (live until mms_loss returns) + shifted copy
+LIVE_SLABS_PER_PAIR = 2  # margin-shifted row and column slabs, saved for backward
+LIVE_SLABS_TRANSIENT = 3  # backward: the two exp terms of one slab's gradient, plus small D-wide temporaries
 EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
 
 
@@ -215,7 +215,7 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
         which a training step already counts among the activations.
     """
     slabs = (LIVE_SLABS_PER_PAIR * pairs + LIVE_SLABS_TRANSIENT) * b * clips * FP32 if pairs else 0
-    gathered = 2 * modalities * clips * embed_dim * FP32 if world > 1 and pairs else 0
+    gathered = modalities * clips * embed_dim * FP32 if world > 1 and pairs else 0
     grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
     inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
     return {"loss_slabs": slabs, "gathered_embeddings": gathered, "loss_grads": grads, "loss_inputs": inputs}
