@@ -82,6 +82,7 @@ def announce_epoch(run_dir: str | Path, epoch: int) -> None:
     worker-group restart, and it is known before the previous epoch's checkpoint exists (the next
     epoch is requested early, see :class:`RankStream`).
     """
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     write_text_atomic(Path(run_dir) / EPOCH_FILE, json.dumps({"epoch": int(epoch)}))
 
 
@@ -526,16 +527,15 @@ class RankStream:
         epochs: the run's epoch count; nothing is requested beyond epoch ``epochs - 1``.
         announce: called with an epoch just before Ray Data is asked for it; rank 0 passes
             ``functools.partial(announce_epoch, run_dir)`` so the datasource plans that epoch's order.
-        prefetch: request each next epoch early (False: when the loop asks for it).
         cfg, rank, world_size, steps, vocab, log: as :func:`iter_batches`.
     """
 
     def __init__(self, data_iterator, cfg: Config, rank: int, world_size: int, steps: int,
                  vocab: Vocab | np.ndarray, *, epochs: int, announce: Callable[[int], None] | None = None,
-                 prefetch: bool = True, log: Callable[[str], None] | None = _stderr):
+                 log: Callable[[str], None] | None = _stderr):
         self._data, self._cfg, self._vocab, self._log = data_iterator, cfg, vocab, log
         self._rank, self._world, self._steps, self._epochs = rank, world_size, steps, epochs
-        self._announce, self._prefetch = announce, prefetch
+        self._announce = announce
         self._next: _OpenEpoch | None = None
 
     def epoch(self, epoch: int) -> tuple[Iterator[dict], EpochStats]:
@@ -544,7 +544,7 @@ class RankStream:
             raise RuntimeError(f"epoch {epoch} asked for while epoch {self._next.epoch} was already requested "
                                "from Ray Data; epochs must be read in order")
         opened, self._next = self._next or self._open(epoch), None
-        ahead = self._prefetch and epoch + 1 < self._epochs
+        ahead = epoch + 1 < self._epochs
         batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, self._world, self._steps,
                                        self._vocab, stats=opened.stats,
                                        on_drained=(lambda: self._start(epoch + 1)) if ahead else None)
