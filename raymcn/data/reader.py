@@ -40,7 +40,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,7 +491,7 @@ class _OpenEpoch:
 
     epoch: int
     stats: EpochStats
-    records: Iterator[VideoRecord]
+    records: Generator[VideoRecord, None, None]  # iter_records
     thread: threading.Thread | None = None
     first: list[VideoRecord] = field(default_factory=list)  # 0 or 1 record pulled early
     error: BaseException | None = None
@@ -506,9 +506,7 @@ class _OpenEpoch:
             yield from self.first
             yield from self.records
         finally:
-            close = getattr(self.records, "close", None)
-            if close is not None:
-                close()
+            self.records.close()
 
 
 class RankStream:

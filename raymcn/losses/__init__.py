@@ -11,17 +11,7 @@ from raymcn.losses.objective import MCNObjective
 from raymcn.losses.recon import recon_loss
 
 __all__ = [
-    "PAIRS",
-    "FeatureQueue",
-    "MCNObjective",
-    "all_gather_no_grad",
-    "all_reduce_mean",
-    "assign_clusters",
-    "broadcast_from_rank0",
-    "cluster_ce",
-    "cosine_kmeans",
-    "margin_cross_entropy",
-    "mms_loss",
-    "recon_loss",
+    "FeatureQueue", "MCNObjective", "PAIRS", "all_gather_no_grad", "all_reduce_mean", "assign_clusters",
+    "broadcast_from_rank0", "cluster_ce", "cosine_kmeans", "margin_cross_entropy", "mms_loss", "recon_loss",
     "world_info",
 ]

@@ -65,7 +65,7 @@ total                persistent + max(step phase, optimizer_workspace), where pe
 Checked against measurement on CPU (torch's allocator, :func:`peak_allocated_bytes`): the
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
-over-estimate the measured loss peak by 1–35 % for B = 512–4096, N = 1–4, both at D = 6144 and at
+over-estimate the measured loss peak by 2–27 % for B = 512–4096, N = 1–4, both at D = 6144 and at
 D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
 ``kmeans_input`` bounds the measured refit peak (within 4 %); the total is within 0.3 % of a measured training
 step at paper dims for 8–64 clips (``bench/step.py``).
