@@ -132,6 +132,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from raymcn.losses import MCNObjective
+    from raymcn.losses.objective import KMEANS_REFIT
     from raymcn.model import MCN
     from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
 
@@ -153,6 +154,8 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         optimizer = build_optimizer(model, cfg)
         scheduler = build_scheduler(optimizer, cfg, total_steps=10_000)
         objective = MCNObjective(cfg, cfg.model.embed_dim, cpu)
+        # A full queue, so the warm-up refit builds the k-means input the estimate counts.
+        objective.queue.push(torch.randn(objective.queue.capacity, cfg.model.embed_dim))
         state = LoopState()
 
         def one_step() -> dict:
@@ -169,6 +172,19 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         window = (window[0], time.time_ns())
         hwm = _status_kib("VmHWM") * 1024
     replay = _replay(prof, window)
+    measured = {
+        "params": sum(t.nbytes for t in state_tensors),
+        "grads": sum(p.grad.nbytes for p in model.parameters() if p.grad is not None),
+        "adam_moments": sum(v.nbytes for st in optimizer.state.values() for k, v in st.items() if k != "step"),
+        "batch": sum(t.nbytes for t in inputs),
+        "activations": saved,
+        "conv_workspace": max(t for _, t in footprint.op_transient_bytes(prof)),
+        "queue": objective.queue._buf.nbytes,
+        "kmeans_input": max(t for _, t in footprint.op_transient_bytes(prof, (KMEANS_REFIT,))),
+        "optimizer_workspace": max(t for _, t in footprint.op_transient_bytes(prof, ("Optimizer.step#Adam.step",))),
+        "loss": _loss_peak(model, objective, batch, active, state.step),
+        "total": replay["peak_alloc_bytes"],
+    }
 
     # 3. timed steps, outside the profiler
     walls, phases = [], []
@@ -178,11 +194,15 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         walls.append(time.perf_counter() - t0)
         phases.append({k: metrics[f"time_{k}_s"] for k in ("forward", "loss", "backward", "optimizer")})
 
-    est = footprint.estimate_worker_memory(cfg, refit=False)  # the measured step is not a refit step
+    est = footprint.estimate_worker_memory(cfg, refit=False, threads=torch.get_num_threads())  # measured step: no refit
+    estimated = {k: est[k] for k in measured if k in est}
+    estimated["kmeans_input"] = footprint.estimate_worker_memory(cfg, threads=torch.get_num_threads())["kmeans_input"]
+    estimated["loss"] = est["loss_slabs"] + est["gathered_embeddings"] + est["loss_grads"]
     formula = sum(footprint.activation_elements_per_clip(cfg.model, cfg.data.audio_frames,
                                                          max_words=cfg.data.max_words).values()) * 4 * clips
     return {
         "clips": clips, "repeats": repeats, "threads": torch.get_num_threads(), "zero_grad_late": zero_grad_late,
+        "conv_path": footprint.conv_path(),
         "step_s": statistics.median(walls), "step_s_all": walls,
         "phase_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
         "saved_activation_bytes": saved, "formula_activation_bytes": formula,
@@ -191,7 +211,23 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         "peak_rss_is_step_only": reset,
         "estimate": est,
         "estimate_fwd_bwd_bytes": sum(est[k] for k in footprint.PERSISTENT + footprint.STEP_PHASE),
+        "terms_measured": measured, "terms_estimated": estimated,
     }
+
+
+def _loss_peak(model, objective, batch: dict, active: frozenset, step: int) -> int:
+    """Peak bytes of the objective's forward + backward from the model's outputs (held before it
+    starts, as leaves), on a step without refit: the slabs, normalisers and the gradients it hands
+    back, which the estimate counts as loss_slabs + gathered_embeddings + loss_grads."""
+    with torch.no_grad():
+        out = model(batch, active)
+    leaves: dict = {}
+    for k, v in out.items():
+        leaves[k] = (tuple(t.detach().requires_grad_() for t in v) if isinstance(v, tuple)
+                     else v.detach().requires_grad_())
+    step = step if step % objective.cfg.loss.refresh_every else step + 1
+    _, peak, _ = footprint.peak_allocated_bytes(lambda: objective(leaves, active, step)["total_loss"].backward())
+    return peak
 
 
 def _replay(prof, window: tuple[int, int]) -> dict:
@@ -259,6 +295,37 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+TERMS = ("params", "grads", "adam_moments", "batch", "activations", "conv_workspace", "loss", "queue",
+         "kmeans_input", "optimizer_workspace", "total")
+
+
+def terms_table(rows: list[dict]) -> str:
+    """Estimate / measured of every term, one column per clip count, and both figures in MB for the
+    largest count (total = the whole measured step's peak against the estimate's total)."""
+    last = rows[-1]
+    head = ("term", *(f"est/meas {r['clips']} clips" for r in rows), f"est MB ({last['clips']})",
+            f"measured MB ({last['clips']})")
+    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    for term in TERMS:
+        ratios = [r["terms_estimated"][term] / r["terms_measured"][term] if r["terms_measured"][term] else float("nan")
+                  for r in rows]
+        lines.append(" | ".join([term, *(f"{x:.4f}" for x in ratios), f"{last['terms_estimated'][term] / MB:.1f}",
+                                 f"{last['terms_measured'][term] / MB:.1f}"]))
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    """CPU model, cores, torch threads and the conv kernel path (the figures depend on them)."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
+            f"conv path {footprint.conv_path()} (ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')})")
+
+
 def summarize(rows: list[dict]) -> dict:
     xs = [float(r["clips"]) for r in rows]
     t0, t_slope, t_r2 = footprint.fitted_line(xs, [r["step_s"] for r in rows])
@@ -273,6 +340,8 @@ def summarize(rows: list[dict]) -> dict:
         "formula_per_clip_bytes": rows[0]["formula_activation_bytes"] / rows[0]["clips"],
         "estimate_over_measured": [r["estimate"]["total"] / r["peak_alloc_bytes"] for r in rows],
         "fwd_bwd_estimate_over_measured": [r["estimate_fwd_bwd_bytes"] / r["peak_fwd_bwd_bytes"] for r in rows],
+        "lowest_term_ratio": min((r["terms_estimated"][t] / r["terms_measured"][t], t, r["clips"])
+                                 for r in rows for t in TERMS if r["terms_measured"][t]),
     }
 
 
@@ -296,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     clips = args.clips or ([4, 8] if args.quick else [8, 16, 32, 64])
-    print(f"bench/step.py: one MCN training step at paper dims on CPU ({os.cpu_count()} cores), "
+    print(f"bench/step.py: one MCN training step at paper dims on CPU: {machine_line()}\n"
           f"clips {clips}, {repeats} timed repeats each"
           + (", zero_grad after the loss (earlier order)" if args.zero_grad_late else ""), flush=True)
     rows = []
@@ -306,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n} clips done in {time.perf_counter() - t0:.0f} s", flush=True)
     print(_table(rows))
     s = summarize(rows)
+    print("\nestimate / measured by term (none may be below 1):")
+    print(terms_table(rows))
+    low, term, at = s["lowest_term_ratio"]
+    print(f"lowest ratio: {low:.4f} ({term}, {at} clips)" + ("" if low >= 1 else "  <-- UNDER-ESTIMATED"))
     print(f"\nfit over clips: step time = {s['time_intercept_s']:.2f} s + {s['time_per_clip_s']:.3f} s/clip "
           f"(R² {s['time_r2']:.3f})\n               fwd+bwd peak = {s['peak_intercept_bytes'] / GB:.2f} GB + "
           f"{s['peak_per_clip_bytes'] / MB:.2f} MB/clip (R² {s['peak_r2']:.3f}); "

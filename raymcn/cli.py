@@ -85,7 +85,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if _has_sweep_section(args.config):
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
     if cfg is not None:
-        preflight.check(cfg)  # everything that can be checked before Ray starts, reported at once
+        preflight.check(cfg, log=print)  # everything that can be checked before Ray starts, reported at once
     started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
     run_dir = Path(args.resume) if args.resume else None
     if cfg is not None:  # name the run here so an interruption can say where it is
@@ -123,7 +123,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if cfg is not None and not cfg.sweep.space:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     if cfg is not None:
-        preflight.check(cfg)
+        preflight.check(cfg, log=print)
     started = start_ray(args.address)
     exp_dir = Path(args.resume) if args.resume else tuner.default_experiment_dir(cfg)
     try:
@@ -191,7 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(eval_set.note)
     model = MCN(cfg.model)
     model.load_state_dict(payload["model"])
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     metrics = evaluate(model.to(device), eval_set, device)
     metrics.update({k: v for k, v in payload.get("metrics", {}).items() if k.endswith("_loss")})
     metrics["epoch"] = payload["loop"]["epoch"]
@@ -227,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory (or its state.pt)")
     p.add_argument("--eval-set", help="synthetic | youcook:FILE | msrvtt:FILE (default: the run's)")
     p.add_argument("--word-vectors", help="word2vec .bin for the eval captions (default: the shards' vocabulary)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to score (auto: the GPU if there is one, in bf16; cpu: fp32)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line last")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")

@@ -25,7 +25,8 @@ def ray_local():
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
     if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
         ray.shutdown()
-    ctx = ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
+    # address="local": a new instance even where a `ray start` cluster or RAY_ADDRESS exists here.
+    ctx = ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
                    log_to_driver=False, configure_logging=False)
     yield ctx
     ray.shutdown()

@@ -33,7 +33,8 @@ SCHEMA = json.loads((Path(ray_autoscaler.__file__).parent / "ray-schema.json").r
 RAY_PIN = re.compile(r"ray\[([a-z,]+)\]==2\.60\.0")
 # A pip requirement naming ray, e.g. `ray`, "ray[default]", ray==2.60.0, 'ray[train]>=2'.
 RAY_REQUIREMENT = re.compile(r"""(?<![\w./-])ray(?:\[[^\]]*\])?(?:[=<>!~]=?[\w.*]+)?(?=["'\s]|$)""")
-CLOUD_SDKS = {"googleapiclient", "google", "boto3", "botocore", "azure"}
+# Cloud SDKs, by package (not "google": protobuf, imported lazily by Ray itself, lives there too)
+CLOUD_SDKS = ("googleapiclient", "google.cloud", "google.auth", "google.oauth2", "boto3", "botocore", "azure")
 
 
 def load(name: str) -> dict:
@@ -60,7 +61,8 @@ def offline(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     before = set(sys.modules)
     yield
-    imported = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in CLOUD_SDKS)
+    imported = sorted(m for m in set(sys.modules) - before
+                      if any(m == sdk or m.startswith(sdk + ".") for sdk in CLOUD_SDKS))
     assert not imported, f"validation imported cloud SDK modules: {imported}"
 
 

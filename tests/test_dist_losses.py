@@ -88,8 +88,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 def test_two_gloo_ranks_equal_single_process(tmp_path):
     mp.spawn(_worker, args=(WORLD, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    torch.set_num_threads(1)
-    reference = _run(0, 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank (restored: later tests must not inherit it)
+    try:
+        reference = _run(0, 1)
+    finally:
+        torch.set_num_threads(threads)
     assert len(reference) == len(per_rank[0]) == 2 * len(ACTIVE_SETS) * STEPS_PER_SET
 
     tol = {"rtol": 1e-5, "atol": 1e-5}

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from raymcn.cli import main
 from raymcn.train import checkpoint
@@ -20,7 +21,7 @@ def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
     args = ["shards", "--features", f"{corpus}/features", "--audio-features", f"{corpus}/audio",
             "--captions", f"{corpus}/caption.pickle", "--video-list", f"{corpus}/videopaths.csv",
             "--word-vectors", f"{corpus}/word2vec.bin", "--out", str(shards), "--videos-per-shard", "8",
-            "--no-progress"]
+            "--no-progress", "--workers", "1"]
     assert main(args) == 0
     manifest = json.loads((shards / "manifest.json").read_text())
     assert manifest["counts"]["videos"] == 48 and len(manifest["shards"]) == 6
@@ -34,7 +35,13 @@ def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
     assert trained["epochs"] == 2 and trained["eval_size"] == 64
 
     latest = checkpoint.list_checkpoints(trained["run_dir"])[-1]
-    assert main(["eval", "--checkpoint", str(latest), "--eval-set", youcook, "--json"]) == 0
+    # On the CPU with one thread, as the training worker evaluated (a GPU would score in bf16).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["eval", "--checkpoint", str(latest), "--eval-set", youcook, "--device", "cpu", "--json"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     evaluated = last_json(capsys)
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR"):
         assert evaluated[key] == pytest.approx(trained[key]), key  # the same weights, the same set

@@ -1,5 +1,7 @@
 """Faults on a real local Ray instance: a SIGKILLed worker, a NaN step."""
 
+import os
+
 import pytest
 
 from raymcn.cli import preset_path
@@ -57,6 +59,8 @@ def result_rows(exp_dir):
     return rows
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the smoke sweep's 2 workers need 2 CPUs")
+@pytest.mark.timeout(1200)
 def test_sweep_survives_driver_kill_and_resumes(ray_local, tmp_path):
     """Whole-machine loss: the sweep driver and its Ray processes are SIGKILLed after one trial
     finished; `raymcn sweep --resume` finishes the sweep without rerunning the finished trial."""

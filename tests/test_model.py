@@ -92,6 +92,7 @@ def test_davenet_time_downsampling(frames, steps):
 
 
 def test_davenet_init():
+    torch.manual_seed(0)
     net = DAVEnet((8, 16, 16, 32, 256))
     w = net.layers[3][0].conv1.weight  # (256, 32, 1, 9): n = 1 * 9 * 256
     assert abs(w.std().item() - math.sqrt(2 / (9 * 256))) < 0.1 * math.sqrt(2 / (9 * 256))

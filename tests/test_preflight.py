@@ -6,6 +6,7 @@ import pickle
 import pytest
 
 import raymcn.cli as cli
+from raymcn.train import preflight
 
 CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--set", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
@@ -58,6 +59,8 @@ def inputs(tmp_path, monkeypatch):
         raise AssertionError("Ray was started before the configuration was checked")
 
     monkeypatch.setattr(cli, "start_ray", no_ray)
+    # Each worker gets 16 GiB, whatever this machine's RAM: the memory case must not depend on it.
+    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: 16 << 30)
     return tmp_path
 
 

@@ -28,13 +28,11 @@ SETTINGS = synthetic.SynthSettings(videos=VIDEOS, eval_clips=2, topics=3, word_d
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False)
+def ray_instance(ray_local):
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
     yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +68,8 @@ def consume_split(its, fn):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a split consumer did not finish within 300 s"
     if errors:
         raise errors[0]
     return out

@@ -59,6 +59,7 @@ def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
 
 
+@pytest.mark.slow
 def test_smoke_sweep_table_and_mlflow(ray_local, tmp_path, capsys):
     code = main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={tmp_path}",
                  "--set", "sweep.mlflow=true"])

@@ -1,6 +1,7 @@
-"""Single runs in Ray Train's local mode (num_workers=0: the same loop, in-process, no cluster).
+"""Single runs in Ray Train's local mode (num_workers=0: the same loop, in-process, no workers).
 
-Local mode keeps no checkpoints, so resume is tested with real workers in test_train_ray.py.
+Local mode keeps no checkpoints, so resume is tested with real workers in test_train_ray.py. The
+shards are still read through Ray Data, which needs a Ray instance: the module's own small one.
 """
 
 import math
@@ -15,6 +16,13 @@ from raymcn.train import launch
 from raymcn.train.loop import NonFiniteLossError
 
 from conftest import TINY
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray(ray_local):
+    yield
 
 
 def tiny(*extra):

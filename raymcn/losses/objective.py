@@ -21,6 +21,7 @@ from raymcn.losses.gather import all_gather_no_grad, broadcast_from_rank0, world
 from raymcn.losses.recon import recon_loss
 
 _QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KMEANS_REFIT = "raymcn.kmeans_refit"  # profiler label of the refit (building X and Lloyd's iterations)
 
 
 class MCNObjective:
@@ -149,14 +150,17 @@ class MCNObjective:
             centroids = torch.empty(lc.num_clusters, self.embed_dim, dtype=torch.float32, device=self.device)
             if rank == 0:
                 # k-means input: the queue as it was before this step's push, then the current rows,
-                # written in place (no extra copy of the queue alongside X).
-                n = len(self.queue)
-                x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
-                self.queue.copy_into(x)
-                x[n:] = current
-                gen = torch.Generator().manual_seed(int(self.cfg.run.seed) * 1_000_003 + int(step))
-                centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
-                                             init=self.centroids, generator=gen)
+                # written in place (no extra copy of the queue alongside X). The label lets a profile
+                # (bench/step.py) find the refit's memory.
+                with torch.profiler.record_function(KMEANS_REFIT):
+                    n = len(self.queue)
+                    x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
+                    self.queue.copy_into(x)
+                    x[n:] = current
+                    gen = torch.Generator().manual_seed(int(self.cfg.run.seed) * 1_000_003 + int(step))
+                    centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
+                                                 init=self.centroids, generator=gen)
+                    del x
             # One source of truth: rank 0's fit, so ranks never drift apart by float noise
             # (the other ranks would only repeat the same work).
             self.centroids = broadcast_from_rank0(centroids.contiguous())

@@ -13,7 +13,8 @@ last stage is the largest):
 ==================== ========================================================================
 component            formula
 ==================== ========================================================================
-params               P × 4 (fp32 master weights; BN running statistics included)
+params               P × 4 (fp32 master weights; BN running statistics included) + 8 bytes per BN
+                     layer (its int64 batch counter)
 grads                P × 4 with one worker (0 with DDP: they live in the buckets). The loop frees
                      them (``zero_grad(set_to_none)``) before the forward, so they exist from the
                      backward on; counted as persistent, an upper bound (at paper dims the
@@ -29,10 +30,21 @@ batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·
                      contract on the device (audio arrives as fp16)
 activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
                      every tensor the model saves for backward, batch inputs excluded
-                     (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %)
-conv_workspace       the largest DAVEnet conv weight × 4: oneDNN reorders it into a temporary on
-                     every CPU call (measured, 37.7 MB at paper dims); stands in for cuDNN's
-                     workspace on GPU
+                     (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %), plus BatchNorm's
+                     saved batch mean and inverse std (2 × 4 bytes per BN channel per step)
+conv_workspace       what the convolution kernels allocate and free inside one DAVEnet conv call,
+                     the largest over the convs; depends on the kernel path (:func:`conv_path`,
+                     :func:`conv_workspace_bytes`; measured per conv call, ``bench/step.py``):
+                     oneDNN (x86 CPU) reorders the weights, the input (twice in some backward
+                     kernels) and the output into blocked layouts whose channel blocks are padded
+                     to the ISA's vector width: 1 on AVX-512/AMX (no padding seen), 8 on AVX2,
+                     where conv1's 1-channel spectrogram becomes 8 channels (8 × the fp32 input,
+                     1.28 MB per clip at paper dims: the AVX2-only failure of issue 10); the
+                     native path (oneDNN disabled or absent) builds im2col columns, b × Cin·k·T';
+                     cuDNN picks its algorithm at run time (and falls back to a smaller workspace
+                     when an allocation fails), and an unrecognised CPU ISA has no model: both
+                     get a stated margin (``MARGIN_PATHS``: cuDNN the AVX-512 formula in fp32,
+                     an unknown ISA the larger of the AVX2 and native formulas)
 loss_slabs           (2·3 + 3) × b × B × 4: each pair's margin-shifted row and column slabs
                      (b × B fp32) are saved for the backward, which builds two more at a time (the
                      two exp terms of one slab's gradient); the ninth slab covers the D-wide
@@ -47,14 +59,18 @@ loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands 
                      recon grads for the F = video_dim + C4 + D predictions and the F_live
                      non-detached targets). They wait in autograd until the model's backward runs
 queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
+centroids            K × D × 4, replicated on every worker
 kmeans_input         refit steps, rank 0: X = N × D × 4 with N = queue_rows + B, built in place
-                     (``FeatureQueue.copy_into``), plus the Lloyd iteration's workspace: one
-                     similarity block min(N, 16384) × K × 4 and ~5 centroid-sized K × D × 4 buffers
-                     (sums, new centroids, unit centroids, the shift; measured: 30 MiB at K = 256)
+                     (``FeatureQueue.copy_into``, through one chunk of min(queue_rows, 512) rows),
+                     plus the Lloyd iteration's workspace: one similarity block min(N, 16384) × K × 4
+                     and 5 centroid-sized K × D × 4 buffers (sums, new centroids, unit centroids,
+                     the shift and its square; measured: exactly 5 at K = 4 and 256)
 optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
-                     largest parameter × 4 on CPU (single-tensor: sqrt, then the division)
-total                persistent + max(step phase, optimizer_workspace), where persistent =
-                     params + grads + adam_moments + ddp_buckets + queue and the step phase = autocast
+                     largest parameter × 4 on CPU (single-tensor: sqrt, then the division), plus
+                     1 MiB for its scalar and small temporaries (measured: 24 KB at paper dims)
+total                persistent + max(step phase, batch + optimizer_workspace), where persistent =
+                     params + grads + adam_moments + ddp_buckets + queue + centroids and the step
+                     phase = autocast
                      weights + batch + activations + loss terms + kmeans_input (the refit runs in
                      the forward, while every activation is saved); Adam's temporaries come after
                      the activations are freed. The backward needs no term of its own: measured,
@@ -67,23 +83,29 @@ activation formula equals the bytes autograd saves (``bench/step.py``, and exact
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
 over-estimate the measured loss peak by 2–27 % for B = 512–4096, N = 1–4, both at D = 6144 and at
 D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
-``kmeans_input`` bounds the measured refit peak (within 4 %); the total is within 0.3 % of a measured training
-step at paper dims for 8–64 clips (``bench/step.py``).
+``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
+estimate / measured ratio of every term and of the whole step on the CPU it runs on.
 Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
 for), NCCL buffers, the data loader's host memory.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from raymcn.config import Config, ModelConfig
 
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
-PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue")
+PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue", "centroids")
+OPTIMIZER_SMALL_TEMPORARIES = 1 << 20  # Adam's scalars and small per-parameter temporaries (allowance)
+COPY_CHUNK_ROWS = 512  # FeatureQueue.copy_into's chunk: queue rows gathered at a time into X
 STEP_PHASE = ("autocast_weights", "batch", "activations", "conv_workspace", "loss_slabs", "gathered_embeddings",
               "loss_grads", "kmeans_input")
 FP32 = 4
@@ -143,6 +165,131 @@ def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
     return sizes, 2 * bn_channels
 
 
+@dataclass(frozen=True)
+class ConvShape:
+    """One DAVEnet convolution per clip: channels, kernel area, and input/output positions."""
+
+    cin: int
+    cout: int
+    kernel: int  # kh · kw
+    positions_in: int  # H · W of the input
+    positions_out: int  # H' · W' of the output
+    stride: int = 1
+
+    @property
+    def weight(self) -> int:
+        return self.cout * self.cin * self.kernel
+
+
+def conv_shapes(model_cfg: ModelConfig, audio_frames: int) -> list[ConvShape]:
+    """Every convolution of :class:`raymcn.model.davenet.DAVEnet` for one clip of ``audio_frames``.
+
+    conv1 spans the mel axis, (mel, T) -> (1, T); each layer's first block halves time in its first
+    (1, 9) conv and in its 1×1 projection shortcut; every other conv keeps the length.
+    """
+    c, t = model_cfg.audio_channels, audio_frames
+    shapes = [ConvShape(1, c[0], model_cfg.mel_bins, model_cfg.mel_bins * t, t)]
+    for cin, cout in itertools.pairwise(c):
+        half = _ceil_half(t)
+        shapes += [ConvShape(cin, cout, 9, t, half, 2), ConvShape(cin, cout, 1, t, half, 2),  # conv, shortcut
+                   ConvShape(cout, cout, 9, half, half)]
+        shapes += [ConvShape(cout, cout, 9, half, half)] * (2 * (model_cfg.audio_blocks - 1))
+        t = half
+    return shapes
+
+
+# Kernel paths of the convolutions, each with its own workspace (see the module table).
+ONEDNN_AVX512 = "onednn-avx512"  # x86 with AVX-512 (AMX machines run fp32 convs on these kernels)
+ONEDNN_AVX2 = "onednn-avx2"  # x86 with AVX2 but not AVX-512
+NATIVE = "native"  # oneDNN disabled or not built: im2col + GEMM
+CUDNN = "cudnn"  # GPU: chosen at run time
+UNKNOWN = "unknown"  # another CPU ISA (below AVX2) or architecture: no measured model
+CONV_PATHS = (ONEDNN_AVX512, ONEDNN_AVX2, NATIVE, CUDNN, UNKNOWN)
+MODELLED_CONV_PATHS = (ONEDNN_AVX512, ONEDNN_AVX2, NATIVE)
+# Paths with no measured model borrow a margin from measured ones. cuDNN transforms layouts much as
+# oneDNN reorders (a copy of the input and output, fp32-counted: twice their bf16 size) and torch
+# falls back to an algorithm with a smaller workspace when an allocation fails; an unknown CPU ISA
+# gets the larger of the AVX2 and im2col workspaces.
+MARGIN_PATHS = {CUDNN: (ONEDNN_AVX512,), UNKNOWN: (ONEDNN_AVX2, NATIVE)}
+_CHANNEL_BLOCK = {ONEDNN_AVX512: 1, ONEDNN_AVX2: 8}  # padding of channel blocks, measured per ISA
+
+
+def conv_path(use_gpu: bool = False) -> str:
+    """The convolution kernel path this machine's torch takes for DAVEnet's fp32 convs.
+
+    oneDNN dispatches on the CPU's instruction set, capped by ``ONEDNN_MAX_CPU_ISA`` (or its old
+    name ``DNNL_MAX_CPU_ISA``), which is also how a test or a user reproduces another machine's
+    path. Imports torch (the estimate itself does not).
+    """
+    if use_gpu:
+        return CUDNN
+    import torch
+
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return NATIVE
+    cpu = torch.cpu  # 0: below AVX2, 1: AVX2, 2: AVX-512 (and AMX, whose fp32 convs use it)
+    level = 2 if cpu._is_avx512_supported() else 1 if cpu._is_avx2_supported() else 0
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if cap and not any(tag in cap for tag in ("AVX512", "AVX10", "AMX", "DEFAULT", "ALL")):
+        level = min(level, 1 if cap.startswith("AVX2") else 0)
+    return (UNKNOWN, ONEDNN_AVX2, ONEDNN_AVX512)[level]
+
+
+def _padded(channels: int, block: int) -> int:
+    return math.ceil(channels / block) * block
+
+
+# oneDNN's scratchpad grows with the threads (per-thread reduction rows of the small convs):
+# measured ≤ 11 KB per thread at 160 output positions with 1–32 threads; counted as two 16-float
+# vectors per output position per thread, plus a fixed allowance per call for what blocking and
+# scratchpad sizes may vary with the cache sizes and the oneDNN version (64 Ki floats = 256 KiB).
+SCRATCH_ELEMENTS_PER_POSITION_THREAD = 32
+ONEDNN_CALL_ALLOWANCE_ELEMENTS = 1 << 16
+
+
+def _conv_call_elements(s: ConvShape, clips: int, path: str, threads: int) -> int:
+    """fp32 elements one conv call (forward or backward) allocates and frees beyond its outputs."""
+    if path == NATIVE:
+        # im2col columns (the forward's and grad_input's alike); from 16 clips torch may take NNPACK,
+        # measured below this bound
+        return clips * s.cin * s.kernel * s.positions_out
+    block = _CHANNEL_BLOCK[path]
+    cin, cout = _padded(s.cin, block), _padded(s.cout, block)
+    copies = 2 if s.stride > 1 else 1  # the strided convs' backward copies the input twice
+    # weights, input, output, each reordered into the blocked layout (channels padded to the block)
+    scratch = threads * SCRATCH_ELEMENTS_PER_POSITION_THREAD * s.positions_out + ONEDNN_CALL_ALLOWANCE_ELEMENTS
+    return cout * cin * s.kernel + clips * (copies * cin * s.positions_in + cout * s.positions_out) + scratch
+
+
+def conv_workspace_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int, path: str,
+                         threads: int | None = None) -> int:
+    """Bytes the largest DAVEnet conv call allocates and frees on ``path`` with ``clips`` clips.
+
+    ``threads``: intra-op threads of the worker (default: every CPU of this machine, an upper bound).
+
+    Measured per conv call with torch's allocator (``bench/step.py``; forward and backward, paper
+    and tiny dims): oneDNN AVX-512 and AVX2 and the native path stay at or below these formulas.
+    ``cudnn`` and ``unknown`` have no measured model: they get the stated margin of
+    :data:`MARGIN_PATHS` (:func:`conv_path_note` says so).
+    """
+    if path not in CONV_PATHS:
+        raise ValueError(f"conv path {path!r}: expected one of {', '.join(CONV_PATHS)}")
+    paths = MARGIN_PATHS.get(path, (path,))
+    shapes = conv_shapes(model_cfg, audio_frames)
+    threads = threads or os.cpu_count() or 1
+    return FP32 * max(_conv_call_elements(s, clips, p, threads) for s in shapes for p in paths)
+
+
+def conv_path_note(path: str) -> str:
+    """One line for the preflight: which conv workspace model the estimate used."""
+    if path in (CUDNN, UNKNOWN):
+        what = "cuDNN picks its algorithm at run time" if path == CUDNN else "no model for this CPU's ISA"
+        borrowed = " and ".join(MARGIN_PATHS[path])
+        return (f"conv workspace ({path}): not known in advance ({what}); the estimate reserves the largest "
+                f"{borrowed} workspace as a margin")
+    return f"conv workspace ({path}): measured model of this kernel path"
+
+
 def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
     """(parameters + float buffers, largest parameter tensor) of :class:`raymcn.model.MCN`, in
     elements (analytic: no model is built, so the preflight stays instant)."""
@@ -153,6 +300,16 @@ def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
 def count_parameters(model_cfg: ModelConfig) -> int:
     """Parameters plus float buffers (BN running statistics) of :class:`raymcn.model.MCN`."""
     return parameter_stats(model_cfg)[0]
+
+
+def batchnorm_layers(model_cfg: ModelConfig) -> int:
+    """BatchNorm layers of DAVEnet: conv1's, then per layer two per block and the shortcut's."""
+    return 1 + (len(model_cfg.audio_channels) - 1) * (2 * model_cfg.audio_blocks + 1)
+
+
+def batchnorm_saved_bytes(model_cfg: ModelConfig) -> int:
+    """BatchNorm's saved batch mean and inverse std (fp32, per channel): a per-step constant."""
+    return _parameter_tensors(model_cfg)[1] * FP32  # 2 per channel, as many as its running statistics
 
 
 def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
@@ -222,7 +379,8 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
 
 
 def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
-                           params: tuple[int, int] | None = None, refit: bool = True) -> dict[str, int]:
+                           params: tuple[int, int] | None = None, refit: bool = True,
+                           conv: str | None = None, threads: int | None = None) -> dict[str, int]:
     """Estimated peak bytes of one training worker (rank 0) for ``cfg``, by component.
 
     Args:
@@ -232,6 +390,9 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
         refit: estimate a k-means refit step (the largest, every ``loss.refresh_every`` steps on
             rank 0); False gives the other steps (``kmeans_input`` = 0).
+        conv: the convolution kernel path (:data:`CONV_PATHS`); default :func:`conv_path` of this
+            machine (cuDNN with ``scale.use_gpu``).
+        threads: the worker's intra-op threads (default: every CPU of this machine, an upper bound).
 
     Returns:
         The components of the module table (bytes, ints) and ``total``. Keys are stable: the
@@ -244,37 +405,42 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     gpu = cfg.scale.use_gpu
     act = activation_bytes or (2 if gpu else FP32)
     p, largest = parameter_stats(m) if params is None else params
+    conv = conv or conv_path(gpu)
     per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
     f, f_live = recon_dims(m, lc.detach_recon_targets)
     loss = loss_memory(b, clips, m.embed_dim, world, f, f_live)
     rows = cfg.queue_rows
     est = {
-        "params": p * FP32,
+        "params": p * FP32 + 8 * batchnorm_layers(m),
         "grads": p * FP32 if world == 1 else 0,
         "adam_moments": 2 * p * FP32,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
         "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
-        "activations": b * per_clip * act,
+        "activations": b * per_clip * act + batchnorm_saved_bytes(m),
         "loss_slabs": loss["loss_slabs"],
         "gathered_embeddings": loss["gathered_embeddings"],
         "loss_grads": loss["loss_grads"],
         "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
-        "conv_workspace": max(w * w * 9 for w in m.audio_channels[1:]) * FP32,  # each block's 2nd (1, 9) conv
-        "kmeans_input": _kmeans_bytes(rows + clips, lc.num_clusters, m.embed_dim) if refit else 0,
+        "centroids": lc.num_clusters * m.embed_dim * FP32,
+        "conv_workspace": conv_workspace_bytes(m, d.audio_frames, b, conv, threads),
+        "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, m.embed_dim) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
-        "optimizer_workspace": p * FP32 if gpu else 2 * largest * FP32,
+        "optimizer_workspace": (p * FP32 if gpu else 2 * largest * FP32) + OPTIMIZER_SMALL_TEMPORARIES,
     }
     persistent = sum(est[k] for k in PERSISTENT)
     step = sum(est[k] for k in STEP_PHASE)
-    est["total"] = persistent + max(step, est["optimizer_workspace"])
+    # Adam runs after the backward has freed the activations; the batch is still held then.
+    est["total"] = persistent + max(step, est["batch"] + est["optimizer_workspace"])
     return est
 
 
-def _kmeans_bytes(n: int, k: int, d: int) -> int:
-    """X (n, d) fp32 plus one Lloyd iteration's workspace (see the table above)."""
-    return n * d * FP32 + min(n, 16384) * k * FP32 + 5 * k * d * FP32
+def _kmeans_bytes(queue_rows: int, clips: int, k: int, d: int) -> int:
+    """X (queue_rows + clips, d) fp32, the chunk it is copied through, and one Lloyd iteration's
+    workspace (see the table above)."""
+    n = queue_rows + clips
+    return (n + min(queue_rows, COPY_CHUNK_ROWS)) * d * FP32 + min(n, 16384) * k * FP32 + 5 * k * d * FP32
 
 
 def _gib(n: int) -> str:
@@ -289,22 +455,29 @@ def format_estimate(est: dict[str, int], top: int | None = None) -> str:
     return f"total {_gib(est['total'])}; largest: " + ", ".join(f"{k} {_gib(v)}" for k, v in parts)
 
 
-def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9) -> tuple[bool, str, int | None]:
+def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
+         conv: str | None = None) -> tuple[bool, str, int | None]:
     """Will one worker of ``cfg`` fit a device of ``device_bytes``?
 
     Only ``headroom`` of the device is considered usable (CUDA context, allocator fragmentation).
+    ``conv`` is the convolution kernel path (default: this machine's, :func:`conv_path`).
 
     Returns:
         ``(ok, message, clips_per_video)``. When it fits: the configured clips per video. When it
         does not: the largest smaller ``data.clips_per_video`` whose estimate fits and whose config
         is valid (k-means needs ``loss.num_clusters`` clips per step), or None if none does; the
-        message names the largest components and what to change.
+        message names the largest components, the conv path, and what to change.
     """
     usable = int(device_bytes * headroom)
     stats = parameter_stats(cfg.model)
-    est = estimate_worker_memory(cfg, params=stats)
+    conv = conv or conv_path(cfg.scale.use_gpu)
+
+    def estimate(c: Config) -> dict[str, int]:
+        return estimate_worker_memory(c, params=stats, conv=conv)
+
+    est = estimate(cfg)
     cpv = cfg.data.clips_per_video
-    where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)})"
+    where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)}); {conv_path_note(conv)}"
     if est["total"] <= usable:
         return True, f"fits: estimated {_gib(est['total'])} per worker {where}", cpv
     suggestion = None
@@ -315,13 +488,13 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9) -> tuple[bool
             smaller = cfg.replace({"data.clips_per_video": c})
         except ValueError:
             continue
-        if estimate_worker_memory(smaller, params=stats)["total"] <= usable:
+        if estimate(smaller)["total"] <= usable:
             suggestion = c
             break
     msg = (f"does not fit: estimated {_gib(est['total'])} per worker {where}; "
            f"{format_estimate(est, top=4)}. ")
     if suggestion is not None:
-        new = estimate_worker_memory(cfg.replace({"data.clips_per_video": suggestion}), params=stats)
+        new = estimate(cfg.replace({"data.clips_per_video": suggestion}))
         msg += (f"Try data.clips_per_video={suggestion} (estimated {_gib(new['total'])}), more workers "
                 f"(scale.num_workers) or a smaller data.batch_size.")
     else:
@@ -346,14 +519,41 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[Any, int, int]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    timeline = memory_timeline(prof)
     live = peak = 0
-    for e in events:
-        if e.device_type().name == "CPU":
-            live += e.nbytes()
-            peak = max(peak, live)
+    for _, nbytes in timeline:
+        live += nbytes
+        peak = max(peak, live)
     return result, peak, live
+
+
+def memory_timeline(prof) -> list[tuple[int, int]]:
+    """(time ns, +/- bytes) of every CPU allocation and free a ``torch.profiler`` run recorded, in order."""
+    events = (e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type().name == "CPU")
+    return sorted((e.start_ns(), e.nbytes()) for e in events)
+
+
+CONV_OPS = ("aten::convolution", "aten::convolution_backward")
+
+
+def op_transient_bytes(prof, names: tuple[str, ...] = CONV_OPS) -> list[tuple[str, int]]:
+    """For every call of an op in ``names`` a profiler run recorded: (name, bytes it allocated and
+    freed again before returning), i.e. the peak of live bytes inside the call minus the larger of
+    the live bytes before and after it (what it keeps, its outputs, is not a temporary)."""
+    timeline = memory_timeline(prof)
+    times = [t for t, _ in timeline]
+    calls = sorted((e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+                   if e.name() in names)
+    out = []
+    live_at = list(itertools.accumulate(n for _, n in timeline))
+    for start, end, name in calls:
+        i, j = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        before = live_at[i - 1] if i else 0
+        inside = max(live_at[i:j], default=before)
+        after = live_at[j - 1] if j else 0
+        out.append((name, max(0, inside - max(before, after))))
+    return out
 
 
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: tuple = ()) -> tuple[Any, int]:
@@ -392,6 +592,8 @@ def fitted_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return intercept, slope, 1.0 - ss_res / ss_tot if ss_tot else 1.0
 
 
-__all__ = ["activation_elements_per_clip", "count_parameters", "estimate_worker_memory", "fits", "fitted_line",
-           "format_estimate", "loss_memory", "parameter_stats", "peak_allocated_bytes", "recon_dims",
-           "saved_tensor_bytes"]
+__all__ = ["CONV_PATHS", "ConvShape", "activation_elements_per_clip", "batchnorm_saved_bytes", "conv_path",
+           "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters", "estimate_worker_memory",
+           "fits", "fitted_line", "format_estimate", "loss_memory", "memory_timeline", "op_transient_bytes",
+           "parameter_stats", "peak_allocated_bytes",
+           "recon_dims", "saved_tensor_bytes"]

@@ -33,7 +33,7 @@ class RunResult:
 
 def new_run_name(cfg: Config) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(2)}"
+    return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(3)}"
 
 
 def default_run_dir(cfg: Config) -> Path:

@@ -118,6 +118,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             out = model(batch, active)
         tick = _lap(times, "forward", tick, device)
         terms = objective(out, active, state.step)
+        del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
         if faults.at_step(state.step, rank):
             terms["total_loss"] = terms["total_loss"] * float("nan")
         tick = _lap(times, "loss", tick, device)

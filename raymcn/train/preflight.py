@@ -14,25 +14,31 @@ from pathlib import Path
 from raymcn.config import Config, ConfigError, default_storage_path
 
 
-def static_problems(cfg: Config, device_bytes: int | None = None) -> list[str]:
+def static_problems(cfg: Config, device_bytes: int | None = None,
+                    notes: list[str] | None = None) -> list[str]:
     """Problems found without starting Ray (empty list when the run can start).
 
     Args:
         device_bytes: memory of one worker's device; default: this machine's RAM divided by the
             workers on CPU, or the local GPU's memory when ``scale.use_gpu`` and a GPU is visible.
+        notes: if given, receives what the checks found that is not a problem (the memory estimate
+            of a run that fits, with the convolution kernel path it assumed).
     """
     problems = _storage_problems(cfg)
     problems += _shard_problems(cfg)
     problems += _eval_set_problems(cfg)
-    problems += _memory_problems(cfg, device_bytes)
+    problems += _memory_problems(cfg, device_bytes, notes if notes is not None else [])
     return problems
 
 
-def check(cfg: Config, device_bytes: int | None = None) -> None:
-    """Raise ConfigError listing every static problem."""
-    problems = static_problems(cfg, device_bytes)
+def check(cfg: Config, device_bytes: int | None = None, log=None) -> None:
+    """Raise ConfigError listing every static problem; ``log`` (e.g. print) gets the notes."""
+    notes: list[str] = []
+    problems = static_problems(cfg, device_bytes, notes)
     if problems:
         raise ConfigError(problems)
+    for note in notes if log else ():
+        log(f"preflight: {note}")
 
 
 def _storage_problems(cfg: Config) -> list[str]:
@@ -87,13 +93,15 @@ def _eval_set_problems(cfg: Config) -> list[str]:
     return []
 
 
-def _memory_problems(cfg: Config, device_bytes: int | None) -> list[str]:
+def _memory_problems(cfg: Config, device_bytes: int | None, notes: list[str]) -> list[str]:
     from raymcn.train.footprint import fits
 
     device_bytes = device_bytes or _device_bytes(cfg)
     if device_bytes is None:
         return []
     ok, message, _ = fits(cfg, device_bytes)
+    if ok:
+        notes.append(f"memory {message}")
     return [] if ok else [message]
 
 
