@@ -17,6 +17,7 @@ from raymcn.config import RETRIEVAL_METRICS, Config, ConfigError, load_config
 from raymcn.train import preflight
 
 DEFAULT_PRESET = "default.yaml"
+LATEST = "latest"  # --resume latest
 
 
 def preset_path(name: str = DEFAULT_PRESET) -> Path:
@@ -58,7 +59,7 @@ def start_ray(address: str | None) -> bool:
     return True
 
 
-def final_summary(metrics: dict[str, float], run_dir: Path) -> dict:
+def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
     """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs, eval_size."""
     out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
     out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
@@ -75,10 +76,33 @@ def _check_cluster(cfg: Config) -> None:
         raise ConfigError(problems)
 
 
+def _resume_target(args: argparse.Namespace, latest) -> str | None:
+    """``--resume DIR`` as given, or for ``--resume latest`` the newest run/sweep under the storage
+    path of the given config (or the embedded default's, i.e. $RAYMCN_RESULTS)."""
+    if args.resume != LATEST:
+        return args.resume
+    found = latest(resolve_config(args))
+    print(f"resuming the latest: {found}")
+    return found
+
+
+def _failed(command: str, error: BaseException) -> int | None:
+    """A run that failed with a permanent error: one clear line (status 1) instead of a traceback."""
+    from raymcn.config import permanent_cause
+
+    cause = permanent_cause(error)
+    if cause is None:
+        return None
+    print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
+          f"{type(cause).__name__}: {cause}", file=sys.stderr)
+    return 1
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from raymcn.train import launch
 
-    if args.resume:
+    resume = _resume_target(args, launch.latest_run_dir) if args.resume else None
+    if resume:
         cfg = None
     else:
         cfg = resolve_config(args)
@@ -87,20 +111,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg is not None:
         preflight.check(cfg, log=print)  # everything that can be checked before Ray starts, reported at once
     started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
-    run_dir = Path(args.resume) if args.resume else None
+    run_dir = resume
     if cfg is not None:  # name the run here so an interruption can say where it is
         run_dir = launch.default_run_dir(cfg)
     try:
         if started and cfg is not None:
             _check_cluster(cfg)
-        if args.resume:
-            result = launch.resume(args.resume, args.overrides)
+        if resume:
+            result = launch.resume(resume, args.overrides)
         else:
-            result = launch.fit(cfg, name=run_dir.name, storage_path=run_dir.parent)
+            from raymcn.data import storage
+
+            result = launch.fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
         return 130
+    except Exception as e:
+        code = _failed("train", e)
+        if code is None:
+            raise
+        return code
     finally:
         if started:
             import ray
@@ -117,22 +148,24 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from raymcn.data import storage
     from raymcn.sweep import tuner
 
-    cfg = None if args.resume else resolve_config(args)
+    resume = _resume_target(args, tuner.latest_experiment_dir) if args.resume else None
+    cfg = None if resume else resolve_config(args)
     if cfg is not None and not cfg.sweep.space:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     if cfg is not None:
         preflight.check(cfg, log=print)
     started = start_ray(args.address)
-    exp_dir = Path(args.resume) if args.resume else tuner.default_experiment_dir(cfg)
+    exp_dir = resume or tuner.default_experiment_dir(cfg)
     try:
         if cfg is not None:
             _check_cluster(cfg)
-        if args.resume:
-            result = tuner.resume_sweep(args.resume)
+        if resume:
+            result = tuner.resume_sweep(resume)
         else:
-            result = tuner.run_sweep(cfg, name=exp_dir.name, storage_path=exp_dir.parent)
+            result = tuner.run_sweep(cfg, name=storage.basename(exp_dir), storage_path=storage.parent(exp_dir))
     except KeyboardInterrupt:
         result = None
     finally:
@@ -153,10 +186,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_results(experiment_dir: Path) -> None:
+def _print_results(experiment_dir: str) -> None:
     from raymcn.results import table
 
-    table.run_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
+    cmd_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """``raymcn table EXP``: EXP may be a bucket URI, read through a local copy in the cache."""
+    from raymcn.config import default_cache_dir
+    from raymcn.data import storage
+    from raymcn.results import table
+
+    if storage.is_uri(args.experiment_dir):
+        cache = default_cache_dir(Config()) / "experiments"
+        args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache))
+        print(f"(a local copy of the experiment: {args.experiment_dir})")
+    return table.run_table(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -208,11 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train one MCN run on Ray Train")
     _add_config_args(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR (a path or URI) from its latest "
+                   "checkpoint; 'latest': the newest run under the storage path")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("sweep", help="sweep hyper-parameters with Ray Tune (each trial a Ray Train run)")
     _add_config_args(p)
-    p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep")
+    p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep (a path or URI); "
+                   "'latest': the newest sweep under the storage path")
     p.set_defaults(func=cmd_sweep)
     from raymcn.data import commands
     from raymcn.results import table
@@ -233,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
-    p.set_defaults(func=table.run_table)
+    p.set_defaults(func=cmd_table)
     return parser
 
 

@@ -32,7 +32,32 @@ SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 
 
-class ConfigError(ValueError):
+class PermanentError(Exception):
+    """An error a restart from the last checkpoint cannot cure: a bad setting, a missing or damaged
+    input, a diverged loss. Such a run fails at once instead of being retried
+    ``scale.max_failures`` times (``launch.FailFastOnPermanentErrors``); a sweep trial that hits one
+    ends as errored without a retry. Lost processes and nodes are not permanent: they are retried."""
+
+
+def permanent_cause(error: BaseException | None) -> BaseException | None:
+    """The :class:`PermanentError` (or ``FileNotFoundError``) that caused ``error``, if any.
+
+    Follows ``__cause__``/``__context__`` and the ``cause`` Ray's task and Train errors carry, so it
+    finds a worker's error inside what the Train controller or Tune hands on.
+    """
+    stack, seen = [error], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (PermanentError, FileNotFoundError)):
+            return e
+        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+class ConfigError(ValueError, PermanentError):
     """A configuration problem; the message lists every problem found, one per line."""
 
     def __init__(self, problems: list[str]):
@@ -108,7 +133,7 @@ class ScaleConfig:
     num_workers: int = 2  # Ray Train workers (one per GPU); 0 = in-process, no Ray workers
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # leave CPUs unreserved for Ray Data (ray-notes P1)
-    max_failures: int = 0  # worker-group restarts from the latest checkpoint
+    max_failures: int = 3  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
 
 
@@ -133,6 +158,7 @@ class SweepConfig:
     space: dict = field(default_factory=dict)  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
     mlflow: bool = False
     wandb: bool = False
+    max_trial_failures: int = 2  # retries of a trial whose driver or node died (permanent errors: none)
 
 
 @dataclass(frozen=True)
@@ -204,8 +230,12 @@ class Config:
         _apply_overrides(raw, overrides, problems)
         return _build(raw, problems)
 
+    def dump_text(self) -> str:
+        """The resolved config as YAML (what ``load_config_text`` reads back)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def dump(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        Path(path).write_text(self.dump_text())
 
 
 def _section_to_dict(section: Any) -> dict[str, Any]:
@@ -417,6 +447,8 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
                        ("sweep.grace_epochs", sw.grace_epochs)]:
         if value < 1:
             p.append(f"{key}={value}: must be >= 1")
+    if sw.max_trial_failures < 0:
+        p.append(f"sweep.max_trial_failures={sw.max_trial_failures}: must be >= 0")
     if sw.suggest not in ("random", "optuna"):
         p.append(f"sweep.suggest={sw.suggest!r}: allowed values are random, optuna")
     if sw.reduction_factor < 2:
@@ -477,20 +509,28 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | di
     Raises:
         ConfigError: listing every unknown key, wrong type and impossible value, or an unreadable file.
     """
-    raw: dict[str, Any] = {}
+    if path is None:
+        return load_config_text("", overrides)
+    try:
+        text = Path(path).expanduser().read_text()
+    except FileNotFoundError:
+        raise ConfigError([f"config file {path} does not exist"]) from None
+    return load_config_text(text, overrides, source=str(path))
+
+
+def load_config_text(text: str, overrides: list[str] | dict[str, Any] | None = None,
+                     source: str = "the config") -> Config:
+    """:func:`load_config` of YAML ``text`` (read from ``source``, named in error messages)."""
     problems: list[str] = []
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError([f"config file {path} does not exist"]) from None
-        except yaml.YAMLError as e:
-            raise ConfigError([f"config file {path} is not valid YAML: {e}"]) from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError([f"config file {path}: expected a mapping of sections, got {type(loaded).__name__}"])
-        raw = loaded
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"config file {source} is not valid YAML: {e}"]) from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError([f"config file {source}: expected a mapping of sections, got {type(loaded).__name__}"])
+    raw: dict[str, Any] = loaded
     if isinstance(overrides, dict):
         pairs = dict(overrides)
     else:
@@ -510,5 +550,6 @@ def default_cache_dir(cfg: Config) -> Path:
     return Path(cfg.data.cache_dir or os.environ.get("RAYMCN_CACHE") or Path.home() / ".cache" / "raymcn")
 
 
-def default_storage_path(cfg: Config) -> Path:
-    return Path(cfg.run.storage_path or os.environ.get("RAYMCN_RESULTS") or Path.home() / "raymcn_results")
+def default_storage_path(cfg: Config) -> str:
+    """Where runs and sweeps are written: a path (``~`` allowed) or a URI such as ``s3://bucket/prefix``."""
+    return cfg.run.storage_path or os.environ.get("RAYMCN_RESULTS") or str(Path.home() / "raymcn_results")

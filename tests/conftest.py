@@ -30,3 +30,34 @@ def ray_local():
                    log_to_driver=False, configure_logging=False)
     yield ctx
     ray.shutdown()
+
+
+def event_log_callback(path):
+    """A Ray Train callback (it runs in the controller, on this machine) that appends to the
+    JSON-lines file ``path`` every reported epoch (with its stage) and every worker-group failure,
+    so a test can tell what the run went through: restarts, retries, epochs reported twice."""
+    import json
+
+    from ray.train.v2.api.callback import UserCallback
+
+    class EventLog(UserCallback):
+        def _write(self, row: dict) -> None:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+        def after_report(self, run_context, metrics, checkpoint):
+            self._write({"epoch": int(metrics[0]["epoch"]), "stage": int(metrics[0].get("stage", 1))})
+
+        def after_exception(self, run_context, worker_exceptions):
+            self._write({"failure": sorted(int(r) for r in worker_exceptions),
+                         "errors": sorted({type(e).__name__ for e in worker_exceptions.values()})})
+
+    return EventLog()
+
+
+def read_events(path) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

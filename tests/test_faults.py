@@ -8,7 +8,7 @@ from raymcn.cli import preset_path
 from raymcn.config import load_config
 from raymcn.train import launch
 
-from conftest import TINY
+from conftest import TINY, event_log_callback, read_events
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -20,8 +20,9 @@ TOLERANCE = {"total_loss": dict(rel=0.01), "cluster_loss": dict(rel=0.05),
 
 
 def test_killed_worker_restarts_from_checkpoint_and_matches(ray_local, tmp_path, monkeypatch):
-    cfg = load_config(preset_path(), ["scale.num_workers=2", "scale.cpus_per_worker=0.5", "scale.max_failures=2",
-                                      *TINY])
+    """With the default config (no scale.max_failures set): a lost process must not end the run."""
+    cfg = load_config(preset_path(), ["scale.num_workers=2", "scale.cpus_per_worker=0.5", *TINY])
+    assert cfg.scale.max_failures > 0
     reference = launch.fit(cfg, name="reference", storage_path=tmp_path)
     steps_per_epoch = int(reference.metrics["global_step"]) // 3
     # SIGKILL rank 1 in the middle of epoch 2; the group restarts from the epoch-1 checkpoint
@@ -32,6 +33,19 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(ray_local, tmp_path,
     assert killed.metrics["epoch"] == 3 and killed.metrics["global_step"] == reference.metrics["global_step"]
     for key, tol in TOLERANCE.items():
         assert killed.metrics[key] == pytest.approx(reference.metrics[key], **tol), key
+
+
+def test_a_permanent_error_fails_at_once_instead_of_being_retried(ray_local, tmp_path, monkeypatch):
+    """A diverged loss (non-finite past optim.max_nonfinite_steps) would diverge again after a
+    restart: the run fails on the first failure, with the default scale.max_failures."""
+    cfg = load_config(preset_path(), ["scale.num_workers=2", "scale.cpus_per_worker=0.5", *TINY,
+                                      "optim.max_nonfinite_steps=0"])
+    monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=2")
+    log = tmp_path / "events.jsonl"
+    with pytest.raises(Exception, match="NonFiniteLossError.*not retried"):
+        launch.fit(cfg, name="diverged", storage_path=tmp_path, callbacks=[event_log_callback(log)])
+    failures = [e for e in read_events(log) if "failure" in e]
+    assert len(failures) == 1 and failures[0]["errors"] == ["NonFiniteLossError"], failures
 
 
 def trial_statuses(exp_dir):

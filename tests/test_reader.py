@@ -17,6 +17,8 @@ pytestmark = pytest.mark.ray
 
 ray = pytest.importorskip("ray")
 
+from ray.data import DataContext  # noqa: E402
+
 from raymcn.config import load_config  # noqa: E402
 from raymcn.data import reader, shards, synthetic  # noqa: E402
 from raymcn.data.features import FEATURE_DIM, MEL_BINS  # noqa: E402
@@ -163,35 +165,56 @@ def test_shard_order_changes_every_epoch(shard_dir, cfg):
     assert [len(t.metadata.input_files) for t in small_tasks.get_read_tasks(1)] == [1] * len(names)
 
 
-def test_announced_epoch_sets_the_planned_shard_order(shard_dir, cfg, tmp_path):
+def test_announced_epoch_sets_the_planned_shard_order(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     names = [s["name"] for s in manifest["shards"]]
+    reader.start_epoch_clock("order-test")
+    clock = reader.clock_name("order-test")
     source = reader.ShardDatasource(shard_dir, manifest, cfg.run.seed, task_mb=1e-6,
-                                    epoch_fn=functools.partial(reader.announced_epoch, tmp_path))
+                                    epoch_fn=functools.partial(reader.announced_epoch, clock))
 
-    def planned():
-        return [t.metadata.input_files[0].rsplit("/", 1)[1] for t in source.get_read_tasks(1)]
+    def planned():  # as an execution plans it (Ray Data passes its context; metadata probes do not)
+        tasks = source.get_read_tasks(1, data_context=DataContext.get_current())
+        return [t.metadata.input_files[0].rsplit("/", 1)[1] for t in tasks]
 
-    assert reader.announced_epoch(tmp_path) == 0  # nothing announced yet: a fresh run
+    assert len(source.get_read_tasks(1)) == len(names)  # a metadata probe needs no announcement
+    with pytest.raises(reader.DataEpochError, match="before the trainer announced"):
+        planned()  # a missing signal is an error, never a silent epoch 0
+    reader.announce_epoch(clock, 0)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 0, len(names))]
-    reader.announce_epoch(tmp_path, 5)
+    reader.announce_epoch(clock, 5)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 5, len(names))]
-    (tmp_path / reader.EPOCH_FILE).write_text("{}")
-    with pytest.raises(ValueError, match=reader.EPOCH_FILE):
-        reader.announced_epoch(tmp_path)
+    reader.stop_epoch_clock("order-test")
+    with pytest.raises(reader.DataEpochError, match="does not exist"):
+        reader.announced_epoch(clock)
 
 
-def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg, tmp_path):
+def test_a_late_announcement_is_an_error_not_a_silent_order(shard_dir, cfg):
+    """The blocks carry the epoch they were planned for; a rank reading another epoch refuses them."""
+    reader.start_epoch_clock("late-test")
+    clock = reader.clock_name("late-test")
+    reader.announce_epoch(clock, 3)
+    ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, clock))
+    assert {r["epoch"] for r in ds.select_columns(["epoch"]).take_all()} == {3}
+    assert sum(1 for _ in reader.iter_records(ds, epoch=3, log=None)) == VIDEOS
+    with pytest.raises(reader.DataEpochError, match="epoch 4 received shards ordered for epoch 3"):
+        next(reader.iter_records(ds, epoch=4, log=None))  # epoch 4 was asked for, 3 was still announced
+    reader.stop_epoch_clock("late-test")
+
+
+def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     vocab = load_vocab(shard_dir)
     steps = reader.steps_per_epoch(manifest, cfg)
     every = sorted(v for s in manifest["shards"] for v in s["videos"])
-    ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, tmp_path))
+    reader.start_epoch_clock("stream-test")
+    clock = reader.clock_name("stream-test")
+    ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, clock))
     its = ds.streaming_split(2, equal=True)
     epochs = 3
 
     def run(rank, it):
-        announce = functools.partial(reader.announce_epoch, tmp_path) if rank == 0 else None
+        announce = functools.partial(reader.announce_epoch, clock) if rank == 0 else None
         stream = reader.RankStream(it, cfg, rank, 2, steps, vocab, epochs=epochs, announce=announce, log=None)
         seen, ahead, counted = [], [], []
         for epoch in range(epochs):
@@ -207,7 +230,7 @@ def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg, tm
     out = consume_split(its, run)
     for rank in range(2):
         assert out[rank][1] == [1, 2, None]  # nothing is requested past the last epoch
-    assert reader.announced_epoch(tmp_path) == epochs - 1
+    assert reader.announced_epoch(clock) == epochs - 1
     for epoch in range(epochs):  # early requests change nothing of what each epoch holds
         a, b = out[0][0][epoch], out[1][0][epoch]
         assert len(a) == len(b) == steps * cfg.data.batch_size // 2

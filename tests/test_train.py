@@ -34,7 +34,7 @@ def test_run_dir_holds_resolved_config(tmp_path):
     result = launch.fit(cfg, name="cfg", storage_path=tmp_path)
     saved = yaml.safe_load((tmp_path / "cfg" / launch.CONFIG_FILE).read_text())
     assert saved["schedule"]["epochs"] == 1 and saved["data"]["batch_size"] == 16
-    assert result.run_dir == tmp_path / "cfg"
+    assert result.run_dir == str(tmp_path / "cfg")
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR",
                 "total_loss", "contrastive_loss", "cluster_loss", "recon_loss", "eval_size",
                 "time_data_s", "time_forward_s", "time_loss_s", "time_backward_s", "time_optimizer_s",

@@ -32,8 +32,8 @@ def test_resume_after_crash_continues_the_run(ray_local, tmp_path, monkeypatch):
     cfg = load_config(preset_path(), ["scale.num_workers=1", "scale.cpus_per_worker=1", *TINY])
     full = launch.fit(cfg, name="full", storage_path=tmp_path)
     monkeypatch.setenv("RAYMCN_FAULT", "raise_after_epoch=2")
-    with pytest.raises(Exception, match="injected fault after epoch 2"):
-        launch.fit(cfg, name="crash", storage_path=tmp_path)
+    with pytest.raises(Exception, match="injected fault after epoch 2"):  # a crash no restart follows
+        launch.fit(cfg.replace({"scale.max_failures": 0}), name="crash", storage_path=tmp_path)
     monkeypatch.delenv("RAYMCN_FAULT")
     payload = checkpoint.load(checkpoint.list_checkpoints(tmp_path / "crash")[-1])
     assert payload["loop"]["epoch"] == 2
@@ -41,7 +41,7 @@ def test_resume_after_crash_continues_the_run(ray_local, tmp_path, monkeypatch):
     assert payload["scheduler"]["last_epoch"] == payload["loop"]["step"]
     assert payload["objective"]["centroids"] is not None and len(payload["objective"]["queue"]["rows"]) > 0
 
-    resumed = launch.resume(tmp_path / "crash")
+    resumed = launch.resume(str(tmp_path / "crash"), ["scale.max_failures=3"])
     total = 3 * steps_per_epoch
     assert resumed.metrics["epoch"] == 3 and resumed.metrics["global_step"] == total
     # Same seed on CPU: the resumed run draws the same clips and continues the same LR curve,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raymcn.config import PermanentError
 from raymcn.data.files import load_pickle
 from raymcn.data.words import PAD_ID, token_ids
 
@@ -38,7 +39,7 @@ AUDIO_HOP = 160
 AUDIO_NFFT = 400
 
 
-class FeatureFileError(ValueError):
+class FeatureFileError(ValueError, PermanentError):
     """A missing or unreadable feature/caption file; the message names the file and the video."""
 
 

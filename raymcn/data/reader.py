@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import ray
 import ray.data
 from ray.data.block import BlockMetadata
@@ -55,7 +55,6 @@ from ray.data.datasource import Datasource, ReadTask
 from raymcn.config import Config
 from raymcn.data import shards
 from raymcn.data.features import VideoRecord, collate, sample_clips
-from raymcn.data.files import write_text_atomic
 from raymcn.data.shards import SampleError, load_manifest
 from raymcn.data.words import Vocab
 
@@ -63,43 +62,93 @@ DEFAULT_BLOCK_MB = 64.0  # target bytes of one Arrow block emitted by a read tas
 DEFAULT_TASK_MB = 512.0  # shards read by one read task, at least this many bytes
 _LAYOUT = 2 * len(shards.ARRAY_MEMBERS)  # (offset, size) of each .npy member within the sample's bytes
 SCHEMA = pa.schema([("key", pa.string()), ("shard", pa.string()), ("sample", pa.large_binary()),
-                    ("layout", pa.list_(pa.int64(), _LAYOUT)), ("error", pa.string())])
+                    ("layout", pa.list_(pa.int64(), _LAYOUT)), ("error", pa.string()),
+                    ("epoch", pa.int32())])  # the epoch whose shard order the read task was planned for
 _LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest are summarised
 
 
 # =====================================================================================================
 # Driver side
 # =====================================================================================================
-EPOCH_FILE = "data_epoch.json"  # in the run directory: the epoch rank 0 is about to read
+CLOCK_NAMESPACE = "raymcn"
+CLOCK_TIMEOUT_S = 120.0  # a clock that does not answer in this long is a failure, not a wait
 
 
-def announce_epoch(run_dir: str | Path, epoch: int) -> None:
-    """Record that ``epoch`` is read next (rank 0 calls this before asking Ray Data for it).
+class DataEpochError(RuntimeError):
+    """The shard order of an epoch could not be planned from the trainer's epoch: no epoch was
+    announced, or the plan Ray Data executed belongs to another epoch than the one being read."""
 
-    The datasource plans an epoch's shard order when Ray Data starts the epoch, in the split
-    coordinator, which knows nothing of the trainer; it reads this file (``announced_epoch``). The
-    trainer's own count, not Ray's count of executions, so the order is the same after a resume or a
-    worker-group restart, and it is known before the previous epoch's checkpoint exists (the next
-    epoch is requested early, see :class:`RankStream`).
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class EpochClock:
+    """The epoch a run's rank 0 is about to read, for the datasource that plans its shard order.
+
+    The datasource plans an epoch when Ray Data starts it, inside Ray Data's split coordinator,
+    which knows nothing of the trainer; the trainer's own epoch (not Ray's count of executions)
+    keeps the order the same after a resume or a worker-group restart, and it must be known before
+    the previous epoch's checkpoint exists (the next epoch is requested early, :class:`RankStream`).
+    One named actor per run carries it through Ray itself, so it reaches the coordinator on any
+    node whatever the storage (a file in the run directory would need one filesystem view).
     """
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(run_dir) / EPOCH_FILE, json.dumps({"epoch": int(epoch)}))
+
+    def __init__(self):
+        self._epoch: int | None = None
+
+    def announce(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def current(self) -> int | None:
+        return self._epoch
 
 
-def announced_epoch(run_dir: str | Path) -> int:
-    """The epoch last announced in ``run_dir`` (0 when none was).
+def clock_name(run_name: str) -> str:
+    return f"raymcn-epoch-{run_name}"
+
+
+_CLOCKS: dict[str, Any] = {}  # run name -> handle: a named actor lives as long as a handle to it does
+
+
+def start_epoch_clock(run_name: str):
+    """The run's clock (driver side): created on this node, or the one that already exists. It
+    lives until :func:`stop_epoch_clock` or the exit of the process that started it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    _CLOCKS[run_name] = EpochClock.options(name=clock_name(run_name), namespace=CLOCK_NAMESPACE,
+                                           get_if_exists=True, scheduling_strategy=here).remote()
+    return _CLOCKS[run_name]
+
+
+def stop_epoch_clock(run_name: str) -> None:
+    """Remove the run's clock once the run has ended."""
+    handle = _CLOCKS.pop(run_name, None)
+    if handle is not None:
+        ray.kill(handle)
+
+
+def _clock(name: str):
+    try:
+        return ray.get_actor(name, namespace=CLOCK_NAMESPACE)
+    except ValueError:
+        raise DataEpochError(f"the run's epoch clock {name!r} does not exist (its driver is gone?)") from None
+
+
+def announce_epoch(name: str, epoch: int) -> None:
+    """Record that ``epoch`` is read next (rank 0 calls this before asking Ray Data for it)."""
+    ray.get(_clock(name).announce.remote(int(epoch)), timeout=CLOCK_TIMEOUT_S)
+
+
+def announced_epoch(name: str) -> int:
+    """The epoch rank 0 last announced on clock ``name`` (the datasource calls this when planning).
 
     Raises:
-        ValueError: the file exists but is not an announcement (naming the file).
+        DataEpochError: nothing was announced yet (a missing signal is an error, never epoch 0).
     """
-    path = Path(run_dir) / EPOCH_FILE
-    try:
-        return int(json.loads(path.read_text())["epoch"])
-    except FileNotFoundError:
-        return 0
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is not a raymcn epoch announcement ({type(e).__name__}: {e}); "
-                         "delete it to restart the shard order at the checkpoint's epoch") from None
+    epoch = ray.get(_clock(name).current.remote(), timeout=CLOCK_TIMEOUT_S)
+    if epoch is None:
+        raise DataEpochError(f"Ray Data started an epoch of the training shards before the trainer announced "
+                             f"which one (clock {name!r}); rank 0 announces each epoch before reading it")
+    return int(epoch)
 
 
 def shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
@@ -107,24 +156,24 @@ def shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
     return np.random.default_rng([int(seed), int(epoch), 0x0DDBA11]).permutation(num_shards)
 
 
-def _block_table(key, shard, data, offsets, layout, errors) -> pa.Table:
+def _block_table(key, shard, data, offsets, layout, errors, epoch: int) -> pa.Table:
     n = len(key)
     sample = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n,
                                               [None, pa.py_buffer(np.asarray(offsets, np.int64)), data])
     flat = pa.array(np.asarray(layout, np.int64).reshape(-1), pa.int64())
     return pa.Table.from_arrays([pa.array(key, pa.string()), pa.array([shard] * n, pa.string()), sample,
-                                 pa.FixedSizeListArray.from_arrays(flat, _LAYOUT), pa.array(errors, pa.string())],
-                                schema=SCHEMA)
+                                 pa.FixedSizeListArray.from_arrays(flat, _LAYOUT), pa.array(errors, pa.string()),
+                                 pa.array(np.full(n, epoch, np.int32))], schema=SCHEMA)
 
 
-def _bad_table(name: str, bad: Sequence[tuple[str, str]]) -> pa.Table:
+def _bad_table(name: str, bad: Sequence[tuple[str, str]], epoch: int) -> pa.Table:
     n = len(bad)
     return _block_table([k for k, _ in bad], name, pa.py_buffer(b""), np.zeros(n + 1, np.int64),
-                        np.zeros((n, _LAYOUT), np.int64), [r for _, r in bad])
+                        np.zeros((n, _LAYOUT), np.int64), [r for _, r in bad], epoch)
 
 
 def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes: int,
-                      verify: bool = True) -> Iterator[pa.Table]:
+                      verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
     """The read task of one shard: Arrow blocks of ~block_bytes, bad samples as rows of their own.
 
     The shard is read sequentially in pieces (``shards.iter_shard_chunks``), so blocks leave before
@@ -132,7 +181,8 @@ def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes
     (members present, CRC-32 of every member); the ``.npy`` headers are parsed once, in the
     consumer. Good row: ``sample`` = the shard bytes from this video's first tar header up to the
     next video's (a zero-copy slice of the piece buffer), ``layout`` = (offset, size) of each
-    ``.npy`` member in it. Bad row: empty ``sample``, ``error`` = the reason.
+    ``.npy`` member in it. Bad row: empty ``sample``, ``error`` = the reason. Every row carries
+    the ``epoch`` the read was planned for, which the consumer checks (:func:`iter_records`).
     """
     emitted: set[str] = set()
     try:
@@ -143,22 +193,22 @@ def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes
                 s0 = good[0].start
                 offsets = [g.start - s0 for g in good] + [good[-1].end - s0]  # value k runs to the next sample
                 yield _block_table([g.key for g in good], name, pa.py_buffer(buf).slice(s0, good[-1].end - s0),
-                                   offsets, [shards.span_layout(g) for g in good], [None] * len(good))
+                                   offsets, [shards.span_layout(g) for g in good], [None] * len(good), epoch)
                 emitted.update(g.key for g in good)
             if scan.bad:
-                yield _bad_table(name, scan.bad)
+                yield _bad_table(name, scan.bad, epoch)
                 emitted.update(k for k, _ in scan.bad)
     except OSError as e:
         bad = [(k, f"shard unreadable: {e}") for k in expected if k not in emitted]
         if bad:
-            yield _bad_table(name, bad)
+            yield _bad_table(name, bad, epoch)
 
 
 def read_shards_blocks(jobs: Sequence[tuple[str, str, Sequence[str]]], block_bytes: int,
-                       verify: bool = True) -> Iterator[pa.Table]:
-    """One read task: the shards ``jobs`` = [(path, name, expected ids)] one after the other."""
+                       verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
+    """One read task of ``epoch``: the shards ``jobs`` = [(path, name, expected ids)] one after the other."""
     for path, name, expected in jobs:
-        yield from read_shard_blocks(path, name, expected, block_bytes, verify)
+        yield from read_shard_blocks(path, name, expected, block_bytes, verify, epoch)
 
 
 class ShardDatasource(Datasource):
@@ -188,9 +238,13 @@ class ShardDatasource(Datasource):
         return sum(b for _, b, _ in self._shards)
 
     def epoch_for(self, data_context) -> int:
+        if data_context is None:
+            # Ray Data's metadata probes (dataset creation, the read-parallelism rule) plan without a
+            # context; they use only the counts, which no epoch changes. Executions pass one.
+            return self._start_epoch
         if self._epoch_fn is not None:
-            # The trainer's own epoch (announce_epoch): the same after a worker-group restart or
-            # a resume, unlike Ray's count of executions.
+            # The trainer's own epoch (EpochClock): the same after a worker-group restart or a
+            # resume, unlike Ray's count of executions.
             return int(self._epoch_fn())
         # Ray counts completed executions of a dataset in its DataContext (FileShuffleConfig's
         # reseed_after_execution relies on the same counter).
@@ -204,7 +258,7 @@ class ShardDatasource(Datasource):
             meta = BlockMetadata(num_rows=sum(len(v) for _, _, v in group), size_bytes=sum(b for _, b, _ in group),
                                  input_files=[f"{self._dir}/{name}" for name, _, _ in group], exec_stats=None)
             jobs = [(f"{self._dir}/{name}", name, videos) for name, _, videos in group]
-            fn = functools.partial(read_shards_blocks, jobs, self.block_bytes, self._verify)
+            fn = functools.partial(read_shards_blocks, jobs, self.block_bytes, self._verify, epoch)
             tasks.append(ReadTask(fn, meta, schema=SCHEMA, per_task_row_limit=per_task_row_limit))
         return tasks
 
@@ -237,7 +291,7 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, manifest: dict | None 
         manifest: the directory's manifest if the caller already read it (it lists every video).
         start_epoch: the epoch the run starts at (a resumed run continues the shard-order sequence).
         epoch_fn: when given, returns the epoch about to be read (the trainer passes
-            ``announced_epoch`` of its run directory); replaces start_epoch + Ray's execution count.
+            ``announced_epoch`` of its run's clock); replaces start_epoch + Ray's execution count.
         block_mb: Arrow block size emitted by the read tasks.
         task_mb: shards are grouped into read tasks of at least this many bytes.
         num_cpus: CPUs reserved per read task (default Ray Data's, 1). On 2 cores one read task at
@@ -315,11 +369,15 @@ def _stderr(msg: str) -> None:
 
 
 def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int = 2,
-                 log: Callable[[str], None] | None = _stderr) -> Iterator[VideoRecord]:
+                 log: Callable[[str], None] | None = _stderr, epoch: int | None = None) -> Iterator[VideoRecord]:
     """Readable videos from a Dataset or a per-rank DataIterator (``get_dataset_shard`` / ``streaming_split``).
 
     Records are zero-copy views into the Arrow blocks (read-only arrays). Bad samples are skipped,
     counted in ``stats`` and logged with their shard name (the first few per call, then a summary).
+
+    Raises:
+        DataEpochError: ``epoch`` is given and a block was planned for another epoch (its shard
+            order announced late, or not at all for this epoch).
     """
     stats = stats if stats is not None else EpochStats()
     logged = 0
@@ -328,6 +386,11 @@ def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int
     try:
         for table in batches:
             stats.wait_seconds += time.perf_counter() - t_wait
+            if epoch is not None and len(table):
+                planned = pa.compute.min_max(table.column("epoch")).as_py()
+                if planned != {"min": epoch, "max": epoch}:
+                    raise DataEpochError(f"epoch {epoch} received shards ordered for epoch {planned['min']} "
+                                         "(the epoch was announced after Ray Data had planned it)")
             keys = table.column("key").to_pylist()
             shard_names = table.column("shard").to_pylist()
             errors = table.column("error").to_pylist()
@@ -524,7 +587,8 @@ class RankStream:
         data_iterator: ``ray.train.get_dataset_shard("train")`` (or a split / Dataset in tests).
         epochs: the run's epoch count; nothing is requested beyond epoch ``epochs - 1``.
         announce: called with an epoch just before Ray Data is asked for it; rank 0 passes
-            ``functools.partial(announce_epoch, run_dir)`` so the datasource plans that epoch's order.
+            ``functools.partial(announce_epoch, clock)`` so the datasource plans that epoch's order.
+            Every rank checks that what it reads was planned for its epoch.
         cfg, rank, world_size, steps, vocab, log: as :func:`iter_batches`.
     """
 
@@ -557,7 +621,7 @@ class RankStream:
         if self._announce is not None:
             self._announce(epoch)
         stats = EpochStats()
-        return _OpenEpoch(epoch, stats, iter_records(self._data, stats, log=self._log))
+        return _OpenEpoch(epoch, stats, iter_records(self._data, stats, log=self._log, epoch=epoch))
 
     def _start(self, epoch: int) -> None:
         opened = self._open(epoch)

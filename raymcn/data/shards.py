@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from raymcn.config import PermanentError
 from raymcn.data.features import (
     FEATURE_DIM,
     MEL_BINS,
@@ -87,7 +88,7 @@ _NAME_MAX = 100  # ustar name field; our names have no "/" so the prefix field c
 _SIZE_SAMPLE = 32  # videos whose npz headers are read to estimate the mean sample size
 
 
-class ShardError(ValueError):
+class ShardError(ValueError, PermanentError):
     """A problem with the inputs or the output directory of the shard writer (names the file)."""
 
 

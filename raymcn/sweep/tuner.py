@@ -19,18 +19,21 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, default_storage_path
+from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_cache_dir, default_storage_path,
+                           load_config_text, permanent_cause)
+from raymcn.data import storage
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.launch import build_trainer
 
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"
+TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # one <trial id>.txt per trial ended by a permanent error
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
 
 
 @dataclass
 class SweepResult:
-    experiment_dir: Path
+    experiment_dir: str  # a path or a URI
     best_config: dict[str, Any]
     best_metrics: dict[str, float]
     num_trials: int
@@ -38,14 +41,32 @@ class SweepResult:
     num_unfinished: int  # not terminated (e.g. after Ctrl-C): `raymcn sweep --resume` continues them
 
 
-def trial_fn(config: dict[str, Any], base: dict[str, Any], train_storage: str) -> None:
+def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) -> None:
     """One Tune trial = one Ray Train run. Its name is stable per trial, so a paused (BOHB) or
-    restored trial resumes its Train run from the latest checkpoint instead of starting over."""
+    restored trial resumes its Train run from the latest checkpoint instead of starting over.
+
+    A trial whose driver or node is lost raises, and Tune retries it (``tune.FailureConfig``). A
+    trial whose run failed with a permanent error (non-finite loss past the limit, a bad input)
+    would fail the same way again: it ends here, its error written to ``TRIAL_ERRORS_DIR``, which
+    the results table shows as its status, instead of being retried.
+    """
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from raymcn.data import reader
+
     cfg = Config.from_dict(base).replace(plain(config))
-    name = f"train-{tune.get_context().get_trial_id()}"
-    build_trainer(cfg, name, Path(train_storage), callbacks=[TuneReportCallback()]).fit()
+    trial_id = tune.get_context().get_trial_id()
+    name = f"train-{trial_id}"
+    try:
+        build_trainer(cfg, name, storage.join(experiment_dir, "train"), callbacks=[TuneReportCallback()]).fit()
+    except Exception as e:
+        cause = permanent_cause(e)
+        if cause is None:
+            raise
+        storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
+                           f"{type(cause).__name__}: {cause}\n")
+    finally:
+        reader.stop_epoch_clock(name)
 
 
 def budget(cfg: Config) -> int:
@@ -86,12 +107,13 @@ def _optuna(seed: int):
     return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
 
 
-def _callbacks(cfg: Config, experiment_dir: Path) -> list:
+def _callbacks(cfg: Config, experiment_dir: str) -> list:
     callbacks = []
     if cfg.sweep.mlflow:
         # A local SQLite store (MLflow 3 no longer accepts a plain ./mlruns folder by default).
-        callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir),
-                                                  experiment_name=experiment_dir.name, save_artifact=False))
+        callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir, cfg),
+                                                  experiment_name=storage.basename(experiment_dir),
+                                                  save_artifact=False))
     if cfg.sweep.wandb:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
@@ -113,29 +135,48 @@ def _mlflow_callback_class():
     return MLflowCallback
 
 
-def mlflow_uri(experiment_dir: Path) -> str:
-    return f"sqlite:///{experiment_dir / 'mlflow.db'}"
+def mlflow_uri(experiment_dir: str | Path, cfg: Config | None = None) -> str:
+    """A local SQLite store: in the experiment folder, or in the cache when that is a bucket."""
+    experiment_dir = str(experiment_dir)
+    where = Path(experiment_dir) if not storage.is_uri(experiment_dir) else (
+        default_cache_dir(cfg or Config()) / "mlflow" / storage.basename(experiment_dir))
+    where.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{where / 'mlflow.db'}"
 
 
-def _trainable(cfg: Config, experiment_dir: Path):
-    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), train_storage=str(experiment_dir / "train"))
+def _trainable(cfg: Config, experiment_dir: str):
+    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), experiment_dir=experiment_dir)
     return tune.with_resources(fn, TRIAL_DRIVER_RESOURCES)
 
 
-def default_experiment_dir(cfg: Config) -> Path:
+def default_experiment_dir(cfg: Config) -> str:
     import datetime
 
-    storage_path = Path(default_storage_path(cfg)).expanduser().resolve()
-    return storage_path / (cfg.run.name or f"sweep-{cfg.sweep.algorithm}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    return storage.join(default_storage_path(cfg),
+                        cfg.run.name or f"sweep-{cfg.sweep.algorithm}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
-def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = None) -> SweepResult:
+def latest_experiment_dir(cfg: Config) -> str:
+    """The sweep under ``cfg``'s storage path started last (``--resume latest``)."""
+    where = storage.normalize(default_storage_path(cfg))
+    found = storage.newest(where, SWEEP_CONFIG_FILE)
+    if found is None:
+        raise ConfigError([f"--resume latest: no raymcn sweep (a folder with {SWEEP_CONFIG_FILE}) under {where}"])
+    return found
+
+
+def _failure_config(cfg: Config):
+    # A trial whose driver or node died restarts from its Train checkpoint; permanent errors end
+    # the trial in trial_fn without a retry.
+    return tune.FailureConfig(max_failures=cfg.sweep.max_trial_failures)
+
+
+def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = None) -> SweepResult:
     """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric)."""
     default = default_experiment_dir(cfg)
-    storage_path = Path(storage_path or default.parent).expanduser().resolve()
-    experiment_dir = storage_path / (name or default.name)
-    experiment_dir.mkdir(parents=True, exist_ok=True)
-    cfg.dump(experiment_dir / SWEEP_CONFIG_FILE)
+    storage_path = storage.normalize(storage_path or storage.parent(default))
+    experiment_dir = storage.join(storage_path, name or storage.basename(default))
+    storage.write_text(storage.join(experiment_dir, SWEEP_CONFIG_FILE), cfg.dump_text())
     search_alg, scheduler = build_search(cfg)
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -148,33 +189,57 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = 
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler),
-        run_config=tune.RunConfig(name=experiment_dir.name, storage_path=str(storage_path),
-                                  callbacks=_callbacks(cfg, experiment_dir)),
+        run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage_path,
+                                  callbacks=_callbacks(cfg, experiment_dir), failure_config=_failure_config(cfg)),
     )
     return _summarise(tuner.fit(), experiment_dir)
 
 
-def resume_sweep(experiment_dir: str | Path) -> SweepResult:
-    """Restore an interrupted sweep: finished trials are kept, unfinished ones resume from their
-    Train checkpoints (in the stage they were in), errored ones are retried."""
-    from raymcn.config import load_config
-
-    experiment_dir = Path(experiment_dir).expanduser().resolve()
-    cfg = load_config(experiment_dir / SWEEP_CONFIG_FILE)
-    if not tune.Tuner.can_restore(str(experiment_dir)):
-        raise FileNotFoundError(f"{experiment_dir} holds no restorable Tune experiment state")
-    tuner = tune.Tuner.restore(str(experiment_dir), trainable=_trainable(cfg, experiment_dir),
+def resume_sweep(experiment_dir: str) -> SweepResult:
+    """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
+    from their Train checkpoints (in the stage they were in), errored ones are retried."""
+    experiment_dir = storage.normalize(experiment_dir)
+    source = storage.join(experiment_dir, SWEEP_CONFIG_FILE)
+    try:
+        cfg = load_config_text(storage.read_text(source), source=source)
+    except FileNotFoundError:
+        raise ConfigError([f"--resume {experiment_dir}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"]) from None
+    if not tune.Tuner.can_restore(experiment_dir):
+        raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
+    tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir),
                                resume_unfinished=True, resume_errored=True)
     return _summarise(tuner.fit(), experiment_dir)
 
 
-def _summarise(grid, experiment_dir: Path) -> SweepResult:
-    ok = [r for r in grid if r.error is None and r.metrics and PRIMARY_METRIC in r.metrics]
-    best = grid.get_best_result(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, scope="all") if ok else None
+def trial_errors(experiment_dir: str) -> dict[str, str]:
+    """Trial id -> the permanent error that ended it (written by :func:`trial_fn`)."""
+    fs, path = storage.filesystem(storage.join(experiment_dir, TRIAL_ERRORS_DIR))
+    import pyarrow.fs as pafs
+
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return {}
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(path)):
+        with fs.open_input_stream(info.path) as f:
+            out[Path(info.path).stem] = f.read().decode().strip()
+    return out
+
+
+def _summarise(grid, experiment_dir: str) -> SweepResult:
+    failed = trial_errors(experiment_dir)
+    ok = [r for r in grid if r.error is None and r.metrics and PRIMARY_METRIC in r.metrics
+          and r.metrics.get("trial_id") not in failed]
+    sign = 1 if PRIMARY_MODE == "max" else -1
+
+    def best_ever(r) -> float:  # the trial's best epoch, as Tune's scope="all"
+        history = r.metrics_dataframe
+        return sign * (history[PRIMARY_METRIC] * sign).max() if history is not None else sign * r.metrics[PRIMARY_METRIC]
+
+    best = max(ok, key=lambda r: sign * best_ever(r)) if ok else None
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
     # ResultGrid exposes no trial status; an early-stopped trial is TERMINATED, an interrupted one is not.
     trials = grid._experiment_analysis.trials
     finished = sum(1 for t in trials if t.status in ("TERMINATED", "ERROR")) - len(grid.errors)
     return SweepResult(experiment_dir=experiment_dir, best_config=plain(best.config) if best else {},
-                       best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors),
+                       best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors) + len(failed),
                        num_unfinished=len(grid) - finished - len(grid.errors))

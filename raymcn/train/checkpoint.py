@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from raymcn.config import PermanentError
+
 STATE_FILE = "state.pt"
 META_FILE = "loop.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, PermanentError):
     """A checkpoint file is missing or unreadable (the message names it)."""
 
 
@@ -91,22 +93,37 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())
 
 
-def load_latest_good(latest: str | os.PathLike, warn=print) -> tuple[dict[str, Any], Path]:
+def load_latest_good(latest: str | os.PathLike, warn=print, filesystem=None) -> tuple[dict[str, Any], str]:
     """Load ``latest``; if it is unreadable, fall back to the newest readable older checkpoint of
     the same run (with a warning naming both), so one damaged file costs one epoch, not the run.
+
+    Args:
+        latest: the checkpoint folder, a path on ``filesystem`` (a ``pyarrow.fs`` filesystem, e.g.
+            the bucket of ``ray.train.Checkpoint.filesystem``; default the local one). A remote
+            checkpoint is downloaded to a temporary folder before it is read.
 
     Raises:
         CheckpointError: when no checkpoint of the run is readable.
     """
-    latest = Path(latest)
-    candidates = [latest] + [p for p in reversed(list_checkpoints(latest.parent)) if p.name < latest.name]
+    import tempfile
+
+    import pyarrow.fs as pafs
+
+    from raymcn.data import storage
+
+    fs = filesystem or pafs.LocalFileSystem()
+    latest = str(latest)
+    name = os.path.basename(latest.rstrip("/"))
+    older = [p for p in reversed(storage.subfolders(fs, os.path.dirname(latest.rstrip("/")), "checkpoint_"))
+             if os.path.basename(p) < name]
     problems = []
-    for path in candidates:
-        try:
-            payload = load(path)
-        except CheckpointError as e:
-            problems.append(str(e))
-            continue
+    for path in [latest, *older]:
+        with tempfile.TemporaryDirectory(prefix="raymcn-ckpt-") as tmp:
+            try:
+                payload = load(storage.fetch(fs, path, tmp))
+            except (CheckpointError, OSError) as e:
+                problems.append(str(e) if isinstance(e, CheckpointError) else f"checkpoint {path} unreadable: {e}")
+                continue
         if problems:
             warn(f"warning: {'; '.join(problems)}; resuming from the older checkpoint {path} instead")
         return payload, path

@@ -2,7 +2,8 @@
 
 A fresh run gets a unique name: Ray Train resumes silently from the latest checkpoint of an
 existing (storage_path, name), so reusing a name is how ``--resume`` works and must never
-happen by accident. The resolved config is written next to the run's checkpoints.
+happen by accident. The resolved config is written next to the run's checkpoints. The storage
+may be a local/NFS folder or a bucket URI (``data/storage.py``); run locations are strings.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import functools
 import os
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 import ray
 import ray.train
 from ray.train.torch import TorchTrainer
+from ray.train.v2.api.callback import UserCallback
 
-from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path, load_config
+from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path,
+                           load_config_text, permanent_cause)
+from raymcn.data import storage
 from raymcn.train.worker import train_func_per_worker
 
 CONFIG_FILE = "raymcn_config.yaml"
@@ -27,7 +30,7 @@ CONFIG_FILE = "raymcn_config.yaml"
 @dataclass
 class RunResult:
     metrics: dict[str, float]
-    run_dir: Path
+    run_dir: str  # a path or a URI
     checkpoint_path: str | None
 
 
@@ -36,10 +39,18 @@ def new_run_name(cfg: Config) -> str:
     return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(3)}"
 
 
-def default_run_dir(cfg: Config) -> Path:
+def default_run_dir(cfg: Config) -> str:
     """Where a fresh run of ``cfg`` writes: storage path / (run.name or a new unique name)."""
-    storage = Path(default_storage_path(cfg)).expanduser().resolve()
-    return storage / (cfg.run.name or new_run_name(cfg))
+    return storage.join(default_storage_path(cfg), cfg.run.name or new_run_name(cfg))
+
+
+def latest_run_dir(cfg: Config) -> str:
+    """The run under ``cfg``'s storage path whose config was written last (``--resume latest``)."""
+    where = storage.normalize(default_storage_path(cfg))
+    found = storage.newest(where, CONFIG_FILE)
+    if found is None:
+        raise ConfigError([f"--resume latest: no raymcn run (a folder with {CONFIG_FILE}) under {where}"])
+    return found
 
 
 def data_cpus(cfg: Config) -> float:
@@ -51,18 +62,39 @@ def data_cpus(cfg: Config) -> float:
     return max(0.05, min(1.0, round(spare, 2)))
 
 
-def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | None = None) -> TorchTrainer:
+class PermanentRunError(RuntimeError):
+    """A worker failed with an error a restart cannot cure; the run was not retried."""
+
+
+class FailFastOnPermanentErrors(UserCallback):
+    """Ends the run at once when a worker fails with a :class:`~raymcn.config.PermanentError` (or a
+    missing file): Ray Train's failure policy would otherwise restart the worker group
+    ``scale.max_failures`` times on the same bad input. Lost workers and nodes (no permanent cause)
+    are left to the policy, which restarts from the latest checkpoint."""
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, BaseException]) -> None:
+        for rank, error in sorted(worker_exceptions.items()):
+            cause = permanent_cause(error)
+            if cause is not None:
+                # Raised in the controller: Ray Train treats a callback's error as not retryable.
+                raise PermanentRunError(f"rank {rank} failed with {type(cause).__name__}: {cause} "
+                                        "(a restart from the last checkpoint cannot cure this; not retried)")
+
+
+def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
     from raymcn.data import reader, shards
 
     shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
     manifest = reader.load_manifest(shards_dir)  # read once here: it lists every video
     steps_per_epoch = reader.steps_per_epoch(manifest, cfg)  # too few videos: fail here
-    # The shard order of each epoch follows the epoch rank 0 announces in the run directory, so a
-    # resumed run or a restarted worker group reads the order the uninterrupted run would have read.
-    run_dir = storage_path / name
+    # The shard order of each epoch follows the epoch rank 0 announces on the run's clock (an actor
+    # on this node), so a resumed run or a restarted worker group reads the order the uninterrupted
+    # run would have read, whatever node plans it.
+    reader.start_epoch_clock(name)
+    clock = reader.clock_name(name)
     dataset = reader.build_dataset(shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
-                                   epoch_fn=functools.partial(reader.announced_epoch, run_dir))
+                                   epoch_fn=functools.partial(reader.announced_epoch, clock))
     dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
@@ -70,47 +102,52 @@ def build_trainer(cfg: Config, name: str, storage_path: Path, callbacks: list | 
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir),
-                           "steps_per_epoch": steps_per_epoch, "run_dir": str(run_dir)},
+                           "steps_per_epoch": steps_per_epoch, "epoch_clock": clock},
         datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=str(storage_path),
+            storage_path=storage.normalize(storage_path),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
-            callbacks=callbacks or [],
+            callbacks=[*(callbacks or []), FailFastOnPermanentErrors()],  # last: its raise ends the hook
             # Workers see the driver's RAYMCN_* settings (cache and results folders, fault injection).
             worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}},
         ),
     )
 
 
-def fit(cfg: Config, name: str | None = None, storage_path: Path | None = None,
+def fit(cfg: Config, name: str | None = None, storage_path: str | None = None,
         callbacks: list | None = None) -> RunResult:
     """Run training to completion (or resume ``name`` if it already has checkpoints)."""
     default = default_run_dir(cfg)
-    storage_path = Path(storage_path).expanduser().resolve() if storage_path else default.parent
-    name = name or default.name
-    run_dir = storage_path / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.dump(run_dir / CONFIG_FILE)
-    result = build_trainer(cfg, name, storage_path, callbacks).fit()
+    storage_path = storage.normalize(storage_path or storage.parent(default))
+    name = name or storage.basename(default)
+    run_dir = storage.join(storage_path, name)
+    storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
+    try:
+        result = build_trainer(cfg, name, storage_path, callbacks).fit()
+    finally:
+        from raymcn.data import reader
+
+        reader.stop_epoch_clock(name)
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
 
 
-def resume(run_dir: str | Path, overrides: list[str] | None = None) -> RunResult:
-    """Continue the run in ``run_dir`` from its latest checkpoint, with its own saved config."""
-    run_dir = Path(run_dir).expanduser().resolve()
-    saved = run_dir / CONFIG_FILE
-    if not saved.exists():
-        raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"])
-    cfg = load_config(saved, overrides)
+def resume(run_dir: str, overrides: list[str] | None = None) -> RunResult:
+    """Continue the run in ``run_dir`` (a path or URI) from its latest checkpoint, with its own saved config."""
+    run_dir = storage.normalize(run_dir)
+    try:
+        text = storage.read_text(storage.join(run_dir, CONFIG_FILE))
+    except FileNotFoundError:
+        raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"]) from None
+    cfg = load_config_text(text, overrides, source=storage.join(run_dir, CONFIG_FILE))
     if cfg.scale.num_workers == 0:
         raise ConfigError([f"--resume {run_dir}: the run used local mode (scale.num_workers=0), which keeps no "
                            "checkpoints; train with scale.num_workers >= 1 to be able to resume"])
-    return fit(cfg, name=run_dir.name, storage_path=run_dir.parent)
+    return fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))

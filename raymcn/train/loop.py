@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from raymcn.config import Config
+from raymcn.config import Config, PermanentError
 from raymcn.losses.gather import world_info
 from raymcn.train import faults
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
@@ -25,7 +25,7 @@ from raymcn.train.stages import active_modalities, stage_of
 TIMING_PHASES = ("data", "forward", "loss", "backward", "optimizer")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RuntimeError, PermanentError):
     """Raised when the loss or gradients stayed non-finite for too many consecutive steps."""
 
 

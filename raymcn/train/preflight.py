@@ -8,7 +8,6 @@ right after ``ray.init`` and compares the request with the cluster's CPUs and GP
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from raymcn.config import Config, ConfigError, default_storage_path
@@ -42,13 +41,17 @@ def check(cfg: Config, device_bytes: int | None = None, log=None) -> None:
 
 
 def _storage_problems(cfg: Config) -> list[str]:
-    path = Path(default_storage_path(cfg)).expanduser()
+    """The storage path (a folder or a bucket URI) accepts a file: written, then removed."""
+    from raymcn.data import storage
+
+    where = storage.normalize(default_storage_path(cfg))
+    probe = storage.join(where, f".raymcn-write-test-{os.getpid()}")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        return [f"run.storage_path={str(path)!r} is not writable: {e.strerror or e}"]
+        storage.write_text(probe, "")
+        fs, path = storage.filesystem(probe)
+        fs.delete_file(path)
+    except Exception as e:  # noqa: BLE001 - OSError locally; pyarrow raises OSError/ArrowException for buckets
+        return [f"run.storage_path={where!r} is not writable: {getattr(e, 'strerror', None) or e}"]
     return []
 
 

@@ -43,7 +43,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     vocab = load_vocab(shards_dir)
     # Rank 0 tells the datasource which epoch it asks for (the shard order follows the trainer's
     # epochs, also after a restart); each next epoch is requested while this one ends.
-    announce = functools.partial(reader.announce_epoch, loop_config["run_dir"]) if rank == 0 else None
+    announce = functools.partial(reader.announce_epoch, loop_config["epoch_clock"]) if rank == 0 else None
     stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank, world, steps_per_epoch, vocab,
                                epochs=cfg.schedule.epochs, announce=announce)
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
@@ -71,7 +71,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # [3] Resume: the latest checkpoint of this run name, if any (after a crash or --resume).
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        payload, path = checkpoint.load_latest_good(ckpt.path, warn=print)  # storage is a local/NFS path
+        payload, path = checkpoint.load_latest_good(ckpt.path, warn=print, filesystem=ckpt.filesystem)
         checkpoint.restore(payload, model=net, optimizer=optimizer, scheduler=scheduler, objective=objective,
                            loop=state)
         if log:
