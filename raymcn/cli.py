@@ -1,4 +1,4 @@
-"""Command line: ``raymcn train | sweep | synth | shards | eval | table``.
+"""Command line: ``raymcn train | sweep | synth | shards | eval | import-original | table``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -231,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to score (auto: the GPU if there is one, in bf16; cpu: fp32)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line last")
     p.set_defaults(func=cmd_eval)
+    from raymcn.train import importer
+
+    p = sub.add_parser("import-original", help=importer.HELP)
+    importer.add_arguments(p)
+    p.set_defaults(func=importer.run)
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=table.run_table)

@@ -30,6 +30,7 @@ PRIMARY_METRIC = f"{METRIC_PREFIX}_R@10"
 PRIMARY_MODE = "max"
 SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
+RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
 
 
 class ConfigError(ValueError):

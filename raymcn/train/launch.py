@@ -18,10 +18,11 @@ import ray
 import ray.train
 from ray.train.torch import TorchTrainer
 
-from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path, load_config
+from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, RUN_CONFIG_FILE, Config, ConfigError, default_storage_path,
+                           load_config)
 from raymcn.train.worker import train_func_per_worker
 
-CONFIG_FILE = "raymcn_config.yaml"
+CONFIG_FILE = RUN_CONFIG_FILE
 
 
 @dataclass
