@@ -120,6 +120,10 @@ class RunSection:
     seed: int = 1
     checkpoints_to_keep: int = 2
     log_every: int = 10  # steps between progress lines
+    # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
+    # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
+    # several nodes it must be on a shared path; "" = random initialisation.
+    init_from: str = ""
 
 
 @dataclass(frozen=True)
