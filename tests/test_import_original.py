@@ -229,3 +229,15 @@ def test_config_file_keeps_run_settings_and_weights_decide_the_model(tmp_path, s
     assert "model.embed_dim: the config says 64, the weights say 32; the weights decide" in out
     cfg = load_config(tmp_path / "out" / RUN_CONFIG_FILE)
     assert cfg.optim.lr == 3e-5 and cfg.data.batch_size == 32 and cfg.model == SMALL_CFG
+
+
+def test_bad_settings_are_refused_and_run_keys_alone_leave_no_model_notes(tmp_path, small_sd, capsys):
+    src = save_original(tmp_path / "e1.pth", small_sd)
+    assert main(["import-original", str(src), "--out", str(tmp_path / "a"), "--config", str(tmp_path / "no.yaml")]) == 2
+    assert "no.yaml does not exist" in err_of(capsys)
+    assert main(["import-original", str(src), "--out", str(tmp_path / "a"), "--set", "optim.lrr=1"]) == 2
+    assert "unknown key 'optim.lrr'" in err_of(capsys)
+    assert main(["import-original", str(src), "--out", str(tmp_path / "b"), "--set", "optim.lr=2e-5"]) == 0
+    out = capsys.readouterr().out
+    assert "the weights decide" not in out  # no model section was chosen, so nothing was overruled
+    assert load_config(tmp_path / "b" / RUN_CONFIG_FILE).optim.lr == 2e-5

@@ -94,7 +94,7 @@ def _model_overrides(inferred: ModelConfig) -> dict[str, Any]:
 
 
 def import_original(source: str | Path, out: str | Path, base: Config | None = None,
-                    force: bool = False) -> ImportResult:
+                    force: bool = False, note_model_changes: bool = True) -> ImportResult:
     """Convert ``source`` and write the raymcn checkpoint directory ``out``.
 
     Args:
@@ -102,7 +102,7 @@ def import_original(source: str | Path, out: str | Path, base: Config | None = N
         out: directory to write (created). Refused if it already holds a state.pt, unless ``force``.
         base: the run settings to store with the weights (data, loss, optim, ...); default the
             paper's defaults. Its model section is replaced by the inferred one, with a note per
-            setting that changed.
+            setting that changed (when ``base`` is given and ``note_model_changes``).
 
     Raises:
         OriginalCheckpointError: the file cannot be imported (one line per offending key).
@@ -118,7 +118,7 @@ def import_original(source: str | Path, out: str | Path, base: Config | None = N
     state, form, notes = read_original(source)
     conversion = convert(state)
     notes += conversion.notes
-    given = base is not None
+    given = base is not None and note_model_changes
     base = base or Config()
     overrides = _model_overrides(conversion.model)
     if given:
@@ -154,11 +154,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         base = load_config(args.config, args.overrides) if (args.config or args.overrides) else None
-        result = import_original(args.checkpoint, args.out, base=base, force=args.force)
-    except (OriginalCheckpointError, ConfigError) as e:
+        # Say where the weights overrule the model section only if the user wrote one.
+        chose_model = bool(args.config) or any(o.strip().startswith("model.") for o in args.overrides)
+        result = import_original(args.checkpoint, args.out, base=base, force=args.force,
+                                 note_model_changes=chose_model)
+    except OriginalCheckpointError as e:
         print(f"raymcn import-original: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
-    except (FileExistsError, OSError) as e:
+    except (ConfigError, FileExistsError, OSError) as e:
         print(f"raymcn import-original: {e}", file=sys.stderr)
         return 2
     model = result.config.model
