@@ -180,8 +180,9 @@ def test_extra_key_is_refused_naming_it(tmp_path, small_sd, capsys, extra_key, s
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("key, shape", [("GU_video.cg.fc.weight", (32, 31)), ("DAVEnet.layer3.0.conv2.weight", (8, 8, 1, 7)),
-                                        ("GU_video.fc.weight", (32, 4000))])
+@pytest.mark.parametrize("key, shape", [("GU_video.cg.fc.weight", (32, 31)),
+                                        ("DAVEnet.layer3.0.conv2.weight", (8, 8, 1, 7)),
+                                        ("GU_video.fc.weight", (32, 4000))])  # also a video_dim source
 def test_wrong_shape_is_refused_naming_it(tmp_path, small_sd, capsys, key, shape):
     code, err = run_import(tmp_path, {**small_sd, key: torch.zeros(shape)}, capsys)
     assert code == 2 and key in err and str(shape) in err, err

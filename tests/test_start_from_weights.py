@@ -111,6 +111,9 @@ def test_load_weights_from_a_raymcn_run_checkpoint(tmp_path):
         assert torch.equal(fresh.state_dict()[key], value), key
     with pytest.raises(CheckpointError, match="is a run directory, not a checkpoint; .*checkpoint_2026-01-01_00-00-00"):
         init_from.load_weights(fresh, run)
+    with pytest.raises(CheckpointError, match="model.embed_dim: the checkpoint has 16, this run 24; set model"):
+        init_from.load_weights(MCN(ModelConfig(embed_dim=24, audio_channels=(4, 4, 4, 8, 8), recon_hidden=8)),
+                               run / "checkpoint_2026-01-01_00-00-00")
 
 
 def test_load_weights_refuses_another_architecture(imported):

@@ -45,8 +45,8 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{path} holds no {checkpoint.STATE_FILE}; expected a raymcn checkpoint directory "
                               "(from a run, or written by `raymcn import-original`)")
     if not path.is_dir():
-        raise CheckpointError(f"{path} is neither a checkpoint directory nor its {checkpoint.STATE_FILE} (a "
-                              "checkpoint of the original code is imported first: raymcn import-original FILE --out DIR)")
+        raise CheckpointError(f"{path} is neither a checkpoint directory nor its {checkpoint.STATE_FILE} (a checkpoint "
+                              "of the original code is imported first: raymcn import-original FILE --out DIR)")
     return path
 
 
@@ -87,9 +87,11 @@ def _fix_hint(path: Path, ckpt_model: dict | None, cfg: ModelConfig) -> str:
     ours = Config(model=cfg).to_dict()["model"]
     diffs = [f"model.{k}: the checkpoint has {v!r}, this run {ours[k]!r}"
              for k, v in (ckpt_model or {}).items() if k in ours and ours[k] != v]
-    configs = [p for p in (path / RUN_CONFIG_FILE, path.parent / RUN_CONFIG_FILE) if p.is_file()]
-    hint = f"; use the checkpoint's settings, e.g. --config {configs[0]}" if configs else \
-        "; set model.* to the checkpoint's settings"
+    # Only an imported checkpoint's own config is suggested whole: a run's saved config may carry
+    # its run.name, and reusing that name would silently resume the old run instead of a new one.
+    own = path / RUN_CONFIG_FILE
+    hint = f"; use the checkpoint's settings, e.g. --config {own}" if own.is_file() else \
+        "; set model.* to the checkpoint's values"
     return ("; ".join(diffs) or "same model settings, different tensors") + hint
 
 
