@@ -1,4 +1,4 @@
-"""Command line: ``raymcn train | sweep | synth | shards | eval | table``.
+"""Command line: ``raymcn train | sweep | synth | shards | eval | import-original | table``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -31,13 +31,20 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-workers", type=int, help="shortcut for --set scale.num_workers=N")
     p.add_argument("--json", action="store_true", help="print the final metrics as one JSON line last")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    p.add_argument("--init-from", metavar="DIR", help="start from the model weights of this checkpoint (e.g. from "
+                   "`raymcn import-original`) with a fresh optimizer and schedule; = --set run.init_from=DIR")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if args.num_workers is not None:
         overrides.append(f"scale.num_workers={args.num_workers}")
-    return load_config(args.config or preset_path(), overrides)
+    if args.init_from:
+        overrides.append(f"run.init_from={args.init_from}")
+    cfg = load_config(args.config or preset_path(), overrides)
+    if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
+        cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
+    return cfg
 
 
 def _has_sweep_section(path: str | None) -> bool:
@@ -279,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to score (auto: the GPU if there is one, in bf16; cpu: fp32)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line last")
     p.set_defaults(func=cmd_eval)
+    from raymcn.train import importer
+
+    p = sub.add_parser("import-original", help=importer.HELP)
+    importer.add_arguments(p)
+    p.set_defaults(func=importer.run)
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=cmd_table)
@@ -287,6 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "resume", None) and getattr(args, "init_from", None):
+        print(f"raymcn {args.command}: --init-from starts a new run; --resume continues one from its own "
+              "checkpoint. Use one of them.", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except ConfigError as e:

@@ -30,6 +30,7 @@ PRIMARY_METRIC = f"{METRIC_PREFIX}_R@10"
 PRIMARY_MODE = "max"
 SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
+RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
 
 
 class PermanentError(Exception):
@@ -144,6 +145,10 @@ class RunSection:
     seed: int = 1
     checkpoints_to_keep: int = 2
     log_every: int = 10  # steps between progress lines
+    # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
+    # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
+    # several nodes it must be on a shared path; "" = random initialisation.
+    init_from: str = ""
 
 
 @dataclass(frozen=True)

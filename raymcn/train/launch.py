@@ -19,12 +19,12 @@ import ray.train
 from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
-from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_storage_path,
+from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, RUN_CONFIG_FILE, Config, ConfigError, default_storage_path,
                            load_config_text, permanent_cause)
 from raymcn.data import storage
 from raymcn.train.worker import train_func_per_worker
 
-CONFIG_FILE = "raymcn_config.yaml"
+CONFIG_FILE = RUN_CONFIG_FILE
 
 
 @dataclass

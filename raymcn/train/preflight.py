@@ -1,8 +1,9 @@
 """Preflight: every check that can fail a long run, done before Ray starts and reported together.
 
 ``static_problems`` needs no Ray (config is already validated when it is loaded): output folder
-writable, shards and their manifest, eval-set file, per-worker memory. ``cluster_problems`` runs
-right after ``ray.init`` and compares the request with the cluster's CPUs and GPUs.
+writable, shards and their manifest, eval-set file, per-worker memory, the weights a run starts
+from (``run.init_from``). ``cluster_problems`` runs right after ``ray.init`` and compares the
+request with the cluster's CPUs and GPUs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def static_problems(cfg: Config, device_bytes: int | None = None,
     problems += _shard_problems(cfg)
     problems += _eval_set_problems(cfg)
     problems += _memory_problems(cfg, device_bytes, notes if notes is not None else [])
+    problems += _init_from_problems(cfg)
     return problems
 
 
@@ -94,6 +96,14 @@ def _eval_set_problems(cfg: Config) -> list[str]:
     except (EvalSetError, OSError, ValueError) as e:
         return [f"data.eval_set={cfg.data.eval_set!r}: {e}"]
     return []
+
+
+def _init_from_problems(cfg: Config) -> list[str]:
+    if not cfg.run.init_from and "run.init_from" not in cfg.sweep.space:
+        return []
+    from raymcn.train import init_from  # imports torch: only when the run starts from weights
+
+    return init_from.problems(cfg)
 
 
 def _memory_problems(cfg: Config, device_bytes: int | None, notes: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from raymcn.data.words import load_vocab
 from raymcn.losses import MCNObjective
 from raymcn.losses.gather import all_reduce_mean
 from raymcn.model import MCN
-from raymcn.train import checkpoint, faults
+from raymcn.train import checkpoint, faults, init_from
 from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, evaluate, train_one_epoch
 from raymcn.train.stages import budget_epoch, switch_step
 
@@ -57,8 +57,15 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # [2] Model, wrapped in DDP. Staged orders leave a branch without gradient in stage 1.
     torch.manual_seed(cfg.run.seed)
     staged = cfg.schedule.stage_order != "joint"
+    mcn = MCN(cfg.model)
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None and cfg.run.init_from:
+        # Weights only, on every rank before the wrap; a resumed run takes its own checkpoint instead.
+        source = init_from.load_weights(mcn, cfg.run.init_from)
+        if log:
+            log(f"initialised the model from {source} (optimizer, LR schedule, queue and centroids start fresh)")
     model = ray.train.torch.prepare_model(
-        MCN(cfg.model), parallel_strategy_kwargs={
+        mcn, parallel_strategy_kwargs={
             "find_unused_parameters": staged and cfg.scale.find_unused_parameters,
             # gradients live in DDP's buckets instead of a second copy (0.9 GB at paper size)
             "gradient_as_bucket_view": True})
@@ -69,7 +76,6 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     state = LoopState()
 
     # [3] Resume: the latest checkpoint of this run name, if any (after a crash or --resume).
-    ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
         payload, path = checkpoint.load_latest_good(ckpt.path, warn=print, filesystem=ckpt.filesystem)
         checkpoint.restore(payload, model=net, optimizer=optimizer, scheduler=scheduler, objective=objective,
