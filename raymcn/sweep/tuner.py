@@ -20,6 +20,7 @@ from typing import Any
 from ray import tune
 
 from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, Config, default_storage_path
+from raymcn.sweep.names import trial_dirname_creator
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.launch import build_trainer
 
@@ -147,7 +148,8 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: Path | None = 
         param_space=param_space(cfg.sweep),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
                                     max_concurrent_trials=limit,
-                                    search_alg=search_alg, scheduler=scheduler),
+                                    search_alg=search_alg, scheduler=scheduler,
+                                    trial_dirname_creator=trial_dirname_creator),
         run_config=tune.RunConfig(name=experiment_dir.name, storage_path=str(storage_path),
                                   callbacks=_callbacks(cfg, experiment_dir)),
     )
