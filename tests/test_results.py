@@ -281,7 +281,7 @@ def test_main_table(exp_dir, capsys):
 
 
 def test_results_imports_neither_ray_nor_torch():
-    code = ("import sys, raymcn.results.table, raymcn.results.plots, raymcn.results.stats; "
+    code = ("import sys, raymcn.results.table, raymcn.results.plots, raymcn.results.watch, raymcn.results.stats; "
             "sys.exit(1 if any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
