@@ -1,4 +1,4 @@
-"""Command line: ``raymcn train | sweep | synth | shards | eval | import-original | table``.
+"""Command line: ``raymcn train | sweep | synth | shards | eval | import-original | table | watch``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -294,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=cmd_table)
+    from raymcn.results import watch
+
+    p = sub.add_parser("watch", help="live view of a sweep: table, statistics and plots refreshed every few seconds")
+    watch.add_watch_arguments(p)
+    p.set_defaults(func=watch.run_watch)
     return parser
 
 

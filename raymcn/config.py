@@ -31,6 +31,8 @@ PRIMARY_MODE = "max"
 SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
+SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's folder
+TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 
 
 class PermanentError(Exception):

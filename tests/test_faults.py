@@ -66,7 +66,7 @@ def result_rows(exp_dir):
     import json
 
     rows = {}
-    for f in exp_dir.glob("trial_fn_*/result.json"):
+    for f in exp_dir.glob("*/result.json"):  # trial dirs are named by sweep.names.trial_dirname
         lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         if lines:
             rows[lines[0]["trial_id"]] = [int(r["epoch"]) for r in lines]

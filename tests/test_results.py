@@ -1,5 +1,6 @@
 """Results layer on a hand-built Tune experiment directory (no Ray): table values, statuses,
-sort order, Markdown/CSV output, grouped mean ± std, plots and the ``raymcn table`` entry point."""
+sort order, Markdown/CSV output, grouped mean ± std, plots and the ``raymcn table`` entry point.
+The statistics are tested in test_results_stats.py, the live view in test_watch.py."""
 
 from __future__ import annotations
 
@@ -165,23 +166,25 @@ def test_markdown_and_csv(exp_dir):
 def test_group_mean_std_match_numpy(exp_dir):
     trials = load_experiment(exp_dir)[0]
     g = group_table(trials, "schedule.stage_order").set_index("schedule.stage_order")
-    assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10: 33, 24, 8
+    assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10 of finished trials: 33, 30, 8
     for order in ("AV_T", "joint", "VT_A"):
-        members = [v[2] for v in TRIALS.values() if v[0] == order]
-        assert g.loc[order, "n"] == len(members)
-        best = np.array([max(r) for r in members if r])  # trials that never reported are left out
-        assert g.loc[order, "n_reported"] == best.size
+        members = [v for v in TRIALS.values() if v[0] == order]
+        assert g.loc[order, "n"] == len(members)  # every trial, any status
+        # errored trials are listed per trial but left out of the group's values
+        best = np.array([max(r) for _, _, r, errored in members if r and not errored])
+        assert g.loc[order, "n_finished"] == best.size
         assert g.loc[order, f"best_{R10}_mean"] == pytest.approx(np.mean(best))
         if best.size > 1:  # sample std, ddof=1 (pandas' default)
             assert g.loc[order, f"best_{R10}_std"] == pytest.approx(np.std(best, ddof=1))
         else:
             assert math.isnan(g.loc[order, f"best_{R10}_std"])
+    assert "1 errored trial not counted" in g.loc["AV_T", "note"]
     md = format_table(g.reset_index(), "md")
     joint = np.array([40.0, 26.0])
     assert f"{joint.mean():.2f} ± {joint.std(ddof=1):.2f}" in md  # "33.00 ± 9.90"
     assert f"best_{R10} |" in md and f"best_{R10}_std" not in md.splitlines()[0]
     csv = pd.read_csv(io.StringIO(format_table(g.reset_index(), "csv")))
-    assert {f"best_{R10}_mean", f"best_{R10}_std", "n"} <= set(csv.columns)
+    assert {f"best_{R10}_mean", f"best_{R10}_std", "n", "ci95_low", "ci95_high", "p", "p_holm"} <= set(csv.columns)
     with pytest.raises(KeyError, match="loss.margin"):
         group_table(trials, "loss.margin")
 
@@ -195,9 +198,57 @@ def test_plots(exp_dir):
     paths = write_plots(exp_dir, trials, curves)
     assert sorted(p.name for p in paths) == ["best_by_stage_order.png", "learning_curves.png", "metric_vs_lr.png"]
     assert all(p.parent == exp_dir and _is_png(p) for p in paths)
+    assert not list(exp_dir.glob(".*.tmp"))  # written via a temporary file, renamed over the target
     skipped = []
     paths = write_plots(exp_dir, trials.drop(columns=["optim.lr"]), curves, on_skip=skipped.append)
     assert len(paths) == 2 and skipped == ["metric_vs_lr.png: optim.lr was not swept"]
+
+
+def test_switch_epoch_from_params_base_config_and_default(exp_dir):
+    t = by_trial(load_experiment(exp_dir)[0])
+    # the sweep YAML has epochs 4 and no stage1_fraction: the config default 0.5 applies
+    assert t.loc["a0001_00000", "switch_epoch"] == pytest.approx(2.0)  # AV_T
+    assert math.isnan(t.loc["a0001_00001", "switch_epoch"])  # joint: one stage
+    (exp_dir / "raymcn_sweep.yaml").write_text(yaml.safe_dump({"schedule": {"epochs": 10, "stage1_fraction": 0.3}}))
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00000", "switch_epoch"] == pytest.approx(3.0)
+
+
+def test_learning_curves_mark_the_stage_switch(exp_dir):
+    from raymcn.results.plots import learning_curves_figure
+
+    trials, curves = load_experiment(exp_dir)
+    fig = learning_curves_figure(trials, curves)
+    panels = {ax.get_title(loc="left").split(":")[0]: ax for ax in fig.axes if ax.get_visible()}
+    assert sorted(panels) == ["AV_T", "VT_A", "joint"]
+
+    def vertical_lines(ax):
+        return [line.get_xdata()[0] for line in ax.get_lines()
+                if len(set(line.get_xdata())) == 1 and line.get_linestyle() == "--"]
+
+    assert vertical_lines(panels["AV_T"]) == [pytest.approx(2.0)]  # 0.5 × 4 epochs
+    assert vertical_lines(panels["joint"]) == []
+    texts = [t.get_text() for t in panels["AV_T"].texts]
+    assert texts == ["+ text (epoch 2)"] and [t.get_text() for t in panels["VT_A"].texts] == ["+ audio (epoch 2)"]
+    assert panels["AV_T"].get_title(loc="left") == "AV_T: 2 trials"  # one reported, one errored after 3 epochs
+
+
+def test_best_by_order_error_bars_are_the_95_ci(tmp_path):
+    from raymcn.results.plots import best_by_order_figure
+    from raymcn.results.stats import t_interval
+
+    values = {"joint": [30.0, 34.0, 31.0], "AV_T": [20.0, 25.0, 22.0], "VT_A": [10.0]}
+    rows = [{"trial": f"{o}{i}", "status": "done", "schedule.stage_order": o, "run.seed": i, f"best_{R10}": v}
+            for o, vs in values.items() for i, v in enumerate(vs)]
+    fig = best_by_order_figure(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if c.has_yerr]
+    spans = sorted(tuple(seg[:, 1]) for bar in bars for seg in bar.lines[2][0].get_segments())
+    expected = sorted([t_interval(values["AV_T"]), t_interval(values["joint"])])
+    assert len(spans) == 2 and all(s == pytest.approx(e) for s, e in zip(spans, expected))
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[0].startswith("AV_T\nn=3\np=") and ticks[1] == "VT_A\nn=1\nno test"
+    assert ticks[2] == "joint\nn=3\nbest mean"
+    assert "no CI (n=1)" in [t.get_text() for t in ax.texts]
 
 
 def test_missing_or_empty_dir_names_path(tmp_path, capsys):
@@ -217,6 +268,7 @@ def test_main_table(exp_dir, capsys):
     out = capsys.readouterr().out
     assert f"best_{R10}" in out and "a0001_00001" in out and "40.00" in out
     assert "grouped by schedule.stage_order" in out and "33.00 ± 9.90" in out
+    assert "best_text_to_video_R@10 by schedule.stage_order:" in out and "| Δ vs joint |" in out
     assert out.count("plot: ") == 3 and (exp_dir / "learning_curves.png").exists()
     assert main_table([str(exp_dir), "--format", "csv", "--no-plots"]) == 0
     captured = capsys.readouterr()
@@ -228,17 +280,7 @@ def test_main_table(exp_dir, capsys):
     assert "nope.key" in capsys.readouterr().err
 
 
-def test_results_does_not_import_ray():
-    code = ("import sys, raymcn.results.table, raymcn.results.plots; "
-            "sys.exit(1 if any(m == 'ray' or m.startswith('ray.') for m in sys.modules) else 0)")
+def test_results_imports_neither_ray_nor_torch():
+    code = ("import sys, raymcn.results.table, raymcn.results.plots, raymcn.results.watch, raymcn.results.stats; "
+            "sys.exit(1 if any(m.split('.')[0] in ('ray', 'torch') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
-
-
-def test_sweep_config_file_name_matches_tuner():
-    # tuner imports Ray, so the name is duplicated rather than imported; this keeps the two in sync
-    from pathlib import Path
-
-    from raymcn.results.table import SWEEP_CONFIG_FILE
-
-    tuner = Path(__file__).resolve().parents[1] / "raymcn" / "sweep" / "tuner.py"
-    assert f'SWEEP_CONFIG_FILE = "{SWEEP_CONFIG_FILE}"' in tuner.read_text()

@@ -3,11 +3,14 @@
 Uses matplotlib's object API with the Agg canvas directly (never ``pyplot``): no GUI backend, no
 global figure state, safe on a headless server and inside a caller that already uses pyplot.
 Every plot colours trials by ``schedule.stage_order`` (the lab's research question) with one fixed
-colour per order, so the three plots can be read side by side.
+colour per order, so the plots can be read side by side. Files are replaced atomically, so a
+viewer that reloads them while ``raymcn watch`` rewrites them never sees half a PNG.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -17,15 +20,18 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from raymcn.config import PRIMARY_METRIC, STAGE_ORDERS
-from raymcn.results.table import LR_KEY, PRIMARY_BEST, STAGE_KEY
+from raymcn.results.columns import LR_KEY, PRIMARY_BEST, STAGE_KEY, SWITCH_EPOCH
+from raymcn.results.stats import counted, group_statistics
 
 LEARNING_CURVES = "learning_curves.png"
 BEST_BY_ORDER = "best_by_stage_order.png"
 METRIC_VS_LR = "metric_vs_lr.png"
 _ALL = "all trials"  # the single group when the stage order was not swept
+_JOINS = {"AV_T": "text", "VT_A": "audio", "AT_V": "video"}  # the modality stage 2 adds
 
 
 def _groups(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -43,62 +49,147 @@ def _colour(label: str) -> str:
     return f"C{known.index(label)}" if label in known else f"C{len(known) + zlib.crc32(label.encode()) % 5}"
 
 
-def _new_figure(width: float = 7.0, height: float = 4.5):
+def _new_figure(width: float = 7.0, height: float = 4.5) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
+    return fig
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
+    """Write to a hidden temporary file beside ``path``, then rename over it (atomic on POSIX)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
-def plot_learning_curves(trials: pd.DataFrame, curves: pd.DataFrame, path: Path) -> Path | str:
-    """Primary metric vs epoch, one line per trial, one legend entry per stage order."""
+def _mark_switch(ax, label: str, switches: pd.Series) -> None:
+    """Shade stage 1 and draw a dashed line at each distinct switch epoch of the panel's trials,
+    labelled with the modality that joins (``+ text`` for AV_T)."""
+    values = sorted({round(float(s), 6) for s in switches.dropna()})
+    for i, s in enumerate(values):
+        ax.axvspan(ax.get_xlim()[0] if i == 0 else values[i - 1], s, color="0.5", alpha=0.08, lw=0)
+        ax.axvline(s, color="0.25", ls="--", lw=1.2)
+        joins = f"+ {_JOINS[label]}" if label in _JOINS else "stage 2"
+        ax.annotate(f"{joins} (epoch {s:g})", xy=(s, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4),
+                    textcoords="offset points", ha="left", va="top", fontsize=8.5, color="0.2")
+
+
+def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame) -> Figure | str:
+    """Primary metric vs epoch: one panel per stage order (shared axes), one line per trial; a
+    staged order's panel shades stage 1 and marks the switch epoch (``switch_epoch`` column)."""
     if PRIMARY_METRIC not in curves or curves[PRIMARY_METRIC].notna().sum() == 0:
         return f"no trial reported {PRIMARY_METRIC}"
-    fig, ax = _new_figure()
-    for label, group in _groups(trials):
-        first = True
+    groups = _groups(trials)
+    ncols = 1 if len(groups) == 1 else 2
+    nrows = math.ceil(len(groups) / ncols)
+    fig = _new_figure(7.0 if ncols == 1 else 11.0, 1.0 + 3.2 * nrows)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)).ravel()
+    last_epoch = max(1, int(curves["epoch"].max()))
+    for ax, (label, group) in zip(axes, groups):
+        drawn = 0
         for tid in group["trial"]:
             c = curves[(curves["trial"] == tid) & curves[PRIMARY_METRIC].notna()]
-            if c.empty:
-                continue
-            ax.plot(c["epoch"], c[PRIMARY_METRIC], color=_colour(label), alpha=0.8, marker=".",
-                    label=label if first else None)
-            first = False
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
-    ax.set(xlabel="epoch", ylabel=PRIMARY_METRIC, title="learning curves")
-    ax.grid(alpha=0.3)
-    ax.legend(title=STAGE_KEY if STAGE_KEY in trials else None)
-    return _save(fig, path)
+            if not c.empty:
+                ax.plot(c["epoch"], c[PRIMARY_METRIC], color=_colour(label), alpha=0.75, lw=1.4, marker=".", ms=4)
+                drawn += 1
+        ax.set_xlim(0.5, last_epoch + 0.5)
+        if SWITCH_EPOCH in group:
+            _mark_switch(ax, label, group[SWITCH_EPOCH])
+        count = f"{drawn} trial{'s' if drawn != 1 else ''}"
+        title = count if label == _ALL else f"{label}: {count}" + (" (one stage)" if label == "joint" else "")
+        ax.set_title(title, fontsize=10, color=_colour(label), loc="left")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+    for ax in axes[len(groups):]:
+        ax.set_visible(False)
+    fig.supxlabel("epoch")
+    fig.supylabel(PRIMARY_METRIC)
+    staged = SWITCH_EPOCH in trials and trials[SWITCH_EPOCH].notna().any()
+    fig.suptitle("learning curves" + (" (shaded: stage 1, dashed: stage switch)" if staged else ""))
+    return fig
 
 
-def plot_best_by_order(trials: pd.DataFrame, path: Path) -> Path | str:
-    """Best primary metric per trial (points) and the per-order mean ± std (marker + error bar)."""
+def best_by_order_figure(trials: pd.DataFrame) -> Figure | str:
+    """Best primary metric per trial (filled dots: finished trials, the ones counted; hollow:
+    running or errored) and per order the mean with its 95 % t-interval (black diamond and error
+    bar; none for n = 1); tick labels give n and the Holm-adjusted p-value of the test against the
+    best order, "(W)" when it is Welch's. The y range follows the dots and the intervals of n >= 3;
+    a wider interval (n = 2: t(0.975, 1) = 12.7) is cut at the edge and its end printed there."""
     if STAGE_KEY not in trials:
         return f"{STAGE_KEY} was not swept"
     if trials[PRIMARY_BEST].notna().sum() == 0:
         return f"no trial reported {PRIMARY_METRIC}"
-    fig, ax = _new_figure()
+    stats = group_statistics(trials, STAGE_KEY, PRIMARY_BEST)
+    stats.index = stats.index.map(str)
+    best = stats.index[0]
+    fig = _new_figure(8.0, 5.0)
+    ax = fig.add_subplot()
     groups = _groups(trials)
+    rng = np.random.default_rng(0)  # fixed jitter: the same picture on every refresh
+    ticks, bars, span = [], [], list(trials[PRIMARY_BEST].dropna().to_numpy(float))
     for x, (label, group) in enumerate(groups):
-        y = group[PRIMARY_BEST].dropna().to_numpy(float)
-        if y.size == 0:
+        s = stats.loc[label]
+        ticks.append(f"{label}\nn={int(s['n'])}" + _p_label(label, best, s))
+        is_counted = counted(group).to_numpy()
+        y = group[PRIMARY_BEST].to_numpy(float)
+        jitter = x - 0.12 + rng.uniform(-0.08, 0.08, y.size)
+        ax.scatter(jitter[is_counted], y[is_counted], color=_colour(label), alpha=0.65, s=28, zorder=2)
+        ax.scatter(jitter[~is_counted], y[~is_counted], facecolors="none", edgecolors=_colour(label), s=28, zorder=2)
+        if s["n"] == 0:
             continue
-        # deterministic spread so overlapping trials stay visible
-        ax.scatter(x + np.linspace(-0.15, 0.15, y.size) if y.size > 1 else [x], y, color=_colour(label), alpha=0.6)
-        std = y.std(ddof=1) if y.size > 1 else 0.0
-        ax.errorbar([x + 0.3], [y.mean()], yerr=[std], fmt="D", color="black", capsize=4)
-    # n = trials with a value / trials in the order (errored-before-reporting trials have none)
-    ax.set_xticks(range(len(groups)), [f"{lab}\n(n={g[PRIMARY_BEST].notna().sum()}/{len(g)})" for lab, g in groups])
-    ax.set(ylabel=PRIMARY_BEST, title="best per stage order (diamond: mean ± std, ddof=1)")
+        mean, low, high = s["mean"], s["ci95_low"], s["ci95_high"]
+        bars.append((x + 0.14, mean, low, high))
+        if s["n"] >= 3:
+            span += [low, high]
+        ax.errorbar([x + 0.14], [mean], yerr=None if math.isnan(low) else [[mean - low], [high - mean]],
+                    fmt="D", color="black", ms=6, capsize=5, lw=1.5, zorder=3)
+        if math.isnan(low):
+            ax.annotate("no CI (n=1)", (x + 0.14, mean), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=8, color="0.3")
+    _clip_y(ax, span, bars)
+    ax.set_xticks(range(len(groups)), ticks)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    # the x axis is categorical, so its label is free to say what the p under each order means
+    ax.set_xlabel(f"p: Holm-adjusted, two-sided, against {best} (paired t-test over trials sharing seed and "
+                  "config;\n(W): Welch's t-test, no pairs)", fontsize=8.5, color="0.25")
+    ax.set_ylabel(PRIMARY_BEST)
+    ax.set_title(f"best {PRIMARY_METRIC} per stage order", fontsize=11)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    handles = [Line2D([], [], ls="", marker="o", color="0.5", alpha=0.65, label="one finished trial"),
+               Line2D([], [], ls="-", marker="D", color="black", label="mean and 95% CI (t-interval)")]
+    if not counted(trials[trials[PRIMARY_BEST].notna()]).all():
+        handles.insert(1, Line2D([], [], ls="", marker="o", markerfacecolor="none", color="0.4",
+                                 label="running or errored (not counted)"))
+    ax.legend(handles=handles, loc="best", fontsize=8.5)
+    return fig
 
 
-def plot_metric_vs_lr(trials: pd.DataFrame, path: Path) -> Path | str:
+def _clip_y(ax, span: list[float], bars: list[tuple[float, float, float, float]]) -> None:
+    """y range = ``span`` + 8 % padding; the end of an interval beyond it is printed at the edge."""
+    lo, hi = float(np.nanmin(span)), float(np.nanmax(span))
+    pad = 0.08 * (hi - lo) if hi > lo else max(1.0, 0.05 * abs(hi))
+    bottom, top = lo - pad, hi + pad
+    ax.set_ylim(bottom, top)
+    for x, _, low, high in bars:
+        for end, edge, va, sign in ((low, bottom, "bottom", "↓"), (high, top, "top", "↑")):
+            if not math.isnan(end) and (end < edge if sign == "↓" else end > edge):
+                ax.annotate(f"{sign} {end:.3g}", (x, edge), xytext=(5, 3 if sign == "↓" else -3),
+                            textcoords="offset points", ha="left", va=va, fontsize=8, color="0.3")
+
+
+def _p_label(label: str, best: str, s: pd.Series) -> str:
+    if label == best:
+        return "\nbest mean"
+    if not s["test"] or pd.isna(s["p_holm"]):
+        return "\nno test"
+    return f"\np={s['p_holm']:.2g}" + ("" if s["test"].startswith("paired") else " (W)")
+
+
+def metric_vs_lr_figure(trials: pd.DataFrame) -> Figure | str:
     """Best primary metric vs learning rate (log x), coloured by stage order."""
     if LR_KEY not in trials:
         return f"{LR_KEY} was not swept"
@@ -106,30 +197,33 @@ def plot_metric_vs_lr(trials: pd.DataFrame, path: Path) -> Path | str:
     ok = lr.gt(0) & trials[PRIMARY_BEST].notna()
     if not ok.any():
         return f"no trial has both a positive {LR_KEY} and {PRIMARY_METRIC}"
-    fig, ax = _new_figure()
+    if lr[ok].nunique() < 2:  # one column of dots says nothing about the learning rate
+        return f"{LR_KEY} has a single value"
+    fig = _new_figure()
+    ax = fig.add_subplot()
     for label, group in _groups(trials[ok]):
-        ax.scatter(pd.to_numeric(group[LR_KEY]), group[PRIMARY_BEST], color=_colour(label), label=label)
+        ax.scatter(pd.to_numeric(group[LR_KEY]), group[PRIMARY_BEST], color=_colour(label), label=label, alpha=0.75)
     ax.set_xscale("log")
     ax.set(xlabel=LR_KEY, ylabel=PRIMARY_BEST, title="best metric vs learning rate")
     ax.grid(alpha=0.3, which="both")
     ax.legend(title=STAGE_KEY if STAGE_KEY in trials else None)
-    return _save(fig, path)
+    return fig
 
 
 def write_plots(exp_dir: str | Path, trials: pd.DataFrame, curves: pd.DataFrame,
                 on_skip: Callable[[str], None] | None = None) -> list[Path]:
     """Write ``learning_curves.png``, ``best_by_stage_order.png`` and ``metric_vs_lr.png`` into
     ``exp_dir`` and return the paths written. A plot whose column is absent (e.g. lr not swept) is
-    skipped; ``on_skip`` receives "NAME: reason" (default: printed to stderr)."""
+    skipped; ``on_skip`` receives "NAME: reason" (default: printed to stderr). Each figure is
+    built by ``<name>_figure``, which returns the reason instead when it cannot be drawn."""
     exp_dir = Path(exp_dir)
     on_skip = on_skip or (lambda msg: print(f"skipped {msg}", file=sys.stderr))
-    results = [(LEARNING_CURVES, plot_learning_curves(trials, curves, exp_dir / LEARNING_CURVES)),
-               (BEST_BY_ORDER, plot_best_by_order(trials, exp_dir / BEST_BY_ORDER)),
-               (METRIC_VS_LR, plot_metric_vs_lr(trials, exp_dir / METRIC_VS_LR))]
+    figures = [(LEARNING_CURVES, learning_curves_figure(trials, curves)), (BEST_BY_ORDER, best_by_order_figure(trials)),
+               (METRIC_VS_LR, metric_vs_lr_figure(trials))]
     written = []
-    for name, outcome in results:
-        if isinstance(outcome, Path):
-            written.append(outcome)
+    for name, outcome in figures:
+        if isinstance(outcome, Figure):
+            written.append(_save(outcome, exp_dir / name))
         else:
             on_skip(f"{name}: {outcome}")
     return written

@@ -1,352 +1,174 @@
-"""A Tune experiment directory -> one row per trial -> Markdown / CSV (and, via ``plots``, PNGs).
+"""Tables of a sweep: per trial, per group (n, mean, 95 % CI, tests), as Markdown or CSV; the
+``raymcn table`` command.
 
-Reads files only (no Ray import), so it works on a finished, interrupted or still running sweep,
-on a copy of the directory, and in the default test tier. Layout read (Ray 2.x function trainables)::
-
-    EXP_DIR/raymcn_sweep.yaml            base config (Config.to_dict() shape): schedule.epochs
-    EXP_DIR/experiment_state-*.json      optional, best effort: Tune's trial statuses
-    EXP_DIR/<trial_dir>/params.json      the trial's sampled config, dotted keys ("optim.lr")
-    EXP_DIR/<trial_dir>/result.json      JSON lines, one per reported epoch (may end mid-line)
-    EXP_DIR/<trial_dir>/error.txt        present when the trial errored
-
-Column names are the metric and loss names of the training loop (``config.RETRIEVAL_METRICS``,
-``*_loss``), so the table, the ``--json`` output and Tune's results agree.
+Reading is ``experiment``, statistics ``stats``, rendering ``render.render_table`` (the one table
+printer). Plots (``plots``, matplotlib) are imported only where plots are written (``run_table``,
+``watch``) and never import this module, so the results modules form no cycle.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
+import textwrap
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
 import pandas as pd
-import yaml
 
-from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE, RETRIEVAL_METRICS
+from raymcn.config import RETRIEVAL_METRICS
+from raymcn.results.columns import (PRIMARY_BEST, STAGE_KEY, SWITCH_EPOCH, cell_spec, is_config_key,
+                                    is_result_column, is_timing_column, metric_mode)
+from raymcn.results.experiment import ExperimentError, load_experiment
+from raymcn.results.render import format_cell, render_table
+from raymcn.results.stats import counted, group_statistics, pairing_keys
 
-SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # = sweep.tuner.SWEEP_CONFIG_FILE; not imported: tuner imports Ray
-STAGE_KEY = "schedule.stage_order"
-LR_KEY = "optim.lr"
-EPOCHS_KEY = "schedule.epochs"
-PRIMARY_BEST = f"best_{PRIMARY_METRIC}"
-# Tune's own clocks look like our step timings (time_*_s) but are not per-step means.
-_TUNE_TIMES = {"time_total_s", "time_this_iter_s", "time_since_restore"}
-# Tune statuses meaning "not finished yet": PENDING also covers trials that were running when the
-# state was saved (Tune writes RUNNING as PENDING), PAUSED covers BOHB's paused trials.
-_UNFINISHED = {"RUNNING", "PENDING", "PAUSED"}
-STATUSES = ("done", "stopped", "running", "error")
+__all__ = ["ExperimentError", "GroupKeyError", "add_table_arguments", "format_statistics", "format_table",
+           "group_table", "load_experiment", "main_table", "report", "run_table"]
 
 
-class ExperimentError(FileNotFoundError):
-    """The experiment directory is missing or holds no trials; the message names the path."""
-
-
-def metric_mode(metric: str) -> str:
-    """``"min"`` for MedR (lower is better), ``"max"`` for R@K."""
-    return "min" if metric.endswith("MedR") else "max"
-
-
-# --- reading -------------------------------------------------------------------------------------
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """result.json rows, scalar values only. A running trial's file may end in a half-written
-    line, so undecodable lines are skipped instead of failing the whole table."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append({k: v for k, v in row.items() if v is None or isinstance(v, (int, float, str, bool))})
-    return rows
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys whatever the nesting (params.json is flat for raymcn, nested for other sweeps)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
-    return out
-
-
-def _read_params(trial_dir: Path) -> dict[str, Any]:
-    path = trial_dir / "params.json"
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # a trial that died before Tune wrote its params still gets a row
-    return _flatten(loaded) if isinstance(loaded, dict) else {}
-
-
-def _base_epochs(exp_dir: Path) -> int | None:
-    """schedule.epochs of the base config, or None when the sweep YAML is absent or unreadable."""
-    try:
-        cfg = yaml.safe_load((exp_dir / SWEEP_CONFIG_FILE).read_text())
-        return int(cfg["schedule"]["epochs"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _tune_states(exp_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Best effort read of the newest ``experiment_state-*.json``: (trial_id -> Tune status,
-    trial dir name -> trial_id). Its format is Tune-internal, so any surprise yields empty maps."""
-    statuses: dict[str, str] = {}
-    dirs: dict[str, str] = {}
-    files = sorted(exp_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return statuses, dirs
-    try:
-        for entry in json.loads(files[-1].read_text()).get("trial_data", []):
-            state = entry[0] if isinstance(entry, (list, tuple)) else entry
-            state = json.loads(state) if isinstance(state, str) else state
-            tid = str(state["trial_id"])
-            statuses[tid] = str(state.get("status", ""))
-            if state.get("relative_logdir"):
-                dirs[Path(str(state["relative_logdir"])).name] = tid
-    except Exception:  # noqa: BLE001 - internal format; the table must not depend on it
-        return {}, {}
-    return statuses, dirs
-
-
-def _trial_dirs(exp_dir: Path) -> list[Path]:
-    """Sub-directories that look like Tune trials (the sweep's ``train/`` storage does not)."""
-    if not exp_dir.is_dir():
-        raise ExperimentError(f"experiment directory {exp_dir} does not exist")
-    dirs = sorted(d for d in exp_dir.iterdir()
-                  if d.is_dir() and ((d / "params.json").exists() or (d / "result.json").exists()))
-    if not dirs:
-        raise ExperimentError(f"no trials in {exp_dir}: no sub-directory holds a params.json or result.json "
-                              "(pass the Tune experiment directory, the one holding raymcn_sweep.yaml)")
-    return dirs
-
-
-def _curve(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per epoch, sorted. A restored trial re-reports epochs from its checkpoint: the
-    later report wins. Rows without an epoch (Tune's bookkeeping rows) are dropped."""
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return pd.DataFrame({"epoch": pd.Series(dtype=int)})
-    if "epoch" not in df and "training_iteration" in df:
-        df["epoch"] = df["training_iteration"]
-    if "epoch" not in df:
-        return pd.DataFrame({"epoch": pd.Series(dtype=int)})
-    df = df[pd.to_numeric(df["epoch"], errors="coerce").notna()].copy()
-    df["epoch"] = df["epoch"].astype(float).astype(int)
-    return df.drop_duplicates("epoch", keep="last").sort_values("epoch").reset_index(drop=True)
-
-
-# --- one trial -> one row --------------------------------------------------------------------------
-def _status(trial_dir: Path, tid: str, epochs: int, target: int | None, running: set[str],
-            tune_status: str) -> str:
-    if (trial_dir / "error.txt").exists() or tune_status == "ERROR":
-        return "error"
-    if tid in running:
-        return "running"
-    if target is not None and epochs >= target:
-        return "done"
-    # Without a Tune state we cannot tell running from stopped; stopped is the safe default for
-    # the finished sweeps this table is mostly read on.
-    return "running" if tune_status in _UNFINISHED else "stopped"
-
-
-def _summary(curve: pd.DataFrame) -> dict[str, Any]:
-    """final_/best_ retrieval metrics, final *_loss, step timings and wall time of one curve."""
-    out: dict[str, Any] = {}
-    last = curve.iloc[-1] if len(curve) else pd.Series(dtype=object)
-    for m in RETRIEVAL_METRICS:
-        values = pd.to_numeric(curve[m], errors="coerce") if m in curve else pd.Series(dtype=float)
-        out[f"final_{m}"] = _num(last.get(m))
-        best = values.min() if metric_mode(m) == "min" else values.max()
-        out[f"best_{m}"] = float(best) if pd.notna(best) else math.nan
-    # "final" = the last epoch's row for every column, so all final_* values describe one epoch;
-    # a loss term absent from that row is NaN rather than a stale value from an earlier stage.
-    for k in curve.columns:
-        if k.endswith("_loss") or k == "samples_per_s" or (
-                k.startswith("time_") and k.endswith("_s") and k not in _TUNE_TIMES):
-            out[k] = _num(last.get(k))
-    out["wall_s"] = _num(last.get("time_total_s"))
-    return out
-
-
-def _num(v: Any) -> float:
-    try:
-        return float(v) if v is not None else math.nan
-    except (TypeError, ValueError):
-        return math.nan
-
-
-# --- public: load ------------------------------------------------------------------------------------
-def load_experiment(exp_dir: str | Path | Any,
-                    running_trial_ids: Iterable[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read a Tune experiment directory (or anything with an ``experiment_path``, e.g. a ResultGrid).
-
-    Returns:
-        trials: one row per trial, columns ``trial, status, epochs, <swept dotted keys>,
-            final_<metric>, best_<metric>`` (for each of RETRIEVAL_METRICS; best = max for R@K,
-            min for MedR), ``<name>_loss`` (last epoch's value), step timings ``time_*_s`` and
-            ``samples_per_s`` (the last epoch's per-step means), ``wall_s`` (Tune's time_total_s).
-            Sorted by ``best_<PRIMARY_METRIC>``, best first; trials that never reported come last.
-        curves: one row per (trial, epoch) with every scalar the trial reported.
-
-    ``status``: ``error`` (error.txt), ``running`` (in ``running_trial_ids`` or unfinished in
-    Tune's saved state, which includes an interrupted sweep that can be resumed), ``done``
-    (reached schedule.epochs), else ``stopped`` (early-stopped by the scheduler).
-
-    Raises:
-        ExperimentError: the directory does not exist or holds no trial directory.
-    """
-    exp_dir = Path(getattr(exp_dir, "experiment_path", exp_dir)).expanduser()
-    dirs = _trial_dirs(exp_dir)
-    running = {str(t) for t in (running_trial_ids or ())}
-    base_epochs = _base_epochs(exp_dir)
-    tune_status, dir_ids = _tune_states(exp_dir)
-    records, curves, config_keys = [], [], []
-    for d in dirs:
-        params, rows = _read_params(d), _read_rows(d / "result.json")
-        tid = str(next((r["trial_id"] for r in rows if r.get("trial_id")), dir_ids.get(d.name, d.name)))
-        curve = _curve(rows)
-        epochs = int(curve["epoch"].max()) if len(curve) else 0
-        target = int(params[EPOCHS_KEY]) if EPOCHS_KEY in params else base_epochs
-        config_keys += [k for k in params if k not in config_keys]
-        records.append({"trial": tid, "epochs": epochs, **params, **_summary(curve),
-                        "status": _status(d, tid, epochs, target, running, tune_status.get(tid, ""))})
-        curves.append(curve.assign(trial=tid))
-    if base_epochs is None:  # no sweep YAML: the longest trial defines "done"
-        _infer_done(records)
-    trials = _order_columns(pd.DataFrame(records), config_keys)
-    return _sort(trials), _curves_frame(curves)
-
-
-def _infer_done(records: list[dict[str, Any]]) -> None:
-    longest = max(r["epochs"] for r in records)
-    for r in records:
-        if r["status"] == "stopped" and r["epochs"] == longest and longest > 0:
-            r["status"] = "done"
-
-
-def _order_columns(df: pd.DataFrame, config_keys: list[str]) -> pd.DataFrame:
-    metrics = [f"{p}_{m}" for m in RETRIEVAL_METRICS for p in ("final", "best")]
-    losses = sorted((c for c in df if c.endswith("_loss")), key=lambda c: (c != "total_loss", c))
-    timing = sorted(c for c in df if c.startswith("time_") and c.endswith("_s")) + [
-        c for c in ("samples_per_s",) if c in df]
-    cols = ["trial", "status", "epochs", *config_keys, *metrics, *losses, *timing, "wall_s"]
-    return df.reindex(columns=cols)
-
-
-def _sort(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values([PRIMARY_BEST, "trial"], ascending=[PRIMARY_MODE == "min", True],
-                          na_position="last", kind="stable").reset_index(drop=True)
-
-
-def _curves_frame(curves: list[pd.DataFrame]) -> pd.DataFrame:
-    df = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
-    front = ["trial", "epoch"]
-    return df[front + [c for c in df.columns if c not in front]]
+class GroupKeyError(KeyError):
+    """The key to group by is not a column of the table; the message lists the swept keys."""
 
 
 # --- public: grouping ----------------------------------------------------------------------------
-def _is_result_column(col: str) -> bool:
-    if "." in col:  # a swept config key, not a result
-        return False
-    return col.startswith(("final_", "best_")) or col.endswith(("_loss", "_s")) or col == "epochs"
+def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BEST) -> pd.DataFrame:
+    """Per value of ``by``, over the group's *finished* trials (status done or stopped, when the
+    table has a status; running and errored trials are counted in ``n`` only, because a running
+    trial's values are provisional and an errored one's were cut short):
 
-
-def group_table(df: pd.DataFrame, by: str = STAGE_KEY) -> pd.DataFrame:
-    """Mean and sample std (``ddof=1``; NaN for a group of one) of every result column per value
-    of ``by``: columns ``by, n, n_reported, <col>_mean, <col>_std``. ``n`` counts the group's
-    trials (any status); trials without a value (NaN, e.g. errored before their first report) are
-    left out of that column's mean/std; ``n_reported`` counts the trials with a best primary
-    metric. Groups are sorted by the mean best primary metric, best first.
+    ``n`` (trials, any status), ``n_finished`` (finished trials with a ``metric``: what the
+    statistics rest on), the statistics of ``metric`` from :func:`stats.group_statistics`
+    (``ci95_low``, ``ci95_high``, ``vs_best``, ``test``, ``pairs``, ``t``, ``dof``, ``p``,
+    ``p_holm``, ``note``; the note also counts the running and errored trials left out), then mean
+    and sample std (``ddof=1``; NaN for a group of one) of every result column as ``<col>_mean``,
+    ``<col>_std``. Trials without a value are left out of that column's mean/std. Groups are
+    sorted by the mean of ``metric``, best first.
 
     Raises:
-        KeyError: ``by`` is not a column (e.g. it was not swept); the message lists the swept keys.
+        GroupKeyError: ``by`` is not a column (e.g. it was not swept); the message lists the swept keys.
     """
     if by not in df.columns:
-        swept = [c for c in df.columns if "." in c]
-        raise KeyError(f"cannot group by '{by}': not a column of the table (swept keys: {', '.join(swept) or 'none'})")
-    cols = [c for c in df.columns if _is_result_column(c) and c != by]
-    g = df.groupby(by, sort=False, dropna=False)
+        swept = [c for c in df.columns if is_config_key(c)]
+        raise GroupKeyError(f"cannot group by '{by}': not a column of the table "
+                            f"(swept keys: {', '.join(swept) or 'none'})")
+    cols = [c for c in df.columns if is_result_column(c) and c != by]
+    # unfinished trials keep their row (and group) but lose their values
+    finished = counted(df)
+    masked = df.copy()
+    masked.loc[~finished, cols] = math.nan
+    g = masked.groupby(by, sort=False, dropna=False)
     out = g.size().rename("n").to_frame()
-    if PRIMARY_BEST in df:  # how many of the n trials the mean/std of the primary metric rests on
-        out["n_reported"] = g[PRIMARY_BEST].count()
+    if metric in df:
+        out["n_finished"] = g[metric].count()
     for c in cols:
-        values = g[c]
-        out[f"{c}_mean"] = values.mean()
-        out[f"{c}_std"] = values.std(ddof=1)
-    out = out.reset_index()
-    key = f"{PRIMARY_BEST}_mean"
+        out[f"{c}_mean"] = g[c].mean()
+        out[f"{c}_std"] = g[c].std(ddof=1)
+    key = f"{metric}_mean"
     if key in out:
-        out = out.sort_values(key, ascending=PRIMARY_MODE == "min", na_position="last", kind="stable")
-    return out.reset_index(drop=True)
+        out = out.sort_values(key, ascending=metric_mode(metric) == "min", na_position="last", kind="stable")
+    if metric in df:
+        # positional: group_statistics returns the groups in exactly the order passed
+        st = group_statistics(masked, by, metric, order=list(out.index)).drop(columns=["n", "mean", "std"])
+        left_out = df[~finished].groupby(by, sort=False, dropna=False)["status"].value_counts()
+        st["note"] = [_join(note, _not_counted(left_out, g_)) for note, g_ in zip(st["note"], out.index)]
+        for i, c in enumerate(st.columns):
+            out.insert(2 + i, c, st[c].to_numpy())
+    return out.reset_index()
+
+
+def _not_counted(counts: pd.Series, group: Any) -> str:
+    try:
+        per_status = counts.loc[group]
+    except KeyError:
+        return ""
+    words = {"error": "errored"}
+    return ", ".join(f"{k} {words.get(s, s)} trial{'s' if k > 1 else ''}" for s, k in per_status.items()) + \
+        " not counted"
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
+STATS_COLUMNS = ("ci95_low", "ci95_high", "vs_best", "test", "pairs", "t", "dof", "p", "p_holm", "note")
+
+
+def means_only(grouped: pd.DataFrame) -> pd.DataFrame:
+    """The grouped table without the statistics columns: group key, n, n_finished, mean/std pairs."""
+    return grouped.drop(columns=[c for c in STATS_COLUMNS if c in grouped])
 
 
 # --- public: formatting --------------------------------------------------------------------------
-def _spec(col: str) -> str:
-    """Format spec by column name: R@K in percent points, losses to 4 significant digits."""
-    if "R@" in col:
-        return ".2f"
-    if col.endswith("MedR"):
-        return ".1f"
-    if col.endswith("_loss"):
-        return ".4g"
-    if col in ("samples_per_s", "wall_s"):
-        return ".1f"
-    if col.startswith("time_"):
-        return ".3g"
-    return ".4g"
-
-
-def _cell(col: str, v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        return format(float(v), _spec(col))
-    return str(v).replace("|", "\\|")  # a pipe would split the Markdown cell
-
-
-def _md_columns(df: pd.DataFrame) -> list[tuple[str, list[str], bool]]:
-    """(header, cells, numeric) per displayed column; ``X_mean``/``X_std`` pairs become one
-    ``X`` column rendered as "mean ± std"."""
-    out = []
+def format_table(df: pd.DataFrame, fmt: str = "md") -> str:
+    """``md``: a Markdown pipe table (via ``render.render_table``), numbers right-aligned and
+    rounded per column kind (R@K 2 decimals, MedR 1, losses 4 significant digits), missing values
+    as ``-``, ``X_mean``/``X_std`` pairs as one column ``X`` "12.34 ± 1.20", ``ci95_low``/
+    ``ci95_high`` as one column ``95% CI (t)`` "[10.1, 14.6]". ``csv``: every column at full
+    precision (pairs stay separate)."""
+    if fmt != "md":
+        return render_table(df, fmt)
+    display: dict[str, Any] = {}
+    merged = []  # pre-formatted string columns, right-aligned like the numbers they hold
     for col in df.columns:
-        if col.endswith("_std") and f"{col[:-4]}_mean" in df:
+        if (col.endswith("_std") and f"{col[:-4]}_mean" in df) or (col == "ci95_high" and "ci95_low" in df):
             continue
-        numeric = pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])
         if col.endswith("_mean") and f"{col[:-5]}_std" in df:
             base = col[:-5]
-            cells = [f"{_cell(base, m)} ± {_cell(base, s)}" for m, s in zip(df[col], df[f"{base}_std"])]
-            out.append((base, cells, True))
+            display[base] = [_pm(base, m, s) for m, s in zip(df[col], df[f"{base}_std"])]
+            merged.append(base)
+        elif col == "ci95_low" and "ci95_high" in df:
+            display["95% CI (t)"] = [_ci(lo, hi, cell_spec(PRIMARY_BEST)) for lo, hi in zip(df[col], df["ci95_high"])]
+            merged.append("95% CI (t)")
         else:
-            out.append((col, [_cell(col, v) for v in df[col].tolist()], numeric))
-    return out
+            display[col] = df[col].reset_index(drop=True)
+    return render_table(pd.DataFrame(display), "md", spec=cell_spec, right=merged)
 
 
-def format_table(df: pd.DataFrame, fmt: str = "md") -> str:
-    """``md``: a Markdown pipe table, numbers right-aligned and rounded per column kind (R@K 2
-    decimals, MedR 1, losses 4 significant digits), missing values as ``-``, mean/std pairs as
-    "12.34 ± 1.20". ``csv``: every column at full precision (mean and std stay separate)."""
-    if fmt == "csv":
-        return df.to_csv(index=False)
-    if fmt != "md":
-        raise ValueError(f"unknown table format {fmt!r}: allowed md, csv")
-    cols = _md_columns(df)
-    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |",
-             "|" + "|".join("---:" if num else "---" for _, _, num in cols) + "|"]
-    lines += ["| " + " | ".join(cells[i] for _, cells, _ in cols) + " |" for i in range(len(df))]
+def _pm(col: str, mean: Any, std: Any) -> str:
+    spec = cell_spec(col)
+    return f"{format_cell(mean, spec)} ± {format_cell(std, spec)}"
+
+
+def _ci(low: Any, high: Any, spec: str) -> str:
+    if pd.isna(low) or pd.isna(high):
+        return "-"
+    return f"[{format_cell(low, spec)}, {format_cell(high, spec)}]"
+
+
+def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metric: str = PRIMARY_BEST) -> str:
+    """The answer to "which group is best", as Markdown: per group the trials, n (trials with a
+    value), mean, 95 % t-interval, std, difference to the best group, test, pairs, p and the
+    Holm-adjusted p; below it the rule (naming ``pair_keys``) and each group's note (why an
+    interval or a test is missing, why a test is Welch's)."""
+    if "ci95_low" not in grouped:
+        return f"no trial reported {metric}: no statistics\n"
+    if grouped[f"{metric}_mean"].isna().all():  # e.g. a sweep whose first trials are still running
+        return f"{metric} by {by}: no finished trial with a value yet\n"
+    spec, best = cell_spec(metric), grouped[by].iloc[0]
+    tested = grouped["test"] != ""
+    view = pd.DataFrame({
+        by: grouped[by], "trials": grouped["n"], "n": grouped["n_finished"],
+        "mean": [format_cell(v, spec) for v in grouped[f"{metric}_mean"]],
+        "95% CI (t)": [_ci(lo, hi, spec) for lo, hi in zip(grouped["ci95_low"], grouped["ci95_high"])],
+        "std": [format_cell(v, spec) for v in grouped[f"{metric}_std"]],
+        f"Δ vs {best}": [format_cell(v, "+" + spec) for v in grouped["vs_best"]],
+        "test": grouped["test"].where(tested, None),
+        "pairs": grouped["pairs"].where(tested).astype("Int64"),
+        "p": [format_cell(v, ".2g") for v in grouped["p"]],
+        "p (Holm)": [format_cell(v, ".2g") for v in grouped["p_holm"]]})
+    table = render_table(view, "md", right=("mean", "95% CI (t)", "std", f"Δ vs {best}", "p", "p (Holm)"))
+    paired_on = ", ".join(pair_keys) if pair_keys else "nothing: no other key was swept"
+    rule = (f"n = finished trials (done or stopped) with a value; 95% CI (t) = Student t-interval "
+            f"mean ± t(0.975, n−1)·s/√n. Δ, test and p: against the best {by} ({best}), two-sided: paired "
+            f"t-test over trials that differ only in {by} (same {paired_on}; repeats of one cell averaged), "
+            "Welch's t-test when fewer than 2 pairs form; p (Holm) adjusts for comparing every group with the "
+            "best one, itself picked from these data.")
+    lines = [f"{metric} by {by}:", "", table.rstrip("\n"), "", *textwrap.wrap(rule, 100)]
+    for g, note in zip(grouped[by], grouped["note"]):
+        if isinstance(note, str) and note:
+            lines += textwrap.wrap(f"- {g}: {note}", 100, subsequent_indent="  ")
     return "\n".join(lines) + "\n"
 
 
@@ -356,8 +178,9 @@ def add_table_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("experiment_dir", help="Tune experiment directory (holds raymcn_sweep.yaml and trial dirs)")
     parser.add_argument("--format", choices=("md", "csv"), default="md", help="table format (default md)")
     parser.add_argument("--group-by", metavar="KEY", default=None,
-                        help=f"also print mean ± std per value of KEY (md default: {STAGE_KEY} when swept; "
-                             "with --format csv only the grouped table is printed)")
+                        help=f"also print n, mean, 95%% CI and tests against the best group per value of KEY "
+                             f"(md default: {STAGE_KEY} when swept; with --format csv only the grouped table "
+                             "is printed)")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots into the experiment dir")
     parser.add_argument("--timing", action="store_true",
                         help="md: add the per-step timing columns (time_*_s, samples_per_s); csv always has them")
@@ -366,7 +189,41 @@ def add_table_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def without_timing(df: pd.DataFrame) -> pd.DataFrame:
     """Drop the step-timing columns (kept in CSV; shown in Markdown with --timing)."""
-    return df[[c for c in df.columns if not ((c.startswith("time_") and "_s" in c) or c.startswith("samples_per_s"))]]
+    return df[[c for c in df.columns if not is_timing_column(c.removesuffix("_mean").removesuffix("_std"))]]
+
+
+def compact(trials: pd.DataFrame) -> pd.DataFrame:
+    """The columns a live view has room for: trial, status, epochs, swept keys, final and best
+    primary metric, best MedR, total_loss, samples/s."""
+    keep = ["trial", "status", "epochs", *[c for c in trials.columns if is_config_key(c)],
+            PRIMARY_BEST.replace("best_", "final_", 1), PRIMARY_BEST, "best_" + RETRIEVAL_METRICS[-1],
+            "total_loss", "samples_per_s"]
+    return trials[[c for c in keep if c in trials.columns]]
+
+
+def group_key(trials: pd.DataFrame, requested: str | None) -> str | None:
+    """The key to group by: the requested one, else the stage order when it was swept."""
+    return requested or (STAGE_KEY if STAGE_KEY in trials else None)
+
+
+def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief: bool = False) -> str:
+    """The Markdown report of ``raymcn table`` (and, ``brief``, of ``raymcn watch``): the per-trial
+    table, then for ``by`` the statistics table and (unless ``brief``) mean ± std of every result
+    column per group. ``brief`` shows the :func:`compact` columns.
+
+    Raises:
+        GroupKeyError: ``by`` is not a column.
+    """
+    grouped = group_table(trials, by) if by else None
+    shown = (lambda df: df) if timing else without_timing
+    view = compact(trials) if brief else shown(trials.drop(columns=[SWITCH_EPOCH], errors="ignore"))
+    parts = [format_table(view, "md")]
+    if grouped is not None:
+        parts.append(format_statistics(grouped, by, pairing_keys(trials, by)))
+        if not brief:
+            parts.append(f"mean ± std (ddof=1) over the finished trials, grouped by {by}:\n\n"
+                         + format_table(shown(means_only(grouped)), "md"))
+    return "\n".join(parts)
 
 
 def run_table(args: argparse.Namespace) -> int:
@@ -376,22 +233,17 @@ def run_table(args: argparse.Namespace) -> int:
     except ExperimentError as e:
         print(f"raymcn table: {e}", file=sys.stderr)
         return 2
-    by = args.group_by or (STAGE_KEY if args.format == "md" and STAGE_KEY in trials else None)
+    by = group_key(trials, args.group_by) if args.format == "md" else args.group_by
     try:
-        grouped = group_table(trials, by) if by else None
-    except KeyError as e:
+        if args.format == "csv":
+            # csv goes to a file or a pipe: exactly one table on stdout, notes on stderr
+            print(format_table(group_table(trials, by) if by else trials, "csv"), end="")
+        else:
+            print(report(trials, by, timing=getattr(args, "timing", False)))
+    except GroupKeyError as e:
         print(f"raymcn table: {e.args[0]}", file=sys.stderr)
         return 2
-    # csv goes to a file or a pipe: print exactly one table and keep notes on stderr.
     notes = sys.stderr if args.format == "csv" else sys.stdout
-    if args.format == "csv":
-        print(format_table(grouped if args.group_by else trials, "csv"), end="")
-    else:
-        shown = (lambda df: df) if getattr(args, "timing", False) else without_timing
-        print(format_table(shown(trials), "md"))
-        if grouped is not None:
-            print(f"mean ± std (ddof=1) over trials, grouped by {by}:\n")
-            print(format_table(shown(grouped), "md"))
     if not args.no_plots:
         from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
 
@@ -402,6 +254,6 @@ def run_table(args: argparse.Namespace) -> int:
 
 
 def main_table(argv: list[str] | None = None) -> int:
-    """``raymcn table EXPERIMENT_DIR [--format md|csv] [--group-by KEY] [--no-plots]``."""
+    """``raymcn table EXPERIMENT_DIR [--format md|csv] [--group-by KEY] [--no-plots] [--timing]``."""
     parser = add_table_arguments(argparse.ArgumentParser(prog="raymcn table", description=__doc__.splitlines()[0]))
     return run_table(parser.parse_args(argv))

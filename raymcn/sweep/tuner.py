@@ -19,14 +19,13 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, Config, ConfigError, default_cache_dir, default_storage_path,
-                           load_config_text, permanent_cause)
+from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError,
+                           default_cache_dir, default_storage_path, load_config_text, permanent_cause)
 from raymcn.data import storage
+from raymcn.sweep.names import trial_dirname_creator
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.launch import build_trainer
 
-SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"
-TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # one <trial id>.txt per trial ended by a permanent error
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
 
@@ -188,7 +187,8 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = N
         param_space=param_space(cfg.sweep),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
                                     max_concurrent_trials=limit,
-                                    search_alg=search_alg, scheduler=scheduler),
+                                    search_alg=search_alg, scheduler=scheduler,
+                                    trial_dirname_creator=trial_dirname_creator),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage_path,
                                   callbacks=_callbacks(cfg, experiment_dir), failure_config=_failure_config(cfg)),
     )

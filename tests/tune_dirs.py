@@ -1,0 +1,70 @@
+"""Writes Tune experiment directories the way Tune 2.x does for a function trainable, for the
+results tests (no Ray): the sweep YAML, per trial ``params.json`` (dotted keys), ``result.json``
+(one JSON object per reported epoch, Tune's bookkeeping keys and nested ``config`` included),
+``progress.csv`` and, for an errored trial, ``error.txt``."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+R10 = "text_to_video_R@10"
+
+
+def write_sweep_yaml(exp: Path, epochs: int, stage_order: str = "joint", stage1_fraction: float = 0.5) -> None:
+    exp.mkdir(parents=True, exist_ok=True)
+    (exp / "raymcn_sweep.yaml").write_text(yaml.safe_dump(
+        {"schedule": {"epochs": epochs, "stage_order": stage_order, "stage1_fraction": stage1_fraction},
+         "sweep": {"space": {}}}))
+
+
+def metrics_for(r10: float) -> dict[str, float]:
+    # R@1/R@5/MedR derived from R@10 so expected values are easy to recompute
+    return {"text_to_video_R@1": r10 / 10, "text_to_video_R@5": r10 / 2, R10: r10,
+            "text_to_video_MedR": 100 - 2 * r10}
+
+
+def tune_row(trial_id: str, epoch: int, r10: float, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One reported epoch as Tune writes it into result.json."""
+    return {"epoch": epoch, **metrics_for(r10), "total_loss": 5.0 / epoch, "samples_per_s": 100.0,
+            "trial_id": trial_id, "time_total_s": 60.0 * epoch, "time_this_iter_s": 60.0,
+            "training_iteration": epoch, "done": False, "timestamp": 1_700_000_000 + epoch,
+            "config": config, **extra}
+
+
+def write_trial(exp: Path, dirname: str, trial_id: str, params: dict[str, Any], r10s: list[float],
+                error: bool = False, partial_line: bool = False) -> Path:
+    """A trial directory with one result row per value of ``r10s``; ``partial_line`` appends the
+    half-written line a running trial's file can end in."""
+    d = exp / dirname
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "params.json").write_text(json.dumps(params))
+    rows = [tune_row(trial_id, e, r, params) for e, r in enumerate(r10s, start=1)]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + ('{"epoch": 9, "text_to' if partial_line else "")
+    (d / "result.json").write_text(text)
+    with open(d / "progress.csv", "w", newline="") as f:
+        if rows:
+            flat = [{k: v for k, v in r.items() if k != "config"} for r in rows]
+            w = csv.DictWriter(f, fieldnames=list(flat[0]))
+            w.writeheader()
+            w.writerows(flat)
+    if error:
+        (d / "error.txt").write_text("RuntimeError: boom")
+    return d
+
+
+def curve(final: float, epochs: int, switch: int | None) -> list[float]:
+    """A plausible R@10 curve: near chance before ``switch`` (a staged order has no text yet),
+    then rising towards ``final``."""
+    out = []
+    for e in range(1, epochs + 1):
+        if switch is not None and e <= switch:
+            out.append(1.0 + 0.2 * e)
+        else:
+            start = switch or 0
+            out.append(final * (e - start) / (epochs - start))
+    return out
