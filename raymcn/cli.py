@@ -93,15 +93,17 @@ def _resume_target(args: argparse.Namespace, latest) -> str | None:
     return found
 
 
-def _failed(command: str, error: BaseException) -> int | None:
-    """A run that failed with a permanent error: one clear line (status 1) instead of a traceback."""
+def _failed(command: str, error: BaseException, resume_hint: str) -> int:
+    """A run that failed: what happened, and (unless a restart cannot cure it) how to resume; status 1."""
     from raymcn.config import permanent_cause
 
     cause = permanent_cause(error)
-    if cause is None:
-        return None
-    print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
-          f"{type(cause).__name__}: {cause}", file=sys.stderr)
+    if cause is not None:
+        print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
+              f"{type(cause).__name__}: {cause}", file=sys.stderr)
+    else:
+        print(f"raymcn {command}: the run failed after its restarts (scale.max_failures): {error}\n"
+              f"{resume_hint}", file=sys.stderr)
     return 1
 
 
@@ -134,11 +136,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
         return 130
-    except Exception as e:
-        code = _failed("train", e)
-        if code is None:
-            raise
-        return code
+    except Exception as e:  # noqa: BLE001 - reported, with how to go on
+        return _failed("train", e, f"checkpoints up to the last finished epoch are kept in {run_dir}\n"
+                                   f"resume with: raymcn train --resume {run_dir}")
     finally:
         if started:
             import ray
@@ -208,7 +208,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if storage.is_uri(args.experiment_dir):
         cache = default_cache_dir(Config()) / "experiments"
         args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache))
-        print(f"(a local copy of the experiment: {args.experiment_dir})")
+        print(f"(a local copy of the experiment: {args.experiment_dir})", file=sys.stderr)
     return table.run_table(args)
 
 

@@ -1,0 +1,225 @@
+"""The lab's own commands, for real: `ray up`, `ray submit cluster.yaml sweep.py -- ...`, a sweep
+interrupted and resumed with `ray submit ... -- --resume latest`, and `ray down`, over SSH.
+
+The project's own cluster.yaml is filled in for one head on 127.0.0.1 (placeholders and paths
+only; the setup and start commands run as written) and the launcher reaches it through an sshd
+of this test's own: its own config, host key, authorized key and port-22 listener on the
+loopback, so neither ~/.ssh nor a system sshd is touched. The head's "venv" is a fresh venv that
+sees this test environment's packages through a .pth file, so the setup commands' pip steps
+find everything installed and install raymcn itself, editable, from the mounted ~/raymcn-src.
+
+What `ray up` writes into the home folder (~/.raymcn_env, the ~/.bashrc line, the mounts, the
+bootstrap files) is removed afterwards and ~/.bashrc is restored byte for byte; sshd is stopped.
+Needs root, sshd and rsync (`.ci/run` installs openssh-server and rsync); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
+REPO = Path(__file__).resolve().parents[1]
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+RAY = str(Path(sys.executable).with_name("ray"))
+HOME = Path.home()
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the launcher tier logs in as root over SSH on 127.0.0.1 and needs root"
+    if not (os.path.exists(SSHD) and shutil.which("rsync") and shutil.which("ssh")):
+        return "needs sshd, ssh and rsync (apt-get install openssh-server rsync; .ci/run installs them)"
+    if _port_open(22):
+        return "port 22 on 127.0.0.1 is taken: this test runs its own sshd there"
+    return None
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """An sshd of this test's own on 127.0.0.1:22; yields (private key, work folder)."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("launcher")
+    for name in ("host_key", "id_ed25519"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(work / name)], check=True)
+    shutil.copy(work / "id_ed25519.pub", work / "authorized_keys")
+    (work / "sshd_config").write_text(
+        f"Port 22\nListenAddress 127.0.0.1\nHostKey {work}/host_key\nPidFile {work}/sshd.pid\n"
+        f"AuthorizedKeysFile {work}/authorized_keys\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\n"
+        "Subsystem sftp internal-sftp\n")
+    privsep = Path("/run/sshd")  # sshd refuses to start without it
+    made_privsep = not privsep.exists()
+    privsep.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(work / "sshd_config")],
+                            stdout=open(work / "sshd.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 20
+        while not _port_open(22):
+            assert proc.poll() is None, (work / "sshd.log").read_text()
+            assert time.time() < deadline, "sshd did not listen within 20 s"
+            time.sleep(0.2)
+        yield work / "id_ed25519", work
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if made_privsep:
+            shutil.rmtree(privsep, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def home_restored():
+    """Everything `ray up` / `ray submit` add to the home folder is removed afterwards, and
+    ~/.bashrc and ~/.ray/auth_token are as they were."""
+    before = set(os.listdir(HOME))
+    bashrc = HOME / ".bashrc"
+    saved_bashrc = bashrc.read_bytes() if bashrc.exists() else None
+    token = HOME / ".ray" / "auth_token"
+    had_token = token.exists()
+    yield
+    for name in set(os.listdir(HOME)) - before:
+        path = HOME / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if saved_bashrc is None:
+        bashrc.unlink(missing_ok=True)
+    else:
+        bashrc.write_bytes(saved_bashrc)
+    if not had_token:
+        token.unlink(missing_ok=True)
+    assert set(os.listdir(HOME)) == before
+
+
+def _cluster_venv(work: Path) -> Path:
+    """A venv whose own site-packages start empty but which sees this environment's packages."""
+    venv = work / "cluster-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The `ray` command, as installing ray into the venv would have created it.
+    ray = venv / "bin" / "ray"
+    ray.write_text(f"#!{venv}/bin/python\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n")
+    ray.chmod(0o755)
+    return venv
+
+
+def _filled_cluster_yaml(key: Path, work: Path, venv: Path) -> Path:
+    """The project's cluster.yaml, its placeholders and site paths filled in for 127.0.0.1."""
+    text = (REPO / "cluster.yaml").read_text()
+    fills = {
+        "head_ip: HEAD_IP_PLACEHOLDER": "head_ip: 127.0.0.1",
+        "    - WORKER_IP_1_PLACEHOLDER\n": "",
+        "  worker_ips:\n": "  worker_ips: []\n",
+        "min_workers: 1": "min_workers: 0",
+        "max_workers: 1": "max_workers: 0",
+        "ssh_user: SSH_USER_PLACEHOLDER": "ssh_user: root",
+        "ssh_private_key: ~/.ssh/id_ed25519": f"ssh_private_key: {key}",
+        "export RAYMCN_VENV=$HOME/raymcn-venv": f"export RAYMCN_VENV={venv}",
+        "export RAYMCN_SHARDS=/data/howto100m/shards": f"export RAYMCN_SHARDS={work}/shards",
+        "export RAYMCN_RESULTS=/shared/raymcn_results": f"export RAYMCN_RESULTS={work}/results",
+        "export RAYMCN_CACHE=$HOME/.cache/raymcn": f"export RAYMCN_CACHE={work}/cache",
+    }
+    for placeholder, value in fills.items():
+        assert placeholder in text, f"cluster.yaml no longer has {placeholder!r}"
+        text = text.replace(placeholder, value)
+    assert not [line for line in text.splitlines() if "PLACEHOLDER" in line.split("#")[0]]
+    out = work / "cluster.yaml"
+    out.write_text(text)
+    return out
+
+
+def _ray(*args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
+    """A `ray` launcher command, run from the repository root as the README says."""
+    return subprocess.run([RAY, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _last_json(text: str) -> dict:
+    return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
+
+
+def _trial_statuses(exp: Path) -> dict[str, str]:
+    states = sorted(exp.glob("experiment_state-*.json"))
+    try:
+        data = json.loads(states[-1].read_text()) if states else {"trial_data": []}
+    except ValueError:  # being rewritten
+        return {}
+    return {json.loads(t[0])["trial_id"]: json.loads(t[0])["status"] for t in data["trial_data"]}
+
+
+def _epochs_by_trial(exp: Path) -> dict[str, list[int]]:
+    rows: dict[str, list[int]] = {}
+    for path in exp.glob("*/result.json"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if lines:
+            rows[lines[0]["trial_id"]] = [int(r["epoch"]) for r in lines]
+    return rows
+
+
+def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
+    key, work = sshd
+    (HOME / ".ray").mkdir(exist_ok=True)
+    assert _ray("get-auth-token", "--generate", timeout=60).returncode == 0  # the laptop's one-time step
+    cluster = _filled_cluster_yaml(key, work, _cluster_venv(work))
+    epochs = ["--set", "schedule.epochs=2"]  # the smoke sweep, shortened: 2 trials of 2 epochs
+    try:
+        up = _ray("up", "-y", str(cluster), timeout=900)
+        assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
+
+        # A script of the user's own, run from the home folder, imports the installed package.
+        own = _ray("exec", str(cluster), "cd ~ && python -c 'import raymcn.cli as c; print(c.__file__)'")
+        assert own.returncode == 0 and "/raymcn-src/raymcn/cli.py" in own.stdout, own.stdout[-2000:]
+
+        # The documented command, verbatim (plus a shorter schedule).
+        done = _ray("submit", str(cluster), "sweep.py", "--", "--config", "sweeps/smoke.yaml", "--json", *epochs)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        first = _last_json(done.stdout)
+        exp = Path(first["experiment_dir"])
+        assert exp.parent == work / "results" and set(_trial_statuses(exp).values()) == {"TERMINATED"}
+        assert (exp / "best_by_stage_order.png").exists()
+
+        # A sweep whose driver dies after its first trial (the head's reboot), then the one-line recovery.
+        interrupted = work / "results" / "interrupted"
+        proc = subprocess.Popen([RAY, "submit", str(cluster), "sweep.py", "--", "--config", "sweeps/smoke.yaml",
+                                 "--set", "run.name=interrupted", *epochs], cwd=REPO, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 600
+            while "TERMINATED" not in _trial_statuses(interrupted).values():
+                assert proc.poll() is None, "the sweep ended before it could be interrupted"
+                assert time.time() < deadline, "no trial finished in time"
+                time.sleep(1)
+        finally:
+            subprocess.run(["pkill", "-KILL", "-f", "sweep.py --config sweeps/smoke.yaml --set run.name=interrupted"])
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        finished = [t for t, s in _trial_statuses(interrupted).items() if s == "TERMINATED"]
+        before = _epochs_by_trial(interrupted)
+        resumed = _ray("submit", str(cluster), "sweep.py", "--", "--resume", "latest", "--json")
+        assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+        assert _last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
+        after = _epochs_by_trial(interrupted)
+        assert set(_trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
+        for t in finished:
+            assert after[t] == before[t] == [1, 2]  # kept, not rerun
+    finally:
+        down = _ray("down", "-y", str(cluster), timeout=300)
+    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
+    left = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout.split()
+    assert not left, f"Ray processes left after `ray down`: {left}"

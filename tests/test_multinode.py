@@ -1,0 +1,164 @@
+"""Several nodes on one machine (Ray's multi-node test cluster: a head and 1-CPU nodes, each its own
+raylet): where the workers and the read tasks run, and a node lost mid-run and mid-sweep.
+
+A lost node is ``cluster.remove_node(node, allow_graceful=False)``: its raylet and every process on
+it die at once, as in a power loss. A node is added back a few seconds later (the lab's server
+coming back). The default config must survive this: no ``scale.max_failures`` is set here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raymcn.cli import preset_path
+from raymcn.config import load_config
+
+from conftest import TINY, event_log_callback, read_events
+
+pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    # The head (this driver's node) takes no work: Ray refuses to remove it. Three 1-CPU nodes: the
+    # two Train workers take one each, the read tasks the third.
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
+                                                      "object_store_memory": 150 * 1024**2})
+    for _ in range(3):
+        c.add_node(num_cpus=1, object_store_memory=150 * 1024**2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _cfg(tmp_path: Path, *extra: str):
+    # Each worker reserves a whole CPU of a 1-CPU node: the two workers land on two nodes and the
+    # read tasks on the third, which the workers leave free.
+    return load_config(preset_path(), [*TINY, "scale.num_workers=2", "scale.cpus_per_worker=1",
+                                       f"run.storage_path={tmp_path}", *extra])
+
+
+def train_worker_nodes() -> dict[str, str]:
+    from ray.util.state import list_actors
+
+    alive = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    return {a.actor_id: a.node_id for a in alive}
+
+
+def wait_for(what: str, predicate, timeout: float = 300.0, every: float = 0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def lose_a_worker_node(cluster, back_after: float = 5.0) -> str:
+    """Kill (not drain) a non-head node that hosts a Train worker; add a fresh node back later."""
+    busy = set(wait_for("two Train workers", lambda: (n := train_worker_nodes()) and len(n) == 2 and n).values())
+    victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
+    cluster.remove_node(victim, allow_graceful=False)
+    time.sleep(back_after)
+    cluster.add_node(num_cpus=1, object_store_memory=150 * 1024**2)
+    return victim.node_id
+
+
+def in_background(fn, *args, **kwargs) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_epoch(cluster, tmp_path):
+    from ray.util.state import list_actors, list_tasks
+
+    from raymcn.data import reader
+    from raymcn.train import launch
+
+    epochs = 6
+    cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "run.name=lost-node")
+    log = tmp_path / "events.jsonl"
+    thread, out = in_background(launch.fit, cfg, callbacks=[event_log_callback(log)])
+
+    wait_for("the first checkpoint", lambda: any(e.get("epoch") for e in read_events(log)))
+    nodes = set(train_worker_nodes().values())
+    assert len(nodes) == 2, f"the two workers share a node: {nodes}"
+    head = cluster.head_node.node_id
+    clock = list_actors(filters=[("class_name", "=", "EpochClock"), ("state", "=", "ALIVE")])
+    assert clock and clock[0].node_id == head and head not in nodes  # the epoch travels between nodes through Ray
+    reads = [t for t in list_tasks(filters=[("state", "=", "FINISHED")], limit=10_000) if "ReadRaymcnShards" in t.name]
+    assert reads, "no Ray Data read task was recorded"
+    assert not {t.node_id for t in reads} & nodes, "read tasks ran on a Train worker's node"
+
+    lost = lose_a_worker_node(cluster)
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the run did not finish after the node came back"
+    if "error" in out:
+        raise out["error"]
+    result = out["value"]
+    events = read_events(log)
+    failures = [e for e in events if "failure" in e]
+    reported = [e["epoch"] for e in events if "epoch" in e]
+    assert failures, f"no worker-group failure was seen after node {lost} was removed"
+    assert reported == list(range(1, epochs + 1)), reported  # every epoch once: nothing lost but the partial one
+    assert result.metrics["epoch"] == epochs and result.metrics["text_to_video_R@10"] >= 0
+    assert lost not in set(train_worker_nodes().values())
+    reader.stop_epoch_clock("lost-node")
+
+
+def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path):
+    """The lab's case: a two-stage run (VT_A) lost in stage 2 continues in stage 2 from its checkpoint."""
+    from raymcn.sweep import tuner
+    from raymcn.train import checkpoint
+
+    epochs = 6
+    cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "schedule.stage_order=VT_A", "schedule.stage1_fraction=0.5",
+               "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.max_concurrent=1",
+               "sweep.space={schedule.stage_order: {grid: [VT_A]}}", "run.name=sweep")
+    thread, out = in_background(tuner.run_sweep, cfg)
+
+    def stage2_checkpoint():
+        for run in (tmp_path / "sweep" / "train").glob("train-*"):
+            for ck in checkpoint.list_checkpoints(run):
+                meta = ck / checkpoint.META_FILE
+                if meta.exists() and json.loads(meta.read_text())["epoch"] > epochs // 2:
+                    return run
+        return None
+
+    run_dir = wait_for("a checkpoint in stage 2", stage2_checkpoint)
+    lose_a_worker_node(cluster)
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the sweep did not finish after the node came back"
+    if "error" in out:
+        raise out["error"]
+    result = out["value"]
+    assert result.num_trials == 1 and result.num_errors == 0 and result.num_unfinished == 0
+    rows = [json.loads(line) for p in (tmp_path / "sweep").glob("*/result.json") for line in p.read_text().splitlines()]
+    epochs_seen = [int(r["epoch"]) for r in rows]
+    assert sorted(set(epochs_seen)) == list(range(1, epochs + 1))
+    assert max(r["stage"] for r in rows if r["epoch"] == epochs) == 2  # finished in stage 2, after the loss
+    assert json.loads((checkpoint.list_checkpoints(run_dir)[-1] / checkpoint.META_FILE).read_text())["epoch"] == epochs

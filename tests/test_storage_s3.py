@@ -1,0 +1,136 @@
+"""`run.storage_path` as a bucket URI, against an S3-compatible server (moto's server mode) that
+this module starts on 127.0.0.1: a run's config and checkpoints, a crash resumed from the bucket
+(by URI and with `--resume latest`), a sweep, and the results table read from the bucket.
+
+Ray reaches the server through the usual AWS variables (AWS_ENDPOINT_URL, credentials), which the
+Ray workers inherit from this process, as on a cluster they come from each node's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raymcn.cli import main
+
+from conftest import TINY
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
+MOTO = Path(sys.executable).with_name("moto_server")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    """An S3 server on 127.0.0.1 with one empty bucket; yields its URI. Stops the server after."""
+    if not MOTO.exists():
+        pytest.skip("moto's server is not installed (the test extras install moto[server])")
+    port = _free_port()
+    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        deadline = time.time() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.time() < deadline, "moto_server did not start"
+            time.sleep(0.2)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="raymcn-test")
+        yield "s3://raymcn-test"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _keys(uri: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    from raymcn.data import storage
+
+    fs, path = storage.filesystem(uri)
+    return sorted(i.path.removeprefix(path + "/") for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)))
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, monkeypatch, capsys):
+    runs = f"{bucket}/runs"
+    common = ["--num-workers", "1", "--json", *[a for kv in TINY for a in ("--set", kv)],
+              "--set", "scale.cpus_per_worker=1", "--set", f"run.storage_path={runs}"]
+    monkeypatch.setenv("RAYMCN_FAULT", "raise_after_epoch=2")  # a crash no restart follows
+    assert main(["train", *common, "--set", "scale.max_failures=0"]) != 0
+    monkeypatch.delenv("RAYMCN_FAULT")
+    capsys.readouterr()
+    (run,) = {k.split("/")[0] for k in _keys(runs)}
+    keys = _keys(f"{runs}/{run}")
+    assert "raymcn_config.yaml" in keys and any(k.endswith("/state.pt") for k in keys), keys
+
+    assert main(["train", "--resume", "latest", "--set", f"run.storage_path={runs}", "--set", "scale.max_failures=3",
+                 "--json"]) == 0
+    out = _last_json(capsys)
+    assert out["run_dir"] == f"{runs}/{run}" and out["epochs"] == 3  # continued in the bucket, from epoch 2
+
+
+def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_local, capsys):
+    """The smoke sweep with its storage in the bucket: Tune's state and both trials there, the
+    table and plots from a local copy, MLflow's store in the local cache."""
+    import mlflow
+
+    from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+    from raymcn.results.table import load_experiment
+    from raymcn.sweep.tuner import mlflow_uri
+
+    sweeps = f"{bucket}/sweeps"
+    assert main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={sweeps}",
+                 "--set", "schedule.epochs=2", "--set", "sweep.mlflow=true"]) == 0
+    out = _last_json(capsys)
+    exp = out["experiment_dir"]
+    assert exp.startswith(sweeps + "/")
+    assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint") and PRIMARY_METRIC in out["best_metrics"]
+    keys = _keys(exp)
+    assert "raymcn_sweep.yaml" in keys and sum(k.endswith("/result.json") for k in keys) == 2, keys
+
+    assert main(["table", exp, "--format", "csv"]) == 0
+    csv = capsys.readouterr().out.strip().splitlines()
+    header = csv[0].split(",")
+    assert len(csv) == 1 + 2, csv  # one row per trial
+    for col in ("schedule.stage_order", f"final_{PRIMARY_METRIC}", f"best_{PRIMARY_METRIC}", "total_loss",
+                "epochs", "status", "wall_s", "time_forward_s"):
+        assert col in header, header
+    local = default_cache_dir(Config()) / "experiments" / exp.rsplit("/", 1)[1]
+    trials, curves = load_experiment(local)
+    assert len(trials) == 2 and set(trials["status"]) == {"done"}
+    assert sorted(trials["schedule.stage_order"]) == ["AV_T", "joint"]
+    assert (trials["epochs"] == 2).all() and len(curves) == 4
+    best = curves.groupby("trial")[PRIMARY_METRIC].max()
+    for _, row in trials.iterrows():
+        assert row[f"best_{PRIMARY_METRIC}"] == pytest.approx(best[row["trial"]])
+    for png in ("learning_curves.png", "best_by_stage_order.png"):  # plots go to the local copy
+        assert (local / png).stat().st_size > 5000
+
+    mlflow.set_tracking_uri(mlflow_uri(exp))
+    runs = mlflow.search_runs(search_all_experiments=True)
+    assert len(runs) == 2 and f"metrics.{PRIMARY_METRIC.replace('@', '_at_')}" in runs.columns
