@@ -139,13 +139,14 @@ def test_setup_pins_ray_and_installs_the_mounted_repo(name, offline):
     for pin in pins:
         # ray[default] brings the State API that frees stopped trials' GPUs (ray-notes P3).
         assert {"default", "train", "tune"} <= set(pin.group(1).split(",")), pin.group(0)
-    assert raw["file_mounts"]["~/raymcn"] == "."
+    # Not ~/raymcn: `ray submit` runs from ~, where a folder "raymcn" would shadow the package.
+    assert raw["file_mounts"]["~/raymcn-src"] == "." and "~/raymcn" not in raw["file_mounts"]
     prepared = prepare_config(raw)
     for key in ("head_setup_commands", "worker_setup_commands"):
         installs = [c for c in prepared[key] if "pip install" in c]
         named = [r.strip("\"'") for c in installs for r in RAY_REQUIREMENT.findall(c)]
         assert named and all(RAY_PIN.fullmatch(r) for r in named), (key, named)  # no unpinned ray
-        assert any(re.search(r"pip install.* -e ~/raymcn(\s|$)", c) for c in installs), key
+        assert any(re.search(r"pip install.* -e ~/raymcn-src(\s|$)", c) for c in installs), key
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -153,14 +154,15 @@ def test_submit_command_resolves_on_the_head(name):
     # `ray submit CFG sweep.py -- --config sweeps/stage_order_bohb.yaml` runs in the head's home
     # directory, so sweeps/ must be mounted at ~/sweeps; local paths are relative to the repo root.
     mounts = load(name)["file_mounts"]
-    assert (ROOT / mounts["~/raymcn"] / "sweep.py").is_file()
+    assert (ROOT / mounts["~/raymcn-src"] / "sweep.py").is_file()
     assert (ROOT / mounts["~/sweeps"] / "stage_order_bohb.yaml").is_file()
     assert mounts["~/.ray/auth_token"] == "~/.ray/auth_token"  # one token on every node
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_node_environment_matches_the_lab_sweep(name):
-    """RAYMCN_SHARDS / RAYMCN_RESULTS are where stage_order_bohb.yaml's paths point."""
+    """RAYMCN_SHARDS is where stage_order_bohb.yaml's shards are; its results go to RAYMCN_RESULTS
+    (a shared folder or a bucket), which the sweep files leave to the node environment."""
     env = {}
     for command in load(name)["setup_commands"]:
         m = re.fullmatch(r"echo 'export (\w+)=([^']*)' >>? ~/\.raymcn_env", command.strip())
@@ -168,6 +170,7 @@ def test_node_environment_matches_the_lab_sweep(name):
             env[m.group(1)] = m.group(2)
     sweep = yaml.safe_load((ROOT / "sweeps" / "stage_order_bohb.yaml").read_text())
     assert env["RAYMCN_SHARDS"] == sweep["data"]["shards"]
-    assert env["RAYMCN_RESULTS"] == sweep["run"]["storage_path"]
+    assert not (sweep.get("run") or {}).get("storage_path") and env["RAYMCN_RESULTS"]
+    assert env["RAYMCN_RESULTS"].startswith(("/", "s3://", "gs://"))
     assert env["RAY_AUTH_MODE"] == "token"
 
