@@ -108,7 +108,7 @@ def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_
     nodes = set(train_worker_nodes().values())
     assert len(nodes) == 2, f"the two workers share a node: {nodes}"
     head = cluster.head_node.node_id
-    clock = list_actors(filters=[("class_name", "=", "EpochClock"), ("state", "=", "ALIVE")])
+    clock = list_actors(filters=[("name", "=", reader.clock_name("lost-node")), ("state", "=", "ALIVE")])
     assert clock and clock[0].node_id == head and head not in nodes  # the epoch travels between nodes through Ray
     reads = [t for t in list_tasks(filters=[("state", "=", "FINISHED")], limit=10_000) if "ReadRaymcnShards" in t.name]
     assert reads, "no Ray Data read task was recorded"

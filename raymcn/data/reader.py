@@ -113,7 +113,8 @@ def start_epoch_clock(run_name: str):
     lives until :func:`stop_epoch_clock` or the exit of the process that started it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # On its owner's node (num_cpus=0: it always fits): it dies with the driver anyway.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     _CLOCKS[run_name] = EpochClock.options(name=clock_name(run_name), namespace=CLOCK_NAMESPACE,
                                            get_if_exists=True, scheduling_strategy=here).remote()
     return _CLOCKS[run_name]
