@@ -69,84 +69,103 @@ class ConfigError(ValueError, PermanentError):
 
 
 # --- sections --------------------------------------------------------------------------------------
+def setting(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, choices: tuple | None = None, check: Any = None, why: str = "") -> Any:
+    """A config field with its bounds declared where it is defined (read by :func:`field_problems`).
+
+    ``ge``/``gt``/``le``/``lt`` bound a number, ``choices`` lists the allowed values, ``check`` is a
+    predicate with ``why`` as its message. Adding a setting is one line.
+    """
+    meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, check=check, why=why).items()
+            if v not in (None, "")}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _five_widths(v: tuple[int, ...]) -> bool:
+    return len(v) == 5 and all(c >= 1 for c in v)
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    batch_size: int = 128  # videos per optimizer step, global (split evenly over workers)
-    clips_per_video: int = 32  # n_pair: clips drawn from each video per step
-    min_time: float = 10.0  # captions are merged until a clip spans at least this many seconds
-    audio_frames: int = 1000  # spectrogram frames per training clip (100 frames/s)
-    max_words: int = 20  # tokens per caption
-    shards: str = ""  # directory of tar shards; "" = the synthetic corpus (generated once, cached)
+    batch_size: int = setting(128, ge=1)  # videos per optimizer step, global (shared by the workers)
+    clips_per_video: int = setting(32, ge=1)  # n_pair: clips drawn from each video per step
+    min_time: float = setting(10.0, ge=0)  # captions are merged until a clip spans at least this many seconds
+    audio_frames: int = setting(1000, ge=1)  # spectrogram frames per training clip (100 frames/s)
+    max_words: int = setting(20, ge=1)  # tokens per caption
+    shards: str = ""  # directory of tar shards (~ allowed); "" = the synthetic corpus (generated once, cached)
     eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
     word_vectors: str = ""  # word2vec .bin for eval captions; "" = the shards' vocabulary
-    eval_audio_frames: int = 0  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
+    eval_audio_frames: int = setting(0, ge=0)  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
     cache_dir: str = ""  # "" = $RAYMCN_CACHE or ~/.cache/raymcn
-    synthetic_videos: int = 256  # size of the synthetic training corpus
-    synthetic_eval_clips: int = 256  # size of the held-out synthetic evaluation split
-    synthetic_topics: int = 8
+    synthetic_videos: int = setting(256, ge=1)  # size of the synthetic training corpus
+    synthetic_eval_clips: int = setting(256, ge=1)  # size of the held-out synthetic evaluation split
+    synthetic_topics: int = setting(8, ge=1)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    video_dim: int = 4096  # 2048 (2D ResNet-152) + 2048 (3D ResNeXt-101)
-    word_dim: int = 300  # word2vec GoogleNews
-    embed_dim: int = 6144  # the shared space
-    audio_channels: tuple[int, ...] = (128, 128, 256, 512, 1024)  # conv1, layer1..layer4
-    audio_blocks: int = 2  # residual blocks per DAVEnet layer
-    mel_bins: int = 40
+    video_dim: int = setting(4096, ge=1)  # 2048 (2D ResNet-152) + 2048 (3D ResNeXt-101)
+    word_dim: int = setting(300, ge=1)  # word2vec GoogleNews
+    embed_dim: int = setting(6144, ge=1)  # the shared space
+    audio_channels: tuple[int, ...] = setting((128, 128, 256, 512, 1024), check=_five_widths,  # conv1, layer1..4
+                                              why="needs 5 positive widths (conv1, layer1..layer4)")
+    audio_blocks: int = setting(2, ge=1)  # residual blocks per DAVEnet layer
+    mel_bins: int = setting(40, ge=1)
     recon: bool = True  # build the reconstruction heads
-    recon_hidden: int = 1024
+    recon_hidden: int = setting(1024, ge=1)
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    margin: float = 0.001  # subtracted from the target logit (MMS diagonal, cluster CE target)
-    num_clusters: int = 256  # K of the cosine k-means
-    queue_steps: int = 20  # queue length in steps' worth of rows
-    queue_clip_fraction: float = 0.5  # share of each video's clips pushed into the queue per step
-    refresh_every: int = 20  # steps between full k-means refits (independent of the queue length)
-    kmeans_iters: int = 100
-    kmeans_tol: float = 1e-4
-    queue_dtype: str = "float32"  # float32 | bfloat16
-    cluster_weight: float = 1.0
-    cluster_on: str = "modalities"  # modalities: mean of CE(v), CE(a), CE(t) | fused: CE((v+a+t)/3)
-    recon_weight: float = 50.0
+    margin: float = setting(0.001, ge=0)  # subtracted from the target logit (MMS diagonal, cluster CE target)
+    num_clusters: int = setting(256, ge=1)  # K of the cosine k-means
+    queue_steps: int = setting(20, ge=1)  # queue length in steps' worth of rows
+    queue_clip_fraction: float = setting(0.5, gt=0, le=1)  # share of each video's clips pushed per step
+    refresh_every: int = setting(20, ge=1)  # steps between full k-means refits (independent of the queue length)
+    kmeans_iters: int = setting(100, ge=1)
+    kmeans_tol: float = setting(1e-4, ge=0)
+    queue_dtype: str = setting("float32", choices=("float32", "bfloat16"))
+    cluster_weight: float = setting(1.0, ge=0)
+    cluster_on: str = setting("modalities", choices=("modalities", "fused"))  # mean of CE(v), CE(a), CE(t) | CE(mean)
+    recon_weight: float = setting(50.0, ge=0)
     detach_recon_targets: bool = False  # the original lets gradient flow into audio/text targets
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-4
-    warmup_steps: int = 5000
-    weight_decay: float = 0.0
-    grad_clip: float = 0.0  # 0 = off
-    max_nonfinite_steps: int = 3  # consecutive non-finite steps skipped before the run stops (0 = stop at once)
+    lr: float = setting(1e-4, gt=0)
+    warmup_steps: int = setting(5000, ge=0)
+    weight_decay: float = setting(0.0, ge=0)
+    grad_clip: float = setting(0.0, ge=0)  # 0 = off
+    max_nonfinite_steps: int = setting(3, ge=0)  # consecutive non-finite steps skipped before the run stops
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    epochs: int = 30
-    stage_order: str = "joint"  # AV_T | VT_A | AT_V | joint
-    stage1_fraction: float = 0.5  # share of the run's steps spent in stage 1 (ignored by joint)
-    steps_per_epoch: int = 0  # 0 = videos // batch_size
+    epochs: int = setting(30, ge=1)
+    stage_order: str = setting("joint", choices=STAGE_ORDERS)
+    stage1_fraction: float = setting(0.5, gt=0, lt=1)  # share of the run's steps spent in stage 1 (not joint)
+    steps_per_epoch: int = setting(0, ge=0)  # 0 = videos // batch_size
 
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    num_workers: int = 2  # Ray Train workers (one per GPU); 0 = in-process, no Ray workers
+    num_workers: int = setting(2, ge=0)  # Ray Train workers (one per GPU); 0 = in-process, no Ray workers
     use_gpu: bool = False
-    cpus_per_worker: float = 1.0  # leave CPUs unreserved for Ray Data (ray-notes P1)
-    max_failures: int = 3  # worker-group restarts from the latest checkpoint (lost worker or node)
+    cpus_per_worker: float = setting(1.0, gt=0)  # leave CPUs unreserved for Ray Data (ray-notes P1)
+    max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
 
 
 @dataclass(frozen=True)
 class RunSection:
     name: str = ""  # "" = a unique name per fresh run (a reused name silently resumes)
-    storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results
+    storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results; a folder or a bucket URI
     seed: int = 1
-    checkpoints_to_keep: int = 2
-    log_every: int = 10  # steps between progress lines
+    checkpoints_to_keep: int = setting(2, ge=1)
+    log_every: int = setting(10, ge=1)  # steps between progress lines
     # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.
@@ -155,17 +174,17 @@ class RunSection:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    algorithm: str = "random"  # bohb | asha | optuna | random | grid
-    suggest: str = "random"  # asha only: where new configs come from, random | optuna (TPE)
-    num_samples: int = 4
-    max_concurrent: int = 1  # = total GPUs // GPUs per trial
-    grace_epochs: int = 1  # first rung of ASHA / HyperBand, in epochs
-    reduction_factor: int = 3
+    algorithm: str = setting("random", choices=SEARCH_ALGORITHMS)
+    suggest: str = setting("random", choices=("random", "optuna"))  # asha only: where new configs come from
+    num_samples: int = setting(4, ge=1)
+    max_concurrent: int = setting(1, ge=1)  # = total GPUs // GPUs per trial
+    grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in epochs
+    reduction_factor: int = setting(3, ge=2)
     seed: int = 0
-    space: dict = field(default_factory=dict)  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
+    space: dict = setting({})  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
     mlflow: bool = False
     wandb: bool = False
-    max_trial_failures: int = 2  # retries of a trial whose driver or node died (permanent errors: none)
+    max_trial_failures: int = setting(2, ge=0)  # retries of a trial whose driver or node died (permanent errors: none)
 
 
 @dataclass(frozen=True)
@@ -351,51 +370,52 @@ def _build(raw: dict[str, Any], problems: list[str]) -> Config:
     return cfg
 
 
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _bound_problem(key: str, value: Any, meta: dict[str, Any]) -> str | None:
+    """The message for ``value`` against the bounds declared at its field (None when it is in them)."""
+    shown = list(value) if isinstance(value, tuple) else value
+    if "choices" in meta and value not in meta["choices"]:
+        return f"{key}={value!r}: allowed values are {', '.join(map(str, meta['choices']))}"
+    if "check" in meta and not meta["check"](value):
+        return f"{key}={shown}: {meta['why']}"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    ge, gt, le, lt = (meta.get(k) for k in ("ge", "gt", "le", "lt"))
+    ok = math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt) and (
+        le is None or value <= le) and (lt is None or value < lt)
+    if ok:
+        return None
+    if gt is not None and lt is not None:
+        return f"{key}={value}: must lie strictly between {_num(gt)} and {_num(lt)}"
+    if gt is not None and le is not None:
+        return f"{key}={value}: must lie in ({_num(gt)}, {_num(le)}]"
+    if gt == 0:
+        return f"{key}={value}: must be a positive number"
+    return f"{key}={value}: must be {'>' if gt is not None else '>='} {_num(gt if gt is not None else ge)}"
+
+
+def field_problems(section_name: str, section: Any) -> list[str]:
+    """Every field of ``section`` against the bounds its :func:`setting` declares, in field order."""
+    problems = []
+    for f in dataclasses.fields(section):
+        msg = _bound_problem(f"{section_name}.{f.name}", getattr(section, f.name), f.metadata)
+        if msg:
+            problems.append(msg)
+    return problems
+
+
 def validate(cfg: Config) -> list[str]:
-    """Range and cross-field checks; returns the list of problems (empty when valid)."""
-    p: list[str] = []
+    """Bounds of every field, then the cross-field checks; returns the problems (empty when valid)."""
+    p = [msg for name in SECTIONS if name != "sweep" for msg in field_problems(name, getattr(cfg, name))]
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
             p.append(msg)
 
-    d, m, lo, o, s, sc, r = cfg.data, cfg.model, cfg.loss, cfg.optim, cfg.schedule, cfg.scale, cfg.run
-    for key, value in [("data.batch_size", d.batch_size), ("data.clips_per_video", d.clips_per_video),
-                       ("data.audio_frames", d.audio_frames), ("data.max_words", d.max_words),
-                       ("model.video_dim", m.video_dim), ("model.word_dim", m.word_dim),
-                       ("model.embed_dim", m.embed_dim), ("model.audio_blocks", m.audio_blocks),
-                       ("model.mel_bins", m.mel_bins), ("model.recon_hidden", m.recon_hidden),
-                       ("loss.num_clusters", lo.num_clusters), ("loss.queue_steps", lo.queue_steps),
-                       ("loss.refresh_every", lo.refresh_every), ("loss.kmeans_iters", lo.kmeans_iters),
-                       ("schedule.epochs", s.epochs), ("run.checkpoints_to_keep", r.checkpoints_to_keep),
-                       ("run.log_every", r.log_every),
-                       ("data.synthetic_videos", d.synthetic_videos),
-                       ("data.synthetic_eval_clips", d.synthetic_eval_clips),
-                       ("data.synthetic_topics", d.synthetic_topics)]:
-        need(value >= 1, f"{key}={value}: must be >= 1")
-    for key, value in [("optim.lr", o.lr), ("scale.cpus_per_worker", sc.cpus_per_worker)]:
-        need(value > 0 and math.isfinite(value), f"{key}={value}: must be a positive number")
-    for key, value in [("data.min_time", d.min_time), ("optim.warmup_steps", o.warmup_steps),
-                       ("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip),
-                       ("loss.margin", lo.margin), ("loss.kmeans_tol", lo.kmeans_tol),
-                       ("loss.cluster_weight", lo.cluster_weight), ("loss.recon_weight", lo.recon_weight),
-                       ("scale.num_workers", sc.num_workers), ("scale.max_failures", sc.max_failures),
-                       ("schedule.steps_per_epoch", s.steps_per_epoch),
-                       ("optim.max_nonfinite_steps", o.max_nonfinite_steps),
-                       ("data.eval_audio_frames", d.eval_audio_frames)]:
-        need(value >= 0, f"{key}={value}: must be >= 0")
-    need(len(m.audio_channels) == 5 and all(c >= 1 for c in m.audio_channels),
-         f"model.audio_channels={list(m.audio_channels)}: needs 5 positive widths (conv1, layer1..layer4)")
-    need(s.stage_order in STAGE_ORDERS,
-         f"schedule.stage_order={s.stage_order!r}: allowed values are {', '.join(STAGE_ORDERS)}")
-    need(0.0 < s.stage1_fraction < 1.0,
-         f"schedule.stage1_fraction={s.stage1_fraction}: must lie strictly between 0 and 1")
-    need(0.0 < lo.queue_clip_fraction <= 1.0,
-         f"loss.queue_clip_fraction={lo.queue_clip_fraction}: must lie in (0, 1]")
-    need(lo.queue_dtype in ("float32", "bfloat16"),
-         f"loss.queue_dtype={lo.queue_dtype!r}: allowed values are float32, bfloat16")
-    need(lo.cluster_on in ("modalities", "fused"),
-         f"loss.cluster_on={lo.cluster_on!r}: allowed values are modalities, fused")
+    d, lo, sc = cfg.data, cfg.loss, cfg.scale
     if d.batch_size >= 1 and sc.num_workers >= 1:
         need(d.batch_size % sc.num_workers == 0,
              f"data.batch_size={d.batch_size} is not divisible by scale.num_workers={sc.num_workers}: "
@@ -410,8 +430,7 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or sc.num_workers >= 1,
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
-    sweep_problems = validate_sweep(cfg.sweep)
-    p.extend(sweep_problems)
+    p.extend(validate_sweep(cfg.sweep))
     if not p:
         p.extend(_validate_trial_configs(cfg))
     return p
@@ -446,20 +465,8 @@ def _validate_trial_configs(cfg: Config, limit: int = 512) -> list[str]:
 
 
 def validate_sweep(sw: SweepConfig) -> list[str]:
-    """Checks of the ``sweep:`` section: algorithm, budget and every search-space entry."""
-    p: list[str] = []
-    if sw.algorithm not in SEARCH_ALGORITHMS:
-        p.append(f"sweep.algorithm={sw.algorithm!r}: allowed values are {', '.join(SEARCH_ALGORITHMS)}")
-    for key, value in [("sweep.num_samples", sw.num_samples), ("sweep.max_concurrent", sw.max_concurrent),
-                       ("sweep.grace_epochs", sw.grace_epochs)]:
-        if value < 1:
-            p.append(f"{key}={value}: must be >= 1")
-    if sw.max_trial_failures < 0:
-        p.append(f"sweep.max_trial_failures={sw.max_trial_failures}: must be >= 0")
-    if sw.suggest not in ("random", "optuna"):
-        p.append(f"sweep.suggest={sw.suggest!r}: allowed values are random, optuna")
-    if sw.reduction_factor < 2:
-        p.append(f"sweep.reduction_factor={sw.reduction_factor}: must be >= 2")
+    """Checks of the ``sweep:`` section: its fields' bounds and every search-space entry."""
+    p = field_problems("sweep", sw)
     keys = [k for k in all_keys() if not k.startswith("sweep.")]
     types = {f"{s}.{k}": t for s, cls in SECTIONS.items() for k, t in _field_types(cls).items()}
     for key, spec in sw.space.items():

@@ -92,3 +92,29 @@ def test_presets_are_valid():
 
     for f in [preset_path(), *Path(__file__).parents[1].joinpath("sweeps").glob("*.yaml")]:
         load_config(f)
+
+
+def test_every_bound_is_declared_at_its_field_and_checked():
+    """Bounds live in each field's metadata (one edit adds a setting); the one checker refuses a value
+    past each bound, naming the key, and accepts the defaults."""
+    import dataclasses
+
+    from raymcn.config import SECTIONS, Config, ConfigError
+
+    checked = 0
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if "ge" in meta or "gt" in meta:
+                low = meta.get("ge", meta.get("gt"))
+                bad = low - 1 if "ge" in meta else low  # just past the lower bound
+            elif "choices" in meta:
+                bad = "no-such-value"
+            else:
+                continue
+            with pytest.raises(ConfigError) as e:
+                Config().replace({f"{name}.{f.name}": bad})
+            assert any(p.startswith(f"{name}.{f.name}=") for p in e.value.problems), (name, f.name, e.value.problems)
+            checked += 1
+    assert checked >= 40  # most settings carry a bound
+    Config().replace({})  # the defaults satisfy every bound (replace validates)
