@@ -12,9 +12,9 @@ embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, 
 
 * **raymcn, per rank**: the real :class:`raymcn.losses.MCNObjective` (contrastive MMS on the three
   pairs, cluster CE against fixed centroids on a non-refresh step, reconstruction, queue push),
-  as rank 0 of N. One process plays rank 0: ``raymcn.losses.gather.dist`` is replaced by a stand-in
-  whose ``all_gather_single`` fills the other ranks' rows with copies of rank 0's and whose
-  ``all_reduce`` / ``broadcast`` do nothing. So every allocation of the real code path is made
+  as rank 0 of N. One process plays rank 0: the objective is built with the collectives of rank 0
+  of N (``Rank0Of``: a ``Collectives`` whose gather fills the other ranks' rows with copies of rank
+  0's and whose mean / broadcast do nothing). So every allocation of the real code path is made
   (the gathered ``(B, D)`` tensors, the normalisers, the ``b×B`` row and column slabs and their
   gradients); only the wire is missing (gloo's internal buffers are not counted). The rank holds
   b = B/N clips.
@@ -61,23 +61,21 @@ same X).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 import torch
-import torch.distributed as torch_dist
 import torch.nn.functional as F
 
-import raymcn.losses.gather as gather_module
 from raymcn.config import Config, ModelConfig
-from raymcn.losses import FeatureQueue, MCNObjective, cosine_kmeans
+from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
 from raymcn.train import footprint
+from raymcn.train.build import build_objective
+from raymcn.train.plan import make_plan
 
 MIB = 1 << 20
 EMBED_DIM = ModelConfig().embed_dim  # 6144
@@ -87,38 +85,30 @@ MARGIN = 0.001
 
 
 # --- raymcn: rank 0 of N in one process ------------------------------------------------------------
-@contextlib.contextmanager
-def as_rank0_of(world: int):
-    """Make :mod:`raymcn.losses.gather` believe it is rank 0 of ``world`` (no-op for world 1).
+class Rank0Of(Collectives):
+    """Rank 0 of ``world``, played in one process: the objective's collectives with only the
+    transport missing. ``all_gather`` allocates the (world·b, ...) result as the real one does and
+    fills every rank's part with rank 0's rows; the mean and the broadcast leave the tensor as is."""
 
-    Only the transport is faked: ``all_gather`` copies rank 0's rows into every part (same shapes
-    and allocations as the real collective), ``all_reduce`` and ``broadcast`` leave the tensor as is.
-    """
-    if world == 1:
-        yield
-        return
+    def __init__(self, world: int):
+        super().__init__(0, world)
 
-    def all_gather_single(out, x):  # into one (world·b, ...) tensor, as gloo/NCCL fill it
-        for part in out.view(world, *x.shape):
+    def _gather_into(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        for part in out.view(self.world, *x.shape):
             part.copy_(x)
 
-    fake = types.SimpleNamespace(
-        is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 0,
-        get_world_size=lambda: world, ReduceOp=torch_dist.ReduceOp, all_gather_single=all_gather_single,
-        all_gather_into_tensor=all_gather_single, all_reduce=lambda t, op=None: None,
-        broadcast=lambda t, src=0: None)
-    real = gather_module.dist
-    gather_module.dist = fake
-    try:
-        yield
-    finally:
-        gather_module.dist = real
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().clone()
+
+    def broadcast_from_rank0(self, t: torch.Tensor) -> torch.Tensor:
+        return t
 
 
-def loss_config(clips: int, world: int, queue_dtype: str = "float32") -> Config:
+def loss_config(clips: int, world: int, queue_dtype: str = "float32", dim: int = EMBED_DIM) -> Config:
     """Paper loss settings for B = ``clips`` global clips (32 per video) over ``world`` ranks."""
     return Config().replace({"data.batch_size": clips // CLIPS_PER_VIDEO, "data.clips_per_video": CLIPS_PER_VIDEO,
-                             "scale.num_workers": world, "loss.queue_dtype": queue_dtype, "loss.kmeans_iters": 1})
+                             "scale.num_workers": world, "loss.queue_dtype": queue_dtype, "loss.kmeans_iters": 1,
+                             "model.embed_dim": dim})
 
 
 def _recon_widths(dim: int) -> dict[str, int]:
@@ -150,18 +140,17 @@ def _inputs(src: dict) -> dict:
 
 def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True) -> tuple[int, float]:
     """Peak bytes and seconds of rank 0's objective forward + backward (b = clips / world)."""
-    cfg = loss_config(clips, world)
+    cfg = loss_config(clips, world, dim=dim)
     b = clips // world
     src = _sources(b, dim, recon)
-    objective = MCNObjective(cfg, dim, "cpu")
+    objective = build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), "cpu", comm=Rank0Of(world))
     objective.centroids = torch.randn(cfg.loss.num_clusters, dim, generator=torch.Generator().manual_seed(1))
     objective.active = frozenset(MODALITIES)
 
     def step() -> None:
         out = _inputs(src)
-        with as_rank0_of(world):
-            terms = objective(out, frozenset(MODALITIES), step=1)  # step 1: not a refresh step
-            terms["total_loss"].backward()
+        terms = objective(out, frozenset(MODALITIES), step=1)  # step 1: not a refresh step
+        terms["total_loss"].backward()
 
     t0 = time.perf_counter()
     _, peak, _ = footprint.peak_allocated_bytes(step)

@@ -6,7 +6,8 @@
     python bench/step.py --zero-grad-late    # the earlier loop order, zero_grad after the loss (before/after)
 
 What runs: the real training step, ``raymcn.train.loop.train_one_epoch`` on a one-batch epoch
-(forward, MCNObjective, backward, gradient-norm check, Adam, LR schedule), one process, no Ray,
+(forward, MCNObjective, backward, gradient-norm check, Adam, LR schedule) of the run as
+``raymcn.train.build.assemble`` builds it (the Ray worker's assembly), one process, no Ray,
 fp32 on CPU. The model is ``ModelConfig()`` (223.8 M parameters, 6144-d space, full-width
 DAVEnet); the batch follows the batch contract with 1000 audio frames (fp16) and random values.
 Clips are grouped 8 per video (``data.clips_per_video``) and ``loss.num_clusters`` = min(256,
@@ -131,10 +132,10 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
     """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from raymcn.losses import MCNObjective
     from raymcn.losses.objective import KMEANS_REFIT
-    from raymcn.model import MCN
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.build import assemble
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.plan import make_plan
 
     rss_start = _status_kib("VmRSS") * 1024
     cfg = step_config(clips)
@@ -143,20 +144,18 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
     # The profiler records from before the first tensor is made, so every allocation *and* free of
     # the model, optimizer, queue and batch is in the trace and live bytes are absolute.
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        torch.manual_seed(cfg.run.seed)
-        model = MCN(cfg.model)
+        # The run as the Ray worker assembles it (one process: no DDP wrap); Adam's state is
+        # allocated at its first step, inside the trace.
+        run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
+        model, optimizer, scheduler, objective, state = run.model, run.optimizer, run.scheduler, run.objective, run.state
         batch = make_batch(cfg, clips)
         inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
         # 1. saved activations of one forward (the graph is dropped right after)
         state_tensors = tuple(model.parameters()) + tuple(model.buffers())
         out, saved = footprint.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
         del out  # frees the graph and its saved tensors
-        optimizer = build_optimizer(model, cfg)
-        scheduler = build_scheduler(optimizer, cfg, total_steps=10_000)
-        objective = MCNObjective(cfg, cfg.model.embed_dim, cpu)
         # A full queue, so the warm-up refit builds the k-means input the estimate counts.
         objective.queue.push(torch.randn(objective.queue.capacity, cfg.model.embed_dim))
-        state = LoopState()
 
         def one_step() -> dict:
             if zero_grad_late:
@@ -225,7 +224,7 @@ def _loss_peak(model, objective, batch: dict, active: frozenset, step: int) -> i
     for k, v in out.items():
         leaves[k] = (tuple(t.detach().requires_grad_() for t in v) if isinstance(v, tuple)
                      else v.detach().requires_grad_())
-    step = step if step % objective.cfg.loss.refresh_every else step + 1
+    step = step if step % objective.loss.refresh_every else step + 1
     _, peak, _ = footprint.peak_allocated_bytes(lambda: objective(leaves, active, step)["total_loss"].backward())
     return peak
 

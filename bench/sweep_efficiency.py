@@ -11,9 +11,9 @@ Method
   (all choices; see ``SPACE``). ``schedule.stage1_fraction`` is 0.1, so stage 1 is the first epoch
   and the schedulers' clock ``budget_epoch`` = epoch - 1 runs 0..9 (``max_t`` = 9).
 * One Tune trial = one training run inside a Tune *function trainable* (1 CPU,
-  ``torch.set_num_threads(1)``), using raymcn's own loop (``train_one_epoch``, ``evaluate``,
-  ``build_optimizer``, ``build_scheduler``, ``LoopState``, ``MCNObjective``). No Ray Train:
-  trials here are small enough to run in the trial process. Each epoch it reports ``epoch``,
+  ``torch.set_num_threads(1)``), assembled and run as the Ray worker runs it
+  (``raymcn.train.build.assemble`` and ``run_epochs``, with in-memory batches and a Tune report as
+  its hooks). No Ray Train: trials here are small enough to run in the trial process. Each epoch it reports ``epoch``,
   ``budget_epoch`` and R@10 with a ``tune.Checkpoint`` holding model, optimizer, LR scheduler,
   clustering state, loop counters and RNG states (``raymcn.train.checkpoint``), so a trial paused
   by HyperBandForBOHB continues where it stopped instead of restarting. The training seed
@@ -83,51 +83,38 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     from ray import tune
 
     from raymcn.config import PRIMARY_METRIC, Config
-    from raymcn.losses import MCNObjective
-    from raymcn.model import MCN
     from raymcn.sweep.space import plain
     from raymcn.train import checkpoint
-    from raymcn.train.loop import (LoopState, NonFiniteLossError, build_optimizer, build_scheduler, evaluate,
-                                   train_one_epoch)
-    from raymcn.train.stages import budget_epoch, switch_step
+    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.loop import NonFiniteLossError, evaluate
+    from raymcn.train.plan import make_plan
 
     torch.set_num_threads(1)
     cfg = Config.from_dict(base).replace(plain(config))  # BOHB hands out np.int64 / np.str_
-    device = torch.device("cpu")
     videos, eval_set = _data(cfg)
-    steps = videos.steps_per_epoch(cfg)
-    epochs = cfg.schedule.epochs
-    total = steps * epochs
-    switch = switch_step(cfg.schedule.stage_order, cfg.schedule.stage1_fraction, total)
-
-    torch.manual_seed(cfg.run.seed)
-    model = MCN(cfg.model)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total)
-    objective = MCNObjective(cfg, cfg.model.embed_dim, device)
-    state = LoopState()
+    # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
+    run = assemble(cfg, make_plan(cfg, videos=len(videos.records)), device="cpu")
     ckpt = tune.get_checkpoint()
     if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo
         with ckpt.as_directory() as d:
-            checkpoint.restore(checkpoint.load(d), model=model, optimizer=optimizer, scheduler=scheduler,
-                               objective=objective, loop=state)
-    for epoch in range(state.epoch, epochs):
-        state.epoch = epoch
-        t0 = time.perf_counter()
-        try:
-            train_one_epoch(model, objective, optimizer, scheduler, videos.batches(cfg, epoch, 0, 1, steps),
-                            cfg=cfg, state=state, device=device, switch=switch)
-        except NonFiniteLossError:
-            return  # a diverged config ends its trial; its reported epochs stay counted
-        state.epoch = epoch + 1
-        metrics = evaluate(model, eval_set, device)
-        result = {PRIMARY_METRIC: float(metrics[PRIMARY_METRIC]), "epoch": state.epoch,
-                  "budget_epoch": budget_epoch(state.epoch, cfg.schedule.stage1_fraction, epochs),
-                  "epoch_time_s": time.perf_counter() - t0}
+            checkpoint.restore(checkpoint.load(d), **run.parts())
+    started = [time.perf_counter()]
+
+    def report(run, metrics: dict) -> None:
+        result = {PRIMARY_METRIC: float(metrics[PRIMARY_METRIC]), "epoch": run.state.epoch,
+                  "budget_epoch": run.plan.budget_epoch(run.state.epoch),
+                  "epoch_time_s": time.perf_counter() - started[0]}
         with tempfile.TemporaryDirectory() as d:
-            checkpoint.save(d, model=model, optimizer=optimizer, scheduler=scheduler, objective=objective,
-                            loop=state)
+            checkpoint.save(d, **run.parts())
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(d))
+        started[0] = time.perf_counter()
+
+    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, run.plan.steps_per_epoch), None),
+                       evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=report)
+    try:
+        run_epochs(run, hooks)
+    except NonFiniteLossError:
+        return  # a diverged config ends its trial; its reported epochs stay counted
 
 
 # --- the budget ledger (runs in the driver) ---------------------------------------------------------

@@ -198,15 +198,7 @@ class Config:
     run: RunSection = RunSection()
     sweep: SweepConfig = SweepConfig()
 
-    # --- derived values (one definition each) ---
-    @property
-    def world_size(self) -> int:
-        return max(1, self.scale.num_workers)
-
-    @property
-    def videos_per_worker(self) -> int:
-        return self.data.batch_size // self.world_size
-
+    # --- derived values of the config alone (one definition each; the run plan holds the rest) ---
     @property
     def clips_per_step(self) -> int:
         """Global clips per step, B = batch_size · clips_per_video."""

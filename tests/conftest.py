@@ -61,3 +61,11 @@ def read_events(path) -> list[dict]:
 
     path = Path(path)
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def objective_for(cfg, device="cpu", comm=None):
+    """The run's objective for ``cfg`` as the run assembly builds it (a one-step plan, no shards)."""
+    from raymcn.train.build import build_objective
+    from raymcn.train.plan import make_plan
+
+    return build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), device, comm)

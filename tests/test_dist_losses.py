@@ -15,7 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raymcn.config import Config
-from raymcn.losses import MCNObjective, all_reduce_mean
+from raymcn.losses import Collectives
+
+from conftest import objective_for
 
 pytestmark = pytest.mark.dist
 
@@ -30,7 +32,7 @@ def _cfg(cluster_on: str) -> Config:
         "data.batch_size": VIDEOS, "data.clips_per_video": CLIPS, "scale.num_workers": WORLD,
         "loss.num_clusters": 3, "loss.refresh_every": 2, "loss.queue_steps": 2, "loss.queue_clip_fraction": 0.5,
         "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.margin": 0.1, "loss.cluster_on": cluster_on,
-        "loss.cluster_weight": 0.7, "loss.recon_weight": 2.0, "run.seed": 3,
+        "loss.cluster_weight": 0.7, "loss.recon_weight": 2.0, "run.seed": 3, "model.embed_dim": DIM,
     })
 
 
@@ -47,7 +49,7 @@ def _run(rank: int, world: int) -> list[dict]:
     local = VIDEOS * CLIPS // world
     rows = slice(rank * local, (rank + 1) * local)  # whole videos per rank, video-major
     for cluster_on in ("modalities", "fused"):
-        model, objective, step = _model(), MCNObjective(_cfg(cluster_on), DIM, "cpu"), 0
+        model, objective, step = _model(), objective_for(_cfg(cluster_on), comm=Collectives.from_process_group()), 0
         for active in ACTIVE_SETS:
             for _ in range(STEPS_PER_SET):
                 g = torch.Generator().manual_seed(100 + step)
@@ -70,7 +72,7 @@ def _run(rank: int, world: int) -> list[dict]:
                         grad /= world
                     grads[name] = grad
                 records.append({"cluster_on": cluster_on, "step": step, "active": sorted(active),
-                                "terms": {k: all_reduce_mean(v) for k, v in terms.items()}, "grads": grads,
+                                "terms": {k: objective.comm.all_reduce_mean(v) for k, v in terms.items()}, "grads": grads,
                                 "centroids": objective.centroids.clone(), "queue": objective.queue.contents()})
                 step += 1
     return records

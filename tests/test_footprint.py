@@ -15,6 +15,8 @@ from raymcn.config import Config, ModelConfig
 from raymcn.train import footprint
 from raymcn.train.footprint import GIB, estimate_worker_memory, fits
 
+from conftest import objective_for
+
 TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
         "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}
 
@@ -59,7 +61,7 @@ def test_parameter_terms_do_not_depend_on_the_batch(paper_params):
 @pytest.mark.parametrize("batch,workers", [(8, 1), (16, 2), (64, 4), (128, 4), (128, 2)])
 def test_slab_term_is_proportional_to_local_times_global_clips(paper_params, batch, workers):
     cfg = _cfg(**{"data.batch_size": batch, "scale.num_workers": workers})
-    b, big_b = cfg.videos_per_worker * cfg.data.clips_per_video, cfg.clips_per_step
+    b, big_b = batch // workers * cfg.data.clips_per_video, cfg.clips_per_step
     slabs = estimate_worker_memory(cfg, params=paper_params)["loss_slabs"]
     # (2 per pair x 3 pairs + 3 transient) b x B fp32 slabs, whatever the split
     assert slabs == 9 * b * big_b * 4
@@ -204,7 +206,6 @@ def _measured_tiny_step() -> dict:
     for the conv path this process takes (runs in-process, or as a script under another ISA cap)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from raymcn.losses import MCNObjective
     from raymcn.model import MCN
     from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
 
@@ -216,7 +217,7 @@ def _measured_tiny_step() -> dict:
         model = MCN(cfg.model)
         batch = _tiny_batch(cfg, 32)
         opt = build_optimizer(model, cfg)
-        objective = MCNObjective(cfg, cfg.model.embed_dim, cpu)
+        objective = objective_for(cfg)
         state = LoopState()
         for _ in range(2):
             train_one_epoch(model, objective, opt, build_scheduler(opt, cfg, 100), [batch], cfg=cfg, state=state,

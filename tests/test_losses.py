@@ -10,14 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from raymcn.config import Config
-from raymcn.losses import (FeatureQueue, MCNObjective, assign_clusters, cluster_ce, cosine_kmeans, mms_loss,
+from raymcn.losses import (FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans, mms_loss,
                            recon_loss, world_info)
+
+from conftest import objective_for
 
 
 def _cfg(**overrides) -> Config:
     base = {"data.batch_size": 4, "data.clips_per_video": 6, "loss.num_clusters": 3, "loss.queue_steps": 3,
             "loss.queue_clip_fraction": 0.5, "loss.refresh_every": 2, "loss.kmeans_iters": 20,
-            "scale.num_workers": 0}
+            "scale.num_workers": 0, "model.embed_dim": 8}
     base.update(overrides)
     return Config().replace(base)
 
@@ -241,7 +243,7 @@ def test_world_info_without_process_group():
 
 def test_objective_terms_inactive_modality_and_weighted_total():
     cfg = _cfg(**{"loss.cluster_weight": 0.5, "loss.recon_weight": 3.0})
-    obj = MCNObjective(cfg, embed_dim=8, device="cpu")
+    obj = objective_for(cfg)
     out = _out(24, 8, 0)
     terms = obj(out, frozenset({"video", "audio"}), step=0)
     assert set(terms) == {"av_contrastive_loss", "contrastive_loss", "cluster_loss", "recon_loss", "total_loss"}
@@ -263,7 +265,7 @@ def test_objective_terms_inactive_modality_and_weighted_total():
 def test_objective_all_pairs_and_cluster_variants():
     out = _out(24, 8, 1, recon=False)
     cfg = _cfg()
-    terms = MCNObjective(cfg, 8, "cpu")(out, frozenset({"video", "audio", "text"}), 0)
+    terms = objective_for(cfg)(out, frozenset({"video", "audio", "text"}), 0)
     assert set(terms) == {"tv_contrastive_loss", "at_contrastive_loss", "av_contrastive_loss", "contrastive_loss",
                           "cluster_loss", "total_loss"}
     torch.testing.assert_close(terms["contrastive_loss"], terms["tv_contrastive_loss"] + terms["at_contrastive_loss"]
@@ -271,7 +273,7 @@ def test_objective_all_pairs_and_cluster_variants():
     torch.testing.assert_close(terms["tv_contrastive_loss"],
                                mms_loss(out["text"], out["video"], out["text"], out["video"], 0, cfg.loss.margin))
     # cluster CE: labels from the fused vector, mean over the active modalities (not ÷3 of a subset)
-    obj = MCNObjective(cfg, 8, "cpu")
+    obj = objective_for(cfg)
     terms = obj(out, frozenset({"video", "text"}), 0)
     fused = (out["video"] + out["text"]) / 2
     labels = assign_clusters(fused, obj.centroids)
@@ -279,7 +281,7 @@ def test_objective_all_pairs_and_cluster_variants():
                 + cluster_ce(out["text"], obj.centroids, labels, cfg.loss.margin)) / 2
     torch.testing.assert_close(terms["cluster_loss"], expected)
     cfg_f = _cfg(**{"loss.cluster_on": "fused"})
-    obj = MCNObjective(cfg_f, 8, "cpu")
+    obj = objective_for(cfg_f)
     terms = obj(out, frozenset({"video", "text"}), 0)
     torch.testing.assert_close(terms["cluster_loss"], cluster_ce(fused, obj.centroids, labels, cfg.loss.margin))
 
@@ -287,7 +289,7 @@ def test_objective_all_pairs_and_cluster_variants():
 def test_objective_queue_slice_from_config_refresh_and_stage_switch():
     cfg = _cfg()  # 4 videos × 6 clips, fraction 0.5 -> 3 clips per video -> 12 rows per step
     assert cfg.queue_clips_per_video == 3 and cfg.queue_rows == 3 * 4 * 3
-    obj = MCNObjective(cfg, 8, "cpu")
+    obj = objective_for(cfg)
     active = frozenset({"video", "audio"})
     out0 = _out(24, 8, 0, recon=False)
     obj(out0, active, 0)
@@ -308,7 +310,7 @@ def test_objective_queue_slice_from_config_refresh_and_stage_switch():
     obj(_out(24, 8, 4), frozenset({"video", "audio", "text"}), 5)
     assert len(obj.queue) == 12 and obj.active == frozenset({"video", "audio", "text"})
     # state round trip into a fresh objective
-    obj2 = MCNObjective(cfg, 8, "cpu")
+    obj2 = objective_for(cfg)
     obj2.load_state_dict(obj.state_dict())
     assert torch.equal(obj2.queue.contents(), obj.queue.contents())
     assert torch.equal(obj2.centroids, obj.centroids) and obj2.active == obj.active
@@ -320,13 +322,13 @@ def test_objective_queue_slice_from_config_refresh_and_stage_switch():
 
 def test_objective_bf16_queue_and_other_batch_shape():
     cfg = _cfg(**{"loss.queue_dtype": "bfloat16", "data.clips_per_video": 4, "loss.queue_clip_fraction": 0.25})
-    obj = MCNObjective(cfg, 8, "cpu")
+    obj = objective_for(cfg)
     obj(_out(16, 8, 0, recon=False), frozenset({"audio", "text"}), 0)
     assert obj.queue._buf.dtype == torch.bfloat16 and len(obj.queue) == 4  # 4 videos × 1 clip
 
 
 def test_objective_rejects_missing_modality_and_partial_videos():
-    obj = MCNObjective(_cfg(), 8, "cpu")
+    obj = objective_for(_cfg())
     with pytest.raises(KeyError):
         obj(_out(24, 8, 0, modalities=("video",)), frozenset({"video", "audio"}), 0)
     with pytest.raises(ValueError):

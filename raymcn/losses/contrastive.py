@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from raymcn.losses.gather import all_gather_no_grad
+from raymcn.losses.gather import Collectives
 
 # (x, y, short name): L_con = MMS(t·vᵀ) + MMS(a·tᵀ) + MMS(a·vᵀ), the original's pairs and directions.
 PAIRS: tuple[tuple[str, str, str], ...] = (("text", "video", "tv"), ("audio", "text", "at"), ("audio", "video", "av"))
@@ -94,7 +94,7 @@ class _ShardedMMS(torch.autograd.Function):
 
 
 def mms_loss(x_local: torch.Tensor, y_local: torch.Tensor, x_all: torch.Tensor, y_all: torch.Tensor,
-             offset: int, margin: float, gather: Callable[[torch.Tensor], torch.Tensor] = all_gather_no_grad,
+             offset: int, margin: float, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
              ) -> torch.Tensor:
     """This rank's share of MMS(x·yᵀ), in fp32; a scalar. Collective when a process group is up.
 
@@ -104,8 +104,8 @@ def mms_loss(x_local: torch.Tensor, y_local: torch.Tensor, x_all: torch.Tensor, 
             rank's rows sit at ``offset:offset+b``. With one process pass the same tensors as
             local and 0.
         margin: subtracted from the target (diagonal) logit only.
-        gather: (b, 2) -> (B, 2), every rank's normalisers in rank order; the default all-gathers
-            them (the identity with one process).
+        gather: (b, 2) -> (B, 2), every rank's normalisers in rank order (``Collectives.all_gather``);
+            default: one process (the identity).
 
     Returns:
         (sum of row-CE + column-CE over the b local targets) / b. Its gradient for the local rows
@@ -118,4 +118,4 @@ def mms_loss(x_local: torch.Tensor, y_local: torch.Tensor, x_all: torch.Tensor, 
     # Losses stay fp32 even inside a bf16 autocast region of the training step.
     with torch.autocast(device_type=x_local.device.type, enabled=False):
         return _ShardedMMS.apply(x_local.float(), y_local.float(), x_all.detach().float(), y_all.detach().float(),
-                                 int(offset), float(margin), gather)
+                                 int(offset), float(margin), gather or Collectives().all_gather)

@@ -7,17 +7,19 @@ on every rank and is checkpointed by the trainer through :meth:`state_dict`.
 Distributed contract (see gather.py): every rank calls the objective every step with the same
 active set, the same step and the same local batch size b, and every rank runs ``backward()`` on
 ``total_loss``. Returned values are this rank's share; the DDP-averaged gradient equals the
-full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value.
+full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value. The objective
+gets only what it needs (its loss settings, the clip layout, the queue size, the seed, and its rank
+and world as a :class:`~raymcn.losses.gather.Collectives`); it never reads the run's whole config.
 """
 
 from __future__ import annotations
 
 import torch
 
-from raymcn.config import MODALITIES, Config
+from raymcn.config import MODALITIES, LossConfig
 from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans
 from raymcn.losses.contrastive import PAIRS, mms_loss
-from raymcn.losses.gather import all_gather_no_grad, broadcast_from_rank0, world_info
+from raymcn.losses.gather import Collectives
 from raymcn.losses.recon import recon_loss
 
 _QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -28,17 +30,25 @@ class MCNObjective:
     """Callable loss with clustering state.
 
     Args:
-        cfg: the run config (``cfg.loss``, ``cfg.data.clips_per_video``, ``cfg.queue_rows``,
-            ``cfg.run.seed`` are used).
+        loss: the loss settings.
         embed_dim: D of the shared space (the queue's width).
+        clips_per_video: clips of one video, consecutive in every batch (video-major rows).
+        queue_rows: global FIFO length; queue_clips_per_video: clips of each video pushed per step.
+        seed: the run's seed (k-means initialisation, with the step).
         device: where the queue and centroids live (the worker's device).
+        comm: this rank's collectives (default: one process).
     """
 
-    def __init__(self, cfg: Config, embed_dim: int, device: torch.device | str):
-        self.cfg = cfg
+    def __init__(self, loss: LossConfig, *, embed_dim: int, clips_per_video: int, queue_rows: int,
+                 queue_clips_per_video: int, seed: int, device: torch.device | str,
+                 comm: Collectives | None = None):
+        self.loss = loss
         self.embed_dim = int(embed_dim)
+        self.clips_per_video, self.queue_clips_per_video = int(clips_per_video), int(queue_clips_per_video)
+        self.seed = int(seed)
         self.device = torch.device(device)
-        self.queue = FeatureQueue(cfg.queue_rows, self.embed_dim, _QUEUE_DTYPES[cfg.loss.queue_dtype], self.device)
+        self.comm = comm or Collectives()
+        self.queue = FeatureQueue(queue_rows, self.embed_dim, _QUEUE_DTYPES[loss.queue_dtype], self.device)
         self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
         self.active: frozenset[str] | None = None  # modality set of the previous call
 
@@ -56,7 +66,7 @@ class MCNObjective:
     def load_state_dict(self, state: dict) -> None:
         self.queue.load_state_dict(state["queue"])
         c = state.get("centroids")
-        if c is not None and tuple(c.shape) != (self.cfg.loss.num_clusters, self.embed_dim):
+        if c is not None and tuple(c.shape) != (self.loss.num_clusters, self.embed_dim):
             # A resumed run with another K or D: refit from scratch rather than fail.
             c = None
         self.centroids = None if c is None else c.to(device=self.device, dtype=torch.float32)
@@ -84,34 +94,34 @@ class MCNObjective:
         missing = [m for m in MODALITIES if m in active and m not in out]
         if missing:
             raise KeyError(f"model output lacks active modalities {missing}; has {sorted(out)}")
-        lc = self.cfg.loss
+        lc = self.loss
         emb = {m: out[m] for m in MODALITIES if m in active}  # fixed order: collectives must match
         b = next(iter(emb.values())).shape[0]
         for m, e in emb.items():
             if e.ndim != 2 or e.shape[0] != b:
                 raise ValueError(f"out[{m!r}] has shape {tuple(e.shape)}; expected ({b}, D)")
-        if b % self.cfg.data.clips_per_video:
+        if b % self.clips_per_video:
             # Checked before any state changes; each rank holds whole videos (video-major rows).
-            raise ValueError(f"{b} local clips are not whole videos of {self.cfg.data.clips_per_video} clips "
+            raise ValueError(f"{b} local clips are not whole videos of {self.clips_per_video} clips "
                              f"(data.clips_per_video)")
         if self.active is not None and active != self.active:
             self.reset_clustering()  # stage switch: fused vectors now live in another subspace
         self.active = active
-        rank, _ = world_info()
-        offset = rank * b
+        offset = self.comm.rank * b
         terms: dict[str, torch.Tensor] = {}
 
         # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
         # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
         # runs first: its (B, D) temporaries are gone before the contrastive slabs are allocated.
         in_pairs = [m for m in MODALITIES if any(m in (x, y) and x in active and y in active for x, y, _ in PAIRS)]
-        gathered = {m: all_gather_no_grad(emb[m].float()) for m in in_pairs}
+        gathered = {m: self.comm.all_gather(emb[m].float()) for m in in_pairs}
         cluster = self._cluster_loss(emb, gathered, b, offset, step)
 
         contrastive = []
         for x, y, name in PAIRS:
             if x in active and y in active:
-                loss = mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin)
+                loss = mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin,
+                                gather=self.comm.all_gather)
                 terms[f"{name}_contrastive_loss"] = loss
                 contrastive.append(loss)
         ref = next(iter(emb.values()))
@@ -134,21 +144,20 @@ class MCNObjective:
 
         ``gathered`` holds the (B, D) global rows of the modalities the contrastive pairs gathered.
         """
-        lc = self.cfg.loss
+        lc = self.loss
         # Fused vector over the *active* modalities only (the original divided by 3 regardless).
         fused = _mean_of([e.float() for e in emb.values()])  # (b, D), keeps gradient
         if set(gathered) == set(emb):  # every stage order: the global fused rows need no gather of their own
             with torch.no_grad():
                 current = _mean_of([gathered[m] for m in emb], in_place=True)
         else:
-            current = all_gather_no_grad(fused)
+            current = self.comm.all_gather(fused)
         current = current.to(self.device)  # (B, D) global, rank- then video-major
 
         refresh = self.centroids is None or step % lc.refresh_every == 0
         if refresh:
-            rank, _ = world_info()
             centroids = torch.empty(lc.num_clusters, self.embed_dim, dtype=torch.float32, device=self.device)
-            if rank == 0:
+            if self.comm.rank == 0:
                 # k-means input: the queue as it was before this step's push, then the current rows,
                 # written in place (no extra copy of the queue alongside X). The label lets a profile
                 # (bench/step.py) find the refit's memory.
@@ -157,13 +166,13 @@ class MCNObjective:
                     x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
                     self.queue.copy_into(x)
                     x[n:] = current
-                    gen = torch.Generator().manual_seed(int(self.cfg.run.seed) * 1_000_003 + int(step))
+                    gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step))
                     centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
                                                  init=self.centroids, generator=gen)
                     del x
             # One source of truth: rank 0's fit, so ranks never drift apart by float noise
             # (the other ranks would only repeat the same work).
-            self.centroids = broadcast_from_rank0(centroids.contiguous())
+            self.centroids = self.comm.broadcast_from_rank0(centroids.contiguous())
         labels = assign_clusters(current[offset:offset + b], self.centroids).to(fused.device)
 
         if lc.cluster_on == "fused":
@@ -175,13 +184,13 @@ class MCNObjective:
         return loss
 
     def _push(self, current: torch.Tensor) -> None:
-        """Queue the first ``cfg.queue_clips_per_video`` clips of every global video in ``current`` (B, D)."""
-        cpv = self.cfg.data.clips_per_video
+        """Queue the first ``queue_clips_per_video`` clips of every global video in ``current`` (B, D)."""
+        cpv = self.clips_per_video
         if current.shape[0] % cpv:
             raise ValueError(f"{current.shape[0]} global clips are not whole videos of {cpv} clips "
                              f"(data.clips_per_video)")
         per_video = current.view(current.shape[0] // cpv, cpv, self.embed_dim)
-        self.queue.push(per_video[:, :self.cfg.queue_clips_per_video].reshape(-1, self.embed_dim))
+        self.queue.push(per_video[:, :self.queue_clips_per_video].reshape(-1, self.embed_dim))
 
 
 def _mean_of(xs: list[torch.Tensor], in_place: bool = False) -> torch.Tensor:

@@ -12,7 +12,6 @@ iteration count restarts while its Train run resumes from its checkpoint.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from raymcn.data import storage
 from raymcn.sweep.names import trial_dirname_creator
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.launch import build_trainer
+from raymcn.train.stages import budget_offset
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -70,7 +70,7 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) 
 
 def budget(cfg: Config) -> int:
     """Epochs on the scheduler's clock: the part of the run after the stage switch."""
-    return cfg.schedule.epochs - int(math.ceil(cfg.schedule.stage1_fraction * cfg.schedule.epochs))
+    return cfg.schedule.epochs - budget_offset(cfg.schedule.stage1_fraction, cfg.schedule.epochs)
 
 
 def build_search(cfg: Config):

@@ -100,6 +100,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raymcn.config import Config, ModelConfig
+from raymcn.train.plan import shares
 
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
@@ -399,8 +400,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         preflight prints them and the benchmarks compare them with measurements.
     """
     m, d, lc = cfg.model, cfg.data, cfg.loss
-    world = cfg.world_size
-    b = cfg.videos_per_worker * d.clips_per_video
+    world = max(1, cfg.scale.num_workers)
+    b = shares(d.batch_size, world)[0] * d.clips_per_video  # rank 0 holds the largest share
     clips = cfg.clips_per_step
     gpu = cfg.scale.use_gpu
     act = activation_bytes or (2 if gpu else FP32)

@@ -22,6 +22,7 @@ from ray.train.v2.api.callback import UserCallback
 from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, RUN_CONFIG_FILE, Config, ConfigError, default_storage_path,
                            load_config_text, permanent_cause)
 from raymcn.data import storage
+from raymcn.train.plan import plan_run
 from raymcn.train.worker import train_func_per_worker
 
 CONFIG_FILE = RUN_CONFIG_FILE
@@ -82,18 +83,17 @@ class FailFastOnPermanentErrors(UserCallback):
 
 
 def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None) -> TorchTrainer:
-    """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
-    from raymcn.data import reader, shards
+    """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``; its plan (shard
+    folder, counts, shares) is made here, once, and handed to every worker."""
+    from raymcn.data import reader
 
-    shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
-    manifest = reader.load_manifest(shards_dir)  # read once here: it lists every video
-    steps_per_epoch = reader.steps_per_epoch(manifest, cfg)  # too few videos: fail here
+    plan, manifest = plan_run(cfg)  # the synthetic default is generated and sharded once
     # The shard order of each epoch follows the epoch rank 0 announces on the run's clock (an actor
     # on this node), so a resumed run or a restarted worker group reads the order the uninterrupted
     # run would have read, whatever node plans it.
     reader.start_epoch_clock(name)
     clock = reader.clock_name(name)
-    dataset = reader.build_dataset(shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
+    dataset = reader.build_dataset(plan.shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
                                    epoch_fn=functools.partial(reader.announced_epoch, clock))
     dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
     resources = {"CPU": cfg.scale.cpus_per_worker}
@@ -101,8 +101,7 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "shards_dir": str(shards_dir),
-                           "steps_per_epoch": steps_per_epoch, "epoch_clock": clock},
+        train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "epoch_clock": clock},
         datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources),

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from raymcn.config import Config, PermanentError
-from raymcn.losses.gather import world_info
 from raymcn.train import faults
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
@@ -87,7 +86,7 @@ def _sync(device: torch.device) -> float:
 def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
                     batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
                     switch: int, log: Callable[[str], None] | None = None,
-                    total_steps: int | None = None) -> dict[str, float]:
+                    total_steps: int | None = None, rank: int = 0) -> dict[str, float]:
     """Run one pass over ``batches``; returns per-step means of every ``*_loss`` term and timings.
 
     Args:
@@ -95,6 +94,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             text (b,W,300), key); b = local videos × clips per video, video-major.
         switch: first global step of stage 2 (see ``stages.switch_step``).
         log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
+        rank: this process's rank (fault injection picks a rank).
 
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
@@ -105,7 +105,6 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     steps = clips = skipped = 0
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
-    rank, _ = world_info()
     epoch_start = tick = _sync(device)
     for batch in batches:
         batch = to_device(batch, device)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from raymcn.config import Config, ConfigError, default_storage_path
+from raymcn.train.plan import locate_shards, make_plan
 
 
 def static_problems(cfg: Config, device_bytes: int | None = None,
@@ -58,18 +59,14 @@ def _storage_problems(cfg: Config) -> list[str]:
 
 
 def _shard_problems(cfg: Config) -> list[str]:
-    if not cfg.data.shards:
-        return []
-    from raymcn.data.shards import ShardError, load_manifest
-
-    where = f"data.shards={cfg.data.shards!r}"
-    root = Path(cfg.data.shards)
-    if not root.is_dir():
-        return [f"{where}: directory does not exist"]
+    """The run's shards and plan, as the trainer makes them (the folder resolved once, ``~``
+    included): every shard the manifest lists present with the recorded size, vocab.npy, and
+    enough videos for a step."""
     try:
-        manifest = load_manifest(root)
-    except (ShardError, OSError, ValueError) as e:
-        return [f"{where}: {e}"]
+        root, manifest = locate_shards(cfg)
+    except ConfigError as e:
+        return e.problems
+    where = f"data.shards={cfg.data.shards!r}"
     problems = []
     for shard in manifest["shards"]:
         path = root / shard["name"]
@@ -80,6 +77,10 @@ def _shard_problems(cfg: Config) -> list[str]:
                             f"says {shard['bytes']} (truncated or rewritten; rerun `raymcn shards`)")
     if not (root / "vocab.npy").is_file():
         problems.append(f"{where}: vocab.npy is missing")
+    try:
+        make_plan(cfg, int(manifest["counts"]["videos"]), root)
+    except ConfigError as e:
+        problems += e.problems
     return problems
 
 

@@ -43,6 +43,11 @@ def stage_of(stage_order: str, step: int, switch: int) -> int:
     return 1 if step < switch else 2
 
 
+def budget_offset(stage1_fraction: float, epochs: int) -> int:
+    """Epochs of stage 1, rounded up: the schedulers' clock starts after them (:func:`budget_epoch`)."""
+    return int(math.ceil(stage1_fraction * epochs))
+
+
 def budget_epoch(epoch: int, stage1_fraction: float, epochs: int) -> int:
     """Epochs completed since every stage order has all three modalities active.
 
@@ -51,4 +56,4 @@ def budget_epoch(epoch: int, stage1_fraction: float, epochs: int) -> int:
     stopped only because its third modality has not started. The offset is the same for every
     trial of a sweep (``joint`` included), so every rung compares runs after equal total epochs.
     """
-    return epoch - int(math.ceil(stage1_fraction * epochs))
+    return epoch - budget_offset(stage1_fraction, epochs)

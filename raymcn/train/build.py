@@ -1,0 +1,136 @@
+"""The run assembly: the one place that builds what a training run is made of, and runs its epochs.
+
+``assemble`` makes the model (optionally wrapped, e.g. in DDP), optimizer, LR schedule, objective
+and loop state from the config and the :class:`~raymcn.train.plan.RunPlan`; ``run_epochs`` runs the
+epoch loop, with hooks for what differs between callers: where the batches come from, the
+evaluation, what happens after each epoch (checkpoint and report in the Ray worker; a Tune report
+in the sweep-efficiency trials) and the progress log. The Ray worker (``worker.py``) and every
+benchmark use these two functions, so a change to the real run is what they measure. No Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from raymcn.config import Config
+from raymcn.losses import Collectives, MCNObjective
+from raymcn.model import MCN
+from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+from raymcn.train.plan import RunPlan
+
+
+@dataclass
+class Run:
+    """One rank's training run, assembled (see the module doc).
+
+    Attributes:
+        model: what the loop trains (the DDP wrapper on several ranks); net: the bare MCN
+            (checkpoints and evaluation use it).
+        comm: this rank's collectives (rank and world): the objective's gathers and the metric means.
+    """
+
+    cfg: Config
+    plan: RunPlan
+    comm: Collectives
+    device: torch.device
+    model: nn.Module
+    net: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    objective: MCNObjective
+    state: LoopState
+
+    def parts(self) -> dict[str, Any]:
+        """What a checkpoint holds and restores, by name (``checkpoint.save/restore``)."""
+        return {"model": self.net, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "objective": self.objective, "loop": self.state}
+
+
+def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
+                    comm: Collectives | None = None) -> MCNObjective:
+    """The objective of a run: its loss settings and the quantities the plan fixed."""
+    return MCNObjective(cfg.loss, embed_dim=cfg.model.embed_dim, clips_per_video=plan.clips_per_video,
+                        queue_rows=plan.queue_rows, queue_clips_per_video=plan.queue_clips_per_video,
+                        seed=cfg.run.seed, device=device, comm=comm)
+
+
+def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", comm: Collectives | None = None,
+             wrap: Callable[[nn.Module], nn.Module] | None = None,
+             prepare: Callable[[nn.Module], None] | None = None) -> Run:
+    """Build one rank's run. The model is seeded with ``run.seed`` (every rank starts identical).
+
+    Args:
+        comm: this rank's collectives (default: one process).
+        wrap: applied to the bare model (moved to its device) before the optimizer is built, e.g.
+            Ray Train's ``prepare_model`` (DDP); default: the bare model on ``device``.
+        prepare: called with the bare model before the wrap (e.g. loading ``run.init_from`` weights).
+    """
+    device = torch.device(device)
+    comm = comm or Collectives()
+    torch.manual_seed(cfg.run.seed)
+    net = MCN(cfg.model)
+    if prepare is not None:
+        prepare(net)
+    model = wrap(net) if wrap is not None else net.to(device)
+    net = getattr(model, "module", model)
+    optimizer = build_optimizer(model, cfg)
+    return Run(cfg=cfg, plan=plan, comm=comm, device=device, model=model, net=net, optimizer=optimizer,
+               scheduler=build_scheduler(optimizer, cfg, plan.total_steps),
+               objective=build_objective(cfg, plan, device, comm), state=LoopState())
+
+
+@dataclass
+class EpochHooks:
+    """What a caller plugs into :func:`run_epochs`.
+
+    Attributes:
+        batches: epoch -> (this rank's batches of that epoch, its data counters or None); the
+            counters' ``bad_samples`` (if any) is reported, summed over ranks.
+        evaluate: run -> retrieval metrics after each epoch (the Ray worker scores the eval set).
+        after_epoch: (run, the epoch's metrics) -> None: checkpoint and report, Tune report, faults.
+        log: progress lines (rank 0 passes print).
+    """
+
+    batches: Callable[[int], tuple[Iterable[dict], Any]]
+    evaluate: Callable[[Run], dict[str, float]] | None = None
+    after_epoch: Callable[[Run, dict[str, float]], None] | None = None
+    log: Callable[[str], None] | None = None
+
+
+def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
+    """Train from ``run.state.epoch`` to the plan's last epoch; returns the last epoch's metrics.
+
+    Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
+    ranks (``bad_samples`` summed), the evaluation's metrics, ``epoch`` (completed), ``global_step``
+    and ``budget_epoch`` (the sweep schedulers' clock).
+    """
+    plan, state = run.plan, run.state
+    metrics: dict[str, float] = {}
+    for epoch in range(state.epoch, plan.epochs):
+        state.epoch = epoch
+        batches, stats = hooks.batches(epoch)
+        train = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=run.cfg,
+                                state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
+                                total_steps=plan.total_steps, rank=run.comm.rank)
+        state.epoch = epoch + 1
+        train["bad_samples"] = float(getattr(stats, "bad_samples", 0))
+        keys = sorted(train)  # every rank reports every key, so the means line up by key
+        means = run.comm.all_reduce_mean(torch.tensor([train[k] for k in keys], dtype=torch.float64,
+                                                      device=run.device))
+        metrics = dict(zip(keys, means.tolist()))
+        metrics["bad_samples"] *= run.comm.world  # skipped samples summed over ranks: never a silent drop
+        if hooks.evaluate is not None:
+            metrics.update(hooks.evaluate(run))
+        metrics.update(epoch=float(state.epoch), global_step=float(state.step),
+                       budget_epoch=float(plan.budget_epoch(state.epoch)))
+        if hooks.log:
+            hooks.log(f"epoch {state.epoch}/{plan.epochs} " + " ".join(
+                f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("text_to_video") or k == "total_loss"))
+        if hooks.after_epoch is not None:
+            hooks.after_epoch(run, metrics)
+    return metrics

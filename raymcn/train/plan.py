@@ -1,0 +1,143 @@
+"""The run plan: every quantity a run derives from its config and its shards, computed once.
+
+The driver builds a :class:`RunPlan` from the config and the shard manifest (``plan_run``); the
+preflight builds the same one, so it and the trainer can never disagree on a path or a count, and
+the workers receive it beside the config instead of re-deriving anything. One definition each:
+the shard folder (``data.shards`` with ``~`` expanded, or the cached synthetic shards), each
+rank's share of the batch, steps per epoch, total steps, the stage-switch step, the schedulers'
+budget offset and the queue size. No Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raymcn.config import Config, ConfigError
+from raymcn.train.stages import budget_offset, switch_step
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run will do, fixed before it starts (see the module doc).
+
+    Attributes:
+        shards_dir: absolute folder of the shards (and ``vocab.npy``) the run reads.
+        videos, num_shards: readable videos and shards listed in the manifest.
+        world_size: ranks sharing each step (1 in-process).
+        videos_per_rank: rank r's share of ``data.batch_size`` (whole videos; they sum to it).
+        clips_per_video: clips drawn per video per step (video-major rows on every rank).
+        steps_per_epoch: steps every rank runs per epoch (videos // batch, capped by
+            ``schedule.steps_per_epoch``); epochs: ``schedule.epochs``.
+        switch_step: first global step of stage 2 (0 for ``joint``).
+        budget_offset: epochs before the schedulers' clock starts: ``budget_epoch = epoch -
+            budget_offset`` is the same for every trial of a sweep (stage orders included).
+        queue_rows: global FIFO rows; queue_clips_per_video: clips of each video queued per step.
+    """
+
+    shards_dir: str
+    videos: int
+    num_shards: int
+    world_size: int
+    videos_per_rank: tuple[int, ...]
+    clips_per_video: int
+    steps_per_epoch: int
+    epochs: int
+    switch_step: int
+    budget_offset: int
+    queue_rows: int
+    queue_clips_per_video: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+    @property
+    def batch_videos(self) -> int:
+        return sum(self.videos_per_rank)
+
+    @property
+    def clips_per_step(self) -> int:
+        """B: clips of one global step, over all ranks."""
+        return self.batch_videos * self.clips_per_video
+
+    def local_videos(self, rank: int) -> int:
+        return self.videos_per_rank[rank]
+
+    def local_clips(self, rank: int) -> int:
+        return self.videos_per_rank[rank] * self.clips_per_video
+
+    def budget_epoch(self, epoch: int) -> int:
+        """Epochs completed since every stage order has all three modalities (the schedulers' clock)."""
+        return epoch - self.budget_offset
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunPlan:
+        return cls(**{**raw, "videos_per_rank": tuple(raw["videos_per_rank"])})
+
+
+def shares(batch: int, world: int) -> tuple[int, ...]:
+    """``batch`` videos over ``world`` ranks: ⌊batch/world⌋ each, the first ``batch % world`` one more."""
+    base, extra = divmod(batch, world)
+    return tuple(base + (r < extra) for r in range(world))
+
+
+def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards: int = 0) -> RunPlan:
+    """The plan of ``cfg`` over a corpus of ``videos`` (the manifest's count, or an in-memory corpus's).
+
+    Raises:
+        ConfigError: the videos cannot fill one step of ``data.batch_size`` (naming both numbers).
+    """
+    world = max(1, cfg.scale.num_workers)
+    try:
+        steps = cfg.steps_per_epoch(videos)
+    except ValueError as e:
+        raise ConfigError([f"data.shards={str(shards_dir)!r}: {e}"]) from None
+    s = cfg.schedule
+    return RunPlan(shards_dir=str(shards_dir), videos=videos, num_shards=num_shards, world_size=world,
+                   videos_per_rank=shares(cfg.data.batch_size, world), clips_per_video=cfg.data.clips_per_video,
+                   steps_per_epoch=steps, epochs=s.epochs,
+                   switch_step=switch_step(s.stage_order, s.stage1_fraction, steps * s.epochs),
+                   budget_offset=budget_offset(s.stage1_fraction, s.epochs), queue_rows=cfg.queue_rows,
+                   queue_clips_per_video=cfg.queue_clips_per_video)
+
+
+def resolve_shards_dir(cfg: Config) -> Path:
+    """The shard folder of ``cfg``: ``data.shards`` (``~`` expanded, made absolute), or the cached
+    synthetic shards, generated once when ``data.shards`` is empty. The only place it is resolved."""
+    from raymcn.data import shards
+
+    if cfg.data.shards:
+        return Path(cfg.data.shards).expanduser().resolve()
+    return shards.ensure_synthetic_shards(cfg)
+
+
+def locate_shards(cfg: Config) -> tuple[Path, dict]:
+    """(shard folder, its manifest) of ``cfg``; the manifest is read once, on the driver (it lists
+    every video).
+
+    Raises:
+        ConfigError: the folder or its manifest is missing or unreadable (naming ``data.shards``).
+    """
+    from raymcn.data import shards
+
+    directory = resolve_shards_dir(cfg)
+    where = f"data.shards={cfg.data.shards!r}"
+    if not directory.is_dir():
+        raise ConfigError([f"{where}: directory does not exist"])
+    try:
+        return directory, shards.load_manifest(directory)
+    except (OSError, ValueError) as e:
+        raise ConfigError([f"{where}: {e}"]) from None
+
+
+def plan_run(cfg: Config) -> tuple[RunPlan, dict]:
+    """(plan, manifest) of ``cfg`` (:func:`locate_shards`, then :func:`make_plan`)."""
+    directory, manifest = locate_shards(cfg)
+    return make_plan(cfg, int(manifest["counts"]["videos"]), directory, len(manifest["shards"])), manifest
