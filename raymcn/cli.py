@@ -78,7 +78,9 @@ def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
 
 def _check_cluster(cfg: Config) -> None:
     """The requested workers and GPUs exist (Ray would otherwise wait for them forever)."""
-    problems = preflight.cluster_problems(cfg)
+    from raymcn.train import launch
+
+    problems = launch.cluster_problems(cfg)
     if problems:
         raise ConfigError(problems)
 

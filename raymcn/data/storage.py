@@ -42,6 +42,10 @@ def basename(location: str) -> str:
     return posixpath.basename(location.rstrip("/"))
 
 
+def local_filesystem() -> pafs.FileSystem:
+    return pafs.LocalFileSystem()
+
+
 def filesystem(location: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path inside it) of ``location``."""
     location = normalize(location)

@@ -23,7 +23,7 @@ from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIA
 from raymcn.data import storage
 from raymcn.sweep.names import trial_dirname_creator
 from raymcn.sweep.space import param_space, plain
-from raymcn.train.launch import build_trainer
+from raymcn.train.launch import run_trainer
 from raymcn.train.stages import budget_offset
 
 BUDGET_ATTR = "budget_epoch"
@@ -51,21 +51,16 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) 
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from raymcn.data import reader
-
     cfg = Config.from_dict(base).replace(plain(config))
     trial_id = tune.get_context().get_trial_id()
-    name = f"train-{trial_id}"
     try:
-        build_trainer(cfg, name, storage.join(experiment_dir, "train"), callbacks=[TuneReportCallback()]).fit()
+        run_trainer(cfg, f"train-{trial_id}", storage.join(experiment_dir, "train"), callbacks=[TuneReportCallback()])
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:
             raise
         storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
                            f"{type(cause).__name__}: {cause}\n")
-    finally:
-        reader.stop_epoch_clock(name)
 
 
 def budget(cfg: Config) -> int:

@@ -109,11 +109,9 @@ def load_latest_good(latest: str | os.PathLike, warn=print, filesystem=None) -> 
     """
     import tempfile
 
-    import pyarrow.fs as pafs
-
     from raymcn.data import storage
 
-    fs = filesystem or pafs.LocalFileSystem()
+    fs = filesystem or storage.local_filesystem()
     latest = str(latest)
     name = os.path.basename(latest.rstrip("/"))
     older = [p for p in reversed(storage.subfolders(fs, os.path.dirname(latest.rstrip("/")), "checkpoint_"))

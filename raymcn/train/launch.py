@@ -63,6 +63,24 @@ def data_cpus(cfg: Config) -> float:
     return max(0.05, min(1.0, round(spare, 2)))
 
 
+def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
+    """The preflight's last check, right after ``ray.init``: the request against
+    ``ray.cluster_resources()`` (Ray would otherwise wait forever for what is not there)."""
+    have = ray.cluster_resources()
+    workers = max(1, cfg.scale.num_workers) * concurrent_runs
+    need_cpu = cfg.scale.cpus_per_worker * workers
+    problems = []
+    if cfg.scale.num_workers and need_cpu + 0.05 > have.get("CPU", 0):
+        problems.append(f"scale.num_workers={cfg.scale.num_workers} x scale.cpus_per_worker="
+                        f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
+                        f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
+                        "forever): lower scale.cpus_per_worker or scale.num_workers")
+    if cfg.scale.use_gpu and workers > have.get("GPU", 0):
+        problems.append(f"scale.use_gpu=true with {workers} worker(s) needs {workers} GPUs; "
+                        f"the cluster has {have.get('GPU', 0):g}")
+    return problems
+
+
 class PermanentRunError(RuntimeError):
     """A worker failed with an error a restart cannot cure; the run was not retried."""
 
@@ -119,6 +137,17 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
     )
 
 
+def run_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None):
+    """Build and fit the TorchTrainer of ``cfg`` (:func:`build_trainer`); returns Ray's Result. The
+    run's epoch clock lives exactly as long as the run."""
+    from raymcn.data import reader
+
+    try:
+        return build_trainer(cfg, name, storage_path, callbacks).fit()
+    finally:
+        reader.stop_epoch_clock(name)
+
+
 def fit(cfg: Config, name: str | None = None, storage_path: str | None = None,
         callbacks: list | None = None) -> RunResult:
     """Run training to completion (or resume ``name`` if it already has checkpoints)."""
@@ -127,12 +156,7 @@ def fit(cfg: Config, name: str | None = None, storage_path: str | None = None,
     name = name or storage.basename(default)
     run_dir = storage.join(storage_path, name)
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
-    try:
-        result = build_trainer(cfg, name, storage_path, callbacks).fit()
-    finally:
-        from raymcn.data import reader
-
-        reader.stop_epoch_clock(name)
+    result = run_trainer(cfg, name, storage_path, callbacks)
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)

@@ -2,8 +2,8 @@
 
 ``static_problems`` needs no Ray (config is already validated when it is loaded): output folder
 writable, shards and their manifest, eval-set file, per-worker memory, the weights a run starts
-from (``run.init_from``). ``cluster_problems`` runs right after ``ray.init`` and compares the
-request with the cluster's CPUs and GPUs.
+from (``run.init_from``). No Ray: the cluster's CPUs and GPUs are checked right after ``ray.init``
+by ``launch.cluster_problems``.
 """
 
 from __future__ import annotations
@@ -128,22 +128,3 @@ def _device_bytes(cfg: Config) -> int | None:
         return torch.cuda.get_device_properties(0).total_memory
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram // max(1, cfg.scale.num_workers)
-
-
-def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
-    """Compare the request with ``ray.cluster_resources()`` (call after ``ray.init``)."""
-    import ray
-
-    have = ray.cluster_resources()
-    workers = max(1, cfg.scale.num_workers) * concurrent_runs
-    need_cpu = cfg.scale.cpus_per_worker * workers
-    problems = []
-    if cfg.scale.num_workers and need_cpu + 0.05 > have.get("CPU", 0):
-        problems.append(f"scale.num_workers={cfg.scale.num_workers} x scale.cpus_per_worker="
-                        f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
-                        f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
-                        "forever): lower scale.cpus_per_worker or scale.num_workers")
-    if cfg.scale.use_gpu and workers > have.get("GPU", 0):
-        problems.append(f"scale.use_gpu=true with {workers} worker(s) needs {workers} GPUs; "
-                        f"the cluster has {have.get('GPU', 0):g}")
-    return problems
