@@ -54,16 +54,6 @@ def filesystem(location: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), location
 
 
-def makedirs(location: str) -> None:
-    fs, path = filesystem(location)
-    fs.create_dir(path, recursive=True)
-
-
-def exists(location: str) -> bool:
-    fs, path = filesystem(location)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
-
-
 def write_text(location: str, text: str) -> None:
     fs, path = filesystem(location)
     fs.create_dir(posixpath.dirname(path), recursive=True)
@@ -80,14 +70,13 @@ def read_text(location: str) -> str:
         raise FileNotFoundError(f"{location} does not exist") from None
 
 
-def children(location: str) -> list[tuple[str, float]]:
-    """(name, modification time) of the folders directly inside ``location`` ([] if none)."""
+def files(location: str) -> list[str]:
+    """Names of the files directly inside ``location``, sorted ([] if it does not exist)."""
     fs, path = filesystem(location)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return []
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-    return [(posixpath.basename(i.path), i.mtime.timestamp() if i.mtime else 0.0)
-            for i in infos if i.type == pafs.FileType.Directory]
+    return sorted(posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(path))
+                  if i.type == pafs.FileType.File)
 
 
 def subfolders(fs: pafs.FileSystem, path: str, prefix: str = "") -> list[str]:

@@ -208,16 +208,8 @@ def resume_sweep(experiment_dir: str) -> SweepResult:
 
 def trial_errors(experiment_dir: str) -> dict[str, str]:
     """Trial id -> the permanent error that ended it (written by :func:`trial_fn`)."""
-    fs, path = storage.filesystem(storage.join(experiment_dir, TRIAL_ERRORS_DIR))
-    import pyarrow.fs as pafs
-
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return {}
-    out = {}
-    for info in fs.get_file_info(pafs.FileSelector(path)):
-        with fs.open_input_stream(info.path) as f:
-            out[Path(info.path).stem] = f.read().decode().strip()
-    return out
+    where = storage.join(experiment_dir, TRIAL_ERRORS_DIR)
+    return {Path(name).stem: storage.read_text(storage.join(where, name)).strip() for name in storage.files(where)}
 
 
 def _summarise(grid, experiment_dir: str) -> SweepResult:

@@ -1,0 +1,142 @@
+"""The layering of design.md, checked over every module of raymcn: what each may import, and no
+import cycles. Every import counts, also those inside functions (a lazy import still couples).
+
+Layers, left to right: config -> data -> model -> losses -> train -> sweep -> results; cli on top;
+bench/ imports raymcn, never the reverse. The table below is design.md's, with the deviations the
+README's development section names: data/storage (file access for local folders and bucket URIs)
+is also used by sweep/, sweep/ builds Optuna's sampler for Tune's OptunaSearch, and results/ also
+uses numpy, scipy and yaml (statistics, the sweep file).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "raymcn"
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+DATA_LIBS = {"numpy", "pyarrow", "torch", "tqdm", "yaml"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every name ``path`` imports, absolute: ``import a.b`` gives a.b, ``from a.b import c`` a.b.c."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def _within(name: str, prefixes: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+RAY_DATA_SIDE = {"raymcn.data.reader"}
+RAY_TRAIN_SIDE = {"raymcn.train.worker", "raymcn.train.launch"}
+
+
+def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
+    """(raymcn names it may import, raymcn names it may not, third-party packages it may import)."""
+    layer = module.split(".")[1] if "." in module else ""
+    if module == "raymcn.config":
+        return set(), set(), {"yaml"}
+    if module in ("raymcn.cli", "raymcn"):
+        return {"raymcn"}, set(), {"*"}
+    if layer == "data":
+        ray_side = module in RAY_DATA_SIDE
+        return {"raymcn.config", "raymcn.data"}, set() if ray_side else RAY_DATA_SIDE, DATA_LIBS | (
+            {"ray"} if ray_side else set())
+    if layer == "model":
+        return {"raymcn.config.ModelConfig", "raymcn.config.MODALITIES", "raymcn.model"}, set(), {"torch"}
+    if layer == "losses":
+        return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.losses"}, set(), {"torch"}
+    if layer == "train":
+        ray_side = module in RAY_TRAIN_SIDE
+        return ({"raymcn.config", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+                set() if ray_side else RAY_DATA_SIDE | RAY_TRAIN_SIDE,
+                {"torch", "numpy", "yaml"} | ({"ray"} if ray_side else set()))
+    if layer == "sweep":
+        return {"raymcn.config", "raymcn.train", "raymcn.sweep", "raymcn.data.storage"}, set(), {"ray", "numpy", "optuna"}
+    if layer == "results":
+        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "yaml"}
+    raise AssertionError(f"{module}: no layer")
+
+
+def problems_of(module: str, names: set[str] | None = None) -> list[str]:
+    mods, forbidden, libs = allowed(module)
+    problems = []
+    for name in sorted(imports_of(MODULES[module]) if names is None else names):
+        top = name.split(".")[0]
+        if top in STDLIB:
+            continue
+        if top == "raymcn":
+            if not _within(name, mods) or _within(name, forbidden):
+                problems.append(f"{module} imports {name}")
+        elif "*" not in libs and top not in libs:
+            problems.append(f"{module} imports {top}")
+    return problems
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_imports_only_from_its_layer_and_those_to_its_left(module):
+    assert problems_of(module) == []
+
+
+def test_the_checker_can_fail():
+    """What issue 11 found is refused: the objective importing the whole Config, preflight importing
+    Ray, the results importing torch, a Ray-free data module importing the datasource."""
+    assert problems_of("raymcn.losses.objective", {"raymcn.config.Config"})
+    assert problems_of("raymcn.train.preflight", {"ray.train"})
+    assert problems_of("raymcn.results.table", {"torch"})
+    assert problems_of("raymcn.data.shards", {"raymcn.data.reader.build_dataset"})
+    assert not problems_of("raymcn.train.worker", {"raymcn.data.reader.RankStream", "ray.train"})
+
+
+def _edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for name in imports_of(path):
+            target = name if name in MODULES else name.rsplit(".", 1)[0]  # a module, or a name in one
+            if target in MODULES and target != module and not module.startswith(target + "."):
+                graph[module].add(target)
+    return graph
+
+
+def test_no_import_cycles():
+    graph, state, stack, cycles = _edges(), {}, [], []
+
+    def visit(m: str) -> None:
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if n.startswith(m + "."):  # a package importing its own submodule is not a cycle
+                continue
+            if state.get(n) == "open":
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(MODULES):
+        if m not in state:
+            visit(m)
+    assert cycles == []
+
+
+def test_no_module_of_raymcn_imports_the_benchmarks():
+    assert not [m for m, p in MODULES.items() if any(n.split(".")[0] == "bench" for n in imports_of(p))]
