@@ -73,6 +73,7 @@ import torch.nn.functional as F
 
 from raymcn.config import Config, ModelConfig
 from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
+from raymcn.results.render import render_table
 from raymcn.train import footprint
 from raymcn.train.build import build_objective
 from raymcn.train.plan import make_plan
@@ -276,26 +277,23 @@ def _mib(n: float) -> str:
 def loss_table(rows: list[dict]) -> str:
     head = ("B", "N", "b", "raymcn/rank MiB", "DataParallel MiB", "ratio", "1/N", "estimate MiB", "est/meas",
             "slabs MiB", "gathered MiB", "raymcn s", "DP s")
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    table = []
     for r in rows:
         e = r["estimate"]
         cells = (r["B"], r["N"], r["b"], _mib(r["raymcn_peak"]), _mib(r["dataparallel_peak"]), f"{r['ratio']:.3f}",
                  f"{1 / r['N']:.3f}", _mib(e["total"]), f"{r['estimate_over_measured']:.2f}", _mib(e["loss_slabs"]),
                  _mib(e["gathered_embeddings"]), f"{r['raymcn_s']:.1f}", f"{r['dataparallel_s']:.1f}")
-        lines.append(" | ".join(str(c) for c in cells))
-    return "\n".join(lines)
+        table.append(dict(zip(head, cells)))
+    return render_table(table, right=head)
 
 
 def refit_table(rows: list[dict]) -> str:
     head = ("B", "queue rows", "queue dtype", "queue MiB", "X MiB", "peak before MiB", "peak now MiB", "saved MiB",
             "estimate MiB")
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
-    for r in rows:
-        cells = (r["B"], r["queue_rows"], r["queue_dtype"], _mib(r["queue_bytes"]), _mib(r["x_bytes"]),
-                 _mib(r["peak_current"]), _mib(r["peak_lean"]), _mib(r["peak_current"] - r["peak_lean"]),
-                 _mib(r["estimate"]))
-        lines.append(" | ".join(str(c) for c in cells))
-    return "\n".join(lines)
+    table = [dict(zip(head, (r["B"], r["queue_rows"], r["queue_dtype"], _mib(r["queue_bytes"]), _mib(r["x_bytes"]),
+                             _mib(r["peak_current"]), _mib(r["peak_lean"]), _mib(r["peak_current"] - r["peak_lean"]),
+                             _mib(r["estimate"])))) for r in rows]
+    return render_table(table, right=head)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works
 import torch
 
 from raymcn.config import Config
+from raymcn.results.render import render_table
 from raymcn.train import footprint
 
 MB = 1e6
@@ -279,8 +280,9 @@ def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_late: bo
 
 def _table(rows: list[dict]) -> str:
     head = ("clips", "step s", "fwd", "loss", "bwd", "opt", "s/clip", "saved MB", "formula MB",
-            "peak alloc GB", "peak in", "est GB", "est/meas", "fwd+bwd peak GB", "est GB", "est/meas", "peak RSS GB")
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+            "peak alloc GB", "peak in", "est GB", "est/meas", "fwd+bwd peak GB", "fwd+bwd est GB", "fwd+bwd est/meas",
+            "peak RSS GB")
+    table = []
     for r in rows:
         p = r["phase_s"]
         rss = r["peak_rss_bytes"] - r["rss_start_bytes"]
@@ -290,8 +292,8 @@ def _table(rows: list[dict]) -> str:
                  f"{r['estimate']['total'] / GB:.3f}", f"{r['estimate']['total'] / r['peak_alloc_bytes']:.3f}",
                  f"{r['peak_fwd_bwd_bytes'] / GB:.3f}", f"{r['estimate_fwd_bwd_bytes'] / GB:.3f}",
                  f"{r['estimate_fwd_bwd_bytes'] / r['peak_fwd_bwd_bytes']:.3f}", f"{rss / GB:.3f}")
-        lines.append(" | ".join(str(c) for c in cells))
-    return "\n".join(lines)
+        table.append(dict(zip(head, cells)))
+    return render_table(table, right=head)
 
 
 TERMS = ("params", "grads", "adam_moments", "batch", "activations", "conv_workspace", "loss", "queue",
@@ -302,15 +304,16 @@ def terms_table(rows: list[dict]) -> str:
     """Estimate / measured of every term, one column per clip count, and both figures in MB for the
     largest count (total = the whole measured step's peak against the estimate's total)."""
     last = rows[-1]
-    head = ("term", *(f"est/meas {r['clips']} clips" for r in rows), f"est MB ({last['clips']})",
-            f"measured MB ({last['clips']})")
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
+    table = []
     for term in TERMS:
-        ratios = [r["terms_estimated"][term] / r["terms_measured"][term] if r["terms_measured"][term] else float("nan")
-                  for r in rows]
-        lines.append(" | ".join([term, *(f"{x:.4f}" for x in ratios), f"{last['terms_estimated'][term] / MB:.1f}",
-                                 f"{last['terms_measured'][term] / MB:.1f}"]))
-    return "\n".join(lines)
+        row = {"term": term}
+        for r in rows:
+            meas = r["terms_measured"][term]
+            row[f"est/meas {r['clips']} clips"] = f"{r['terms_estimated'][term] / meas:.4f}" if meas else "-"
+        row[f"est MB ({last['clips']})"] = f"{last['terms_estimated'][term] / MB:.1f}"
+        row[f"measured MB ({last['clips']})"] = f"{last['terms_measured'][term] / MB:.1f}"
+        table.append(row)
+    return render_table(table, right=[k for k in table[0] if k != "term"])
 
 
 def machine_line() -> str:
