@@ -32,7 +32,7 @@ Both sides create their inputs inside the measured region (the DataParallel side
 of each output, a raymcn rank its b rows), so the peak includes them; persistent state (the
 feature queue, centroids) exists before and is excluded (it is listed in the second table).
 
-How: :func:`raymcn.train.footprint.peak_allocated_bytes` runs the step under ``torch.profiler``
+How: :func:`raymcn.train.meters.peak_allocated_bytes` runs the step under ``torch.profiler``
 with ``profile_memory=True`` and replays every allocation and free of torch's CPU allocator in time
 order; the peak is the high-water mark of live bytes. This is an allocator-level measurement
 (temporaries inside kernels count; glibc fragmentation does not), so it is what a CUDA caching
@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from raymcn.config import Config, ModelConfig
 from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
 from raymcn.results.render import render_table
-from raymcn.train import footprint
+from raymcn.train import footprint, meters
 from raymcn.train.build import build_objective
 from raymcn.train.plan import make_plan
 
@@ -154,7 +154,7 @@ def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True
         terms["total_loss"].backward()
 
     t0 = time.perf_counter()
-    _, peak, _ = footprint.peak_allocated_bytes(step)
+    _, peak, _ = meters.peak_allocated_bytes(step)
     return peak, time.perf_counter() - t0
 
 
@@ -203,7 +203,7 @@ def dataparallel_peak(clips: int, dim: int = EMBED_DIM, recon: bool = True) -> t
         loss.backward()
 
     t0 = time.perf_counter()
-    _, peak, _ = footprint.peak_allocated_bytes(step)
+    _, peak, _ = meters.peak_allocated_bytes(step)
     return peak, time.perf_counter() - t0
 
 
@@ -257,7 +257,7 @@ def refit_peak(clips: int, queue_dtype: str, lean: bool) -> tuple[int, float, in
         cosine_kmeans(x, cfg.loss.num_clusters, iters=1, tol=0.0, generator=torch.Generator().manual_seed(0))
 
     t0 = time.perf_counter()
-    _, peak, _ = footprint.peak_allocated_bytes(refit)
+    _, peak, _ = meters.peak_allocated_bytes(refit)
     return peak, time.perf_counter() - t0, queue._buf.nbytes
 
 

@@ -62,7 +62,7 @@ import torch
 
 from raymcn.config import Config
 from raymcn.results.render import render_table
-from raymcn.train import footprint
+from raymcn.train import footprint, meters
 
 MB = 1e6
 GB = 1e9
@@ -153,7 +153,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
         # 1. saved activations of one forward (the graph is dropped right after)
         state_tensors = tuple(model.parameters()) + tuple(model.buffers())
-        out, saved = footprint.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
+        out, saved = meters.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
         del out  # frees the graph and its saved tensors
         # A full queue, so the warm-up refit builds the k-means input the estimate counts.
         objective.queue.push(torch.randn(objective.queue.capacity, cfg.model.embed_dim))
@@ -178,10 +178,10 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
         "adam_moments": sum(v.nbytes for st in optimizer.state.values() for k, v in st.items() if k != "step"),
         "batch": sum(t.nbytes for t in inputs),
         "activations": saved,
-        "conv_workspace": max(t for _, t in footprint.op_transient_bytes(prof)),
+        "conv_workspace": max(t for _, t in meters.op_transient_bytes(prof)),
         "queue": objective.queue._buf.nbytes,
-        "kmeans_input": max(t for _, t in footprint.op_transient_bytes(prof, (KMEANS_REFIT,))),
-        "optimizer_workspace": max(t for _, t in footprint.op_transient_bytes(prof, ("Optimizer.step#Adam.step",))),
+        "kmeans_input": max(t for _, t in meters.op_transient_bytes(prof, (KMEANS_REFIT,))),
+        "optimizer_workspace": max(t for _, t in meters.op_transient_bytes(prof, ("Optimizer.step#Adam.step",))),
         "loss": _loss_peak(model, objective, batch, active, state.step),
         "total": replay["peak_alloc_bytes"],
     }
@@ -226,7 +226,7 @@ def _loss_peak(model, objective, batch: dict, active: frozenset, step: int) -> i
         leaves[k] = (tuple(t.detach().requires_grad_() for t in v) if isinstance(v, tuple)
                      else v.detach().requires_grad_())
     step = step if step % objective.loss.refresh_every else step + 1
-    _, peak, _ = footprint.peak_allocated_bytes(lambda: objective(leaves, active, step)["total_loss"].backward())
+    _, peak, _ = meters.peak_allocated_bytes(lambda: objective(leaves, active, step)["total_loss"].backward())
     return peak
 
 
@@ -330,9 +330,9 @@ def machine_line() -> str:
 
 def summarize(rows: list[dict]) -> dict:
     xs = [float(r["clips"]) for r in rows]
-    t0, t_slope, t_r2 = footprint.fitted_line(xs, [r["step_s"] for r in rows])
-    m0, m_slope, m_r2 = footprint.fitted_line(xs, [float(r["peak_fwd_bwd_bytes"]) for r in rows])
-    e0, e_slope, _ = footprint.fitted_line(xs, [float(r["estimate_fwd_bwd_bytes"]) for r in rows])
+    t0, t_slope, t_r2 = meters.fitted_line(xs, [r["step_s"] for r in rows])
+    m0, m_slope, m_r2 = meters.fitted_line(xs, [float(r["peak_fwd_bwd_bytes"]) for r in rows])
+    e0, e_slope, _ = meters.fitted_line(xs, [float(r["estimate_fwd_bwd_bytes"]) for r in rows])
     s_per_clip = [r["saved_activation_bytes"] / r["clips"] for r in rows]
     return {
         "time_intercept_s": t0, "time_per_clip_s": t_slope, "time_r2": t_r2,

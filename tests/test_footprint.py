@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raymcn.config import Config, ModelConfig
-from raymcn.train import footprint
+from raymcn.train import footprint, meters
 from raymcn.train.footprint import GIB, estimate_worker_memory, fits
 
 from conftest import objective_for
@@ -180,7 +180,7 @@ def test_activation_formula_equals_the_saved_tensors(active):
     batch = _tiny_batch(cfg, clips)
     inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
     state = tuple(model.parameters()) + tuple(model.buffers())
-    out, saved = footprint.saved_tensor_bytes(lambda: model(batch, active), exclude=state + inputs)
+    out, saved = meters.saved_tensor_bytes(lambda: model(batch, active), exclude=state + inputs)
     del out
     formula = footprint.activation_elements_per_clip(cfg.model, cfg.data.audio_frames, active,
                                                      cfg.data.max_words)
@@ -196,7 +196,7 @@ def test_peak_meter_sees_temporaries():
         del b
         return a
 
-    kept, peak, end = footprint.peak_allocated_bytes(work)
+    kept, peak, end = meters.peak_allocated_bytes(work)
     assert end == kept.nbytes == 4_000_000
     assert peak >= 12_000_000
 
@@ -223,13 +223,13 @@ def _measured_tiny_step() -> dict:
             train_one_epoch(model, objective, opt, build_scheduler(opt, cfg, 100), [batch], cfg=cfg, state=state,
                             device=cpu, switch=0)
     live = peak = 0
-    for _, nbytes in footprint.memory_timeline(prof):
+    for _, nbytes in meters.memory_timeline(prof):
         live += nbytes
         peak = max(peak, live)
     path = footprint.conv_path()
     est = estimate_worker_memory(cfg, conv=path, threads=torch.get_num_threads())
     return {"path": path, "peak": peak, "estimate": est["total"], "conv_estimate": est["conv_workspace"],
-            "conv_measured": max(t for _, t in footprint.op_transient_bytes(prof))}
+            "conv_measured": max(t for _, t in meters.op_transient_bytes(prof))}
 
 
 def _under_isa_cap(cap: str) -> dict:
