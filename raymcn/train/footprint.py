@@ -78,7 +78,7 @@ total                persistent + max(step phase, batch + optimizer_workspace), 
                      (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip)
 ==================== ========================================================================
 
-Checked against measurement on CPU (torch's allocator, :func:`peak_allocated_bytes`): the
+Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
 over-estimate the measured loss peak by 2–27 % for B = 512–4096, N = 1–4, both at D = 6144 and at
@@ -504,4 +504,4 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
 __all__ = ["CONV_PATHS", "ConvShape", "activation_elements_per_clip", "batchnorm_saved_bytes", "conv_path",
            "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters", "estimate_worker_memory",
            "fits", "format_estimate", "loss_memory", "parameter_stats",
-           "recon_dims", "saved_tensor_bytes"]
+           "recon_dims"]
