@@ -20,6 +20,7 @@ from raymcn.data.shards import SampleError, ShardError
 from raymcn.data.words import load_vocab
 
 ARRAYS = ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
+V1 = Path(__file__).parent / "data" / "shards-v1"  # written by the FORMAT_VERSION 1 writer (make_shards_v1.py)
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))
 
@@ -123,6 +124,27 @@ def test_webdataset_library_reads_the_shards(written):
     ours = next(shards.iter_shard_records(out / s["name"]))[1]
     assert sample["__key__"] == ours.video_id
     assert np.array_equal(sample["3d.npy"], ours.feat_3d) and np.array_equal(sample["tokens.npy"], ours.token_ids)
+
+
+def array_digests(rec) -> dict:
+    return {name: {"dtype": str(a.dtype), "shape": list(a.shape), "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+            for name in ARRAYS for a in [getattr(rec, name)]}
+
+
+@pytest.mark.parametrize("chunk", [2048, 32 << 20])
+def test_shards_of_the_v1_writer_still_load(chunk):
+    """A shard directory written by the first writer (committed bytes) decodes to its source arrays."""
+    manifest = shards.load_manifest(V1)
+    assert (manifest["version"], manifest["counts"]["videos"], manifest["counts"]["shards"]) == (1, 3, 2)
+    assert [s["video"] for s in manifest["skipped"]] == ["gone0001"]
+    assert load_vocab(V1).matrix.shape == (9, 4)
+    decoded = {}
+    for s in manifest["shards"]:
+        assert hashlib.sha256((V1 / s["name"]).read_bytes()).hexdigest() == s["sha256"]
+        for vid, rec, err in shards.iter_shard_records(V1 / s["name"], s["videos"], chunk_bytes=chunk):
+            assert err is None, (vid, err)
+            decoded[vid] = array_digests(rec)
+    assert decoded == json.loads((V1.parent / "shards-v1.expected.json").read_text())
 
 
 # --- resume, determinism ------------------------------------------------------------------------------
