@@ -231,7 +231,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg = cfg.replace({"data.eval_set": args.eval_set})
     words = args.word_vectors or cfg.data.word_vectors or None
     if words is None and cfg.data.eval_set != "synthetic":
-        from raymcn.data.shards import shards_dir_for
+        from raymcn.data.synthetic import shards_dir_for
         from raymcn.data.words import load_vocab
 
         words = load_vocab(shards_dir_for(cfg))

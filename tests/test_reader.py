@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray")
 from ray.data import DataContext  # noqa: E402
 
 from raymcn.config import load_config  # noqa: E402
-from raymcn.data import reader, shards, synthetic  # noqa: E402
+from raymcn.data import reader, shards, stream, synthetic, tarfmt  # noqa: E402
 from raymcn.data.features import FEATURE_DIM, MEL_BINS  # noqa: E402
 from raymcn.data.words import load_vocab  # noqa: E402
 
@@ -80,10 +80,10 @@ def consume_split(its, fn):
 def test_batches_follow_the_contract(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(manifest, cfg)
+    steps = stream.steps_per_epoch(manifest, cfg)
     assert steps == VIDEOS // cfg.data.batch_size
     ds = reader.build_dataset(shard_dir, cfg)
-    stats = reader.EpochStats()
+    stats = stream.EpochStats()
     batches = list(reader.iter_batches(ds, cfg, epoch=0, rank=0, world_size=1, steps=steps, vocab=vocab,
                                        stats=stats))
     assert len(batches) == steps
@@ -126,7 +126,7 @@ def test_clip_sampling_is_deterministic_per_seed_epoch_rank(shard_dir, cfg):
 
 def test_two_ranks_are_disjoint_and_cover_everything(shard_dir, cfg):
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(shards.load_manifest(shard_dir), cfg)
+    steps = stream.steps_per_epoch(shards.load_manifest(shard_dir), cfg)
     its = reader.build_dataset(shard_dir, cfg).streaming_split(2, equal=True)  # what Ray Train's DataConfig does
     every = sorted(v for s in shards.load_manifest(shard_dir)["shards"] for v in s["videos"])
     for epoch in range(2):
@@ -178,14 +178,14 @@ def test_announced_epoch_sets_the_planned_shard_order(shard_dir, cfg):
         return [t.metadata.input_files[0].rsplit("/", 1)[1] for t in tasks]
 
     assert len(source.get_read_tasks(1)) == len(names)  # a metadata probe needs no announcement
-    with pytest.raises(reader.DataEpochError, match="before the trainer announced"):
+    with pytest.raises(stream.DataEpochError, match="before the trainer announced"):
         planned()  # a missing signal is an error, never a silent epoch 0
     reader.announce_epoch(clock, 0)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 0, len(names))]
     reader.announce_epoch(clock, 5)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 5, len(names))]
     reader.stop_epoch_clock("order-test")
-    with pytest.raises(reader.DataEpochError, match="does not exist"):
+    with pytest.raises(stream.DataEpochError, match="does not exist"):
         reader.announced_epoch(clock)
 
 
@@ -197,7 +197,7 @@ def test_a_late_announcement_is_an_error_not_a_silent_order(shard_dir, cfg):
     ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, clock))
     assert {r["epoch"] for r in ds.select_columns(["epoch"]).take_all()} == {3}
     assert sum(1 for _ in reader.iter_records(ds, epoch=3, log=None)) == VIDEOS
-    with pytest.raises(reader.DataEpochError, match="epoch 4 received shards ordered for epoch 3"):
+    with pytest.raises(stream.DataEpochError, match="epoch 4 received shards ordered for epoch 3"):
         next(reader.iter_records(ds, epoch=4, log=None))  # epoch 4 was asked for, 3 was still announced
     reader.stop_epoch_clock("late-test")
 
@@ -205,7 +205,7 @@ def test_a_late_announcement_is_an_error_not_a_silent_order(shard_dir, cfg):
 def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(manifest, cfg)
+    steps = stream.steps_per_epoch(manifest, cfg)
     every = sorted(v for s in manifest["shards"] for v in s["videos"])
     reader.start_epoch_clock("stream-test")
     clock = reader.clock_name("stream-test")
@@ -245,14 +245,14 @@ def corrupt(src: Path, dst: Path) -> dict[str, int]:
     manifest = shards.load_manifest(dst)
     a, b, c = (dst / s["name"] for s in manifest["shards"][:3])
     raw = a.read_bytes()
-    spans = list(shards.scan_tar(raw))
+    spans = list(tarfmt.scan_tar(raw))
     a.write_bytes(raw[:spans[1].members["3d.npy"][0] + 100])  # truncated: samples 1 and 2 lost
     raw = bytearray(b.read_bytes())
-    spans = list(shards.scan_tar(bytes(raw)))
+    spans = list(tarfmt.scan_tar(bytes(raw)))
     raw[spans[0].members["spec.npy"][0] + 300] ^= 0xFF  # flipped bytes: CRC fails
     b.write_bytes(bytes(raw))
     raw = c.read_bytes()
-    spans = list(shards.scan_tar(raw))
+    spans = list(tarfmt.scan_tar(raw))
     data_off, size = spans[2].members["tokens.npy"]
     c.write_bytes(raw[:data_off - 512] + raw[data_off + size + (-size % 512):])  # a member removed
     return {a.name: 2, b.name: 1, c.name: 1}
@@ -262,7 +262,7 @@ def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
     bad_by_shard = corrupt(shard_dir, tmp_path / "damaged")
     d = tmp_path / "damaged"
     logs: list[str] = []
-    stats = reader.EpochStats()
+    stats = stream.EpochStats()
     keys = [r.video_id for r in reader.iter_records(reader.build_dataset(d, cfg), stats, log=logs.append)]
     assert stats.bad_samples == sum(bad_by_shard.values()) == 4
     assert stats.bad_by_shard == bad_by_shard
@@ -272,12 +272,12 @@ def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
 
     # the training iterator still runs every step on both ranks; the shortfall is refilled and counted
     vocab = load_vocab(d)
-    steps = reader.steps_per_epoch(shards.load_manifest(d), cfg)
+    steps = stream.steps_per_epoch(shards.load_manifest(d), cfg)
     its = reader.build_dataset(d, cfg).streaming_split(2, equal=True)
     per_rank = {}
 
     def run(rank, it):
-        st = reader.EpochStats()
+        st = stream.EpochStats()
         n = sum(1 for _ in reader.iter_batches(it, cfg, 0, rank, 2, steps, vocab, stats=st, log=None))
         per_rank[rank] = st
         return n
@@ -293,7 +293,7 @@ def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
     shutil.copytree(shard_dir, d)
     manifest = shards.load_manifest(d)
     (d / manifest["shards"][0]["name"]).unlink()
-    stats = reader.EpochStats()
+    stats = stream.EpochStats()
     n = sum(1 for _ in reader.iter_records(reader.build_dataset(d, cfg), stats, log=None))
     assert (n, stats.bad_samples) == (VIDEOS - PER_SHARD, PER_SHARD)
 
@@ -303,9 +303,9 @@ def test_helpers_raise_clear_errors(shard_dir, cfg, tmp_path):
         reader.build_dataset(tmp_path, cfg)
     big = cfg.replace({"data.batch_size": 64})
     with pytest.raises(ValueError, match="fewer than one step"):
-        reader.steps_per_epoch(shards.load_manifest(shard_dir), big)
+        stream.steps_per_epoch(shards.load_manifest(shard_dir), big)
     capped = cfg.replace({"schedule.steps_per_epoch": 1})
-    assert reader.steps_per_epoch(shards.load_manifest(shard_dir), capped) == 1
+    assert stream.steps_per_epoch(shards.load_manifest(shard_dir), capped) == 1
 
 
 def test_read_webdataset_reads_the_shards_too(shard_dir):
@@ -314,6 +314,6 @@ def test_read_webdataset_reads_the_shards_too(shard_dir):
     first = manifest["shards"][0]
     ds = ray.data.read_webdataset(str(shard_dir / first["name"]))
     row = ds.take(1)[0]
-    ours = next(shards.iter_shard_records(shard_dir / first["name"]))[1]
+    ours = next(stream.iter_shard_records(shard_dir / first["name"]))[1]
     assert row["__key__"] == ours.video_id
     assert np.array_equal(row["3d.npy"], ours.feat_3d)

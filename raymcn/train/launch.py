@@ -83,11 +83,11 @@ class FailFastOnPermanentErrors(UserCallback):
 
 def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``."""
-    from raymcn.data import reader, shards
+    from raymcn.data import reader, shards, stream, synthetic
 
-    shards_dir = shards.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
-    manifest = reader.load_manifest(shards_dir)  # read once here: it lists every video
-    steps_per_epoch = reader.steps_per_epoch(manifest, cfg)  # too few videos: fail here
+    shards_dir = synthetic.shards_dir_for(cfg)  # the synthetic default is generated and sharded once
+    manifest = shards.load_manifest(shards_dir)  # read once here: it lists every video
+    steps_per_epoch = stream.steps_per_epoch(manifest, cfg)  # too few videos: fail here
     # The shard order of each epoch follows the epoch rank 0 announces on the run's clock (an actor
     # on this node), so a resumed run or a restarted worker group reads the order the uninterrupted
     # run would have read, whatever node plans it.
