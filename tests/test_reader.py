@@ -6,6 +6,8 @@ One module-scoped local Ray instance (2 CPUs, 100 MB object store) serves every 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -317,3 +319,16 @@ def test_read_webdataset_reads_the_shards_too(shard_dir):
     ours = next(stream.iter_shard_records(shard_dir / first["name"]))[1]
     assert row["__key__"] == ours.video_id
     assert np.array_equal(row["3d.npy"], ours.feat_3d)
+
+
+def test_shards_of_the_v1_writer_load_through_ray_data(cfg):
+    """The committed shards of the first writer (tests/data/shards-v1) through the datasource."""
+    v1 = Path(__file__).parent / "data" / "shards-v1"
+    stats = stream.EpochStats()
+    records = {r.video_id: r for r in reader.iter_records(reader.build_dataset(v1, cfg), stats, log=None)}
+    assert (stats.videos, stats.bad_samples) == (3, 0)
+    decoded = {vid: {name: {"dtype": str(a.dtype), "shape": list(a.shape),
+                            "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+                     for name in ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
+                     for a in [getattr(rec, name)]} for vid, rec in records.items()}
+    assert decoded == json.loads((v1.parent / "shards-v1.expected.json").read_text())

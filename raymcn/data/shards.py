@@ -6,7 +6,9 @@ permuted across shards with a seed) and again when reading (shard order per epoc
 worker). A shard is a POSIX ustar tar of one sample per video (members: ``sample.py``), written
 with the standard library's ``tarfile`` in ``USTAR_FORMAT`` with fixed metadata (mtime 0, uid/gid
 0, mode 0644, no user names), so the same inputs give the same bytes and the same sha256; ustar
-refuses what raymcn's scanner (``tarfmt.py``) does not read (pax records, GNU long names).
+refuses what raymcn's scanner (``tarfmt.py``) does not read (pax records, GNU long names). The
+bytes are those of the first, hand-written writer up to its end-of-archive, which ``tarfile``
+pads to a whole 10240-byte record (``tests/test_shards.py`` against ``tests/data/shards-v1``).
 
 Output directory::
 
