@@ -111,13 +111,6 @@ def check_span(buf, span: SampleSpan, verify: bool = True) -> None:
         _missing(span, ARRAY_MEMBERS)
 
 
-def _view(mv: memoryview, name: str) -> np.ndarray:
-    try:
-        return npy_view(mv, name)
-    except NpyError as e:
-        raise SampleError(str(e)) from None
-
-
 def decode_span(buf, span: SampleSpan, verify: bool = True) -> VideoRecord:
     """One sample -> VideoRecord whose arrays are zero-copy views into ``buf``.
 
@@ -129,7 +122,11 @@ def decode_span(buf, span: SampleSpan, verify: bool = True) -> VideoRecord:
         SampleError: naming the member and the problem.
     """
     check_span(buf, span, verify)
-    return build_record(span.key, {name: _view(_member(buf, span, name), name) for name in ARRAY_MEMBERS})
+    try:
+        arrays = {name: npy_view(_member(buf, span, name), name) for name in ARRAY_MEMBERS}
+    except NpyError as e:
+        raise SampleError(str(e)) from None
+    return build_record(span.key, arrays)
 
 
 def span_layout(span: SampleSpan) -> list[int]:
@@ -145,11 +142,14 @@ def decode_layout(blob, key: str, layout: Sequence[int]) -> VideoRecord:
     """VideoRecord from one sample's bytes and its :func:`span_layout` (no tar header is re-read)."""
     mv = memoryview(blob)
     arrays = {}
-    for i, name in enumerate(ARRAY_MEMBERS):
-        off, size = int(layout[2 * i]), int(layout[2 * i + 1])
-        if off < 0 or off + size > len(mv):
-            raise SampleError(f"member {name} lies outside the sample's bytes")
-        arrays[name] = _view(mv[off:off + size], name)
+    try:  # one handler for all members: this runs once per video on every rank
+        for i, name in enumerate(ARRAY_MEMBERS):
+            off, size = int(layout[2 * i]), int(layout[2 * i + 1])
+            if off < 0 or off + size > len(mv):
+                raise SampleError(f"member {name} lies outside the sample's bytes")
+            arrays[name] = npy_view(mv[off:off + size], name)
+    except NpyError as e:
+        raise SampleError(str(e)) from None
     return build_record(key, arrays)
 
 
