@@ -18,7 +18,8 @@ Output directory::
     plan.json                the video -> shard assignment (deterministic from the seed)
     .done/<shard>.json       one marker per finished shard (what makes a rerun resumable)
 
-Imports: numpy, tqdm, ``features``, ``words``, ``files``, ``sample`` (no Ray, no torch).
+Imports: numpy, tqdm, ``config`` (PermanentError), ``features``, ``words``, ``files``, ``sample`` (no Ray,
+no torch).
 """
 
 from __future__ import annotations
