@@ -13,7 +13,7 @@ HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/
       as Ray Train does for its workers. Timed: one epoch after a first one (stopped after one
       video), i.e. what every epoch of a run costs, including Ray Data's per-epoch start-up, but
       not the one-time start of the split coordinator;
-  (c) a single-process sequential tar reader without Ray (``shards.iter_shard_records``: same
+  (c) a single-process sequential tar reader without Ray (``stream.iter_shard_records``: same
       checks and decoding, no Ray) — the overhead-free reference;
   (d) ``cat`` of the shard files to /dev/null — the physical limit.
 
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.data import shards
+from raymcn.data import shards, stream
 from raymcn.data.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
 from raymcn.data.words import write_word2vec_bin
 
@@ -154,7 +154,7 @@ def run_sequential(shard_dir: Path, manifest: dict) -> dict:
     n = bad = 0
     t0 = time.perf_counter()
     for s in manifest["shards"]:
-        for _, rec, err in shards.iter_shard_records(shard_dir / s["name"], s["videos"]):
+        for _, rec, err in stream.iter_shard_records(shard_dir / s["name"], s["videos"]):
             if rec is None:
                 bad += 1
             else:
@@ -189,7 +189,7 @@ def run_cat(shard_dir: Path, manifest: dict) -> dict:
 
 # --- (b) Ray Data -----------------------------------------------------------------------------------
 def _consumer_class(ray):
-    from raymcn.data import reader
+    from raymcn.data import reader, stream
 
     @ray.remote
     class Consumer:
@@ -199,7 +199,7 @@ def _consumer_class(ray):
             return True
 
         def run(self, it, limit: int | None = None) -> dict:
-            stats = reader.EpochStats()
+            stats = stream.EpochStats()
             t0, c0 = time.perf_counter(), time.process_time()
             for i, _ in enumerate(reader.iter_records(it, stats, log=None)):
                 if limit is not None and i + 1 >= limit:

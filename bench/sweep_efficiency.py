@@ -65,7 +65,7 @@ _CACHE: dict[tuple, Any] = {}  # per trial process: the corpus and eval set, loa
 # --- the trial (runs in a Tune actor) ---------------------------------------------------------------
 def _data(cfg):
     from raymcn.data.evalsets import load_eval_set
-    from raymcn.data.memory import TrainVideos
+    from raymcn.data.stream import TrainVideos
 
     d = cfg.data
     key = (d.cache_dir, d.synthetic_videos, d.synthetic_eval_clips, d.synthetic_topics, d.max_words, d.eval_set,
@@ -109,7 +109,9 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(d))
         started[0] = time.perf_counter()
 
-    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, run.plan.steps_per_epoch), None),
+    plan = run.plan
+    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, plan.local_videos(0), plan.steps_per_epoch),
+                                              None),
                        evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=report)
     try:
         run_epochs(run, hooks)

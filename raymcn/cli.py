@@ -233,10 +233,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg = cfg.replace({"data.eval_set": args.eval_set})
     words = args.word_vectors or cfg.data.word_vectors or None
     if words is None and cfg.data.eval_set != "synthetic":
-        from raymcn.data.shards import shards_dir_for
+        from raymcn.train.plan import resolve_shards_dir
         from raymcn.data.words import load_vocab
 
-        words = load_vocab(shards_dir_for(cfg))
+        words = load_vocab(resolve_shards_dir(cfg))
     try:
         eval_set = load_eval_set(cfg.data.eval_set, word_vectors=words, max_words=cfg.data.max_words,
                                  audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)

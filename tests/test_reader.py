@@ -6,6 +6,8 @@ One module-scoped local Ray instance (2 CPUs, 100 MB object store) serves every 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -19,10 +21,11 @@ ray = pytest.importorskip("ray")
 
 from ray.data import DataContext  # noqa: E402
 
-from raymcn.config import load_config  # noqa: E402
-from raymcn.data import reader, shards, synthetic  # noqa: E402
+from raymcn.config import ConfigError, load_config  # noqa: E402
+from raymcn.data import reader, shards, stream, synthetic, tarfmt  # noqa: E402
 from raymcn.data.features import FEATURE_DIM, MEL_BINS  # noqa: E402
 from raymcn.data.words import load_vocab  # noqa: E402
+from raymcn.train.plan import make_plan  # noqa: E402
 
 VIDEOS, PER_SHARD = 24, 3
 SETTINGS = synthetic.SynthSettings(videos=VIDEOS, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
@@ -80,11 +83,11 @@ def consume_split(its, fn):
 def test_batches_follow_the_contract(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(manifest, cfg)
+    steps = make_plan(cfg, manifest["counts"]["videos"]).steps_per_epoch
     assert steps == VIDEOS // cfg.data.batch_size
     ds = reader.build_dataset(shard_dir, cfg)
-    stats = reader.EpochStats()
-    batches = list(reader.iter_batches(ds, cfg, epoch=0, rank=0, world_size=1, steps=steps, vocab=vocab,
+    stats = stream.EpochStats()
+    batches = list(reader.iter_batches(ds, cfg, epoch=0, rank=0, videos=cfg.data.batch_size, steps=steps, vocab=vocab,
                                        stats=stats))
     assert len(batches) == steps
     b = cfg.data.batch_size * cfg.data.clips_per_video
@@ -110,7 +113,7 @@ def test_clip_sampling_is_deterministic_per_seed_epoch_rank(shard_dir, cfg):
 
     vocab = load_vocab(shard_dir)
     ds = reader.build_dataset(shard_dir, cfg)
-    batch = next(reader.iter_batches(ds, cfg, epoch=2, rank=1, world_size=2, steps=1, vocab=vocab,
+    batch = next(reader.iter_batches(ds, cfg, epoch=2, rank=1, videos=cfg.data.batch_size // 2, steps=1, vocab=vocab,
                                      shuffle_buffer=1))  # buffer 1: videos in stream order
     ids = list(dict.fromkeys(k.split("#")[0] for k in batch["key"]))
     records = {r.video_id: r for r in reader.iter_records(reader.build_dataset(shard_dir, cfg))}
@@ -126,13 +129,13 @@ def test_clip_sampling_is_deterministic_per_seed_epoch_rank(shard_dir, cfg):
 
 def test_two_ranks_are_disjoint_and_cover_everything(shard_dir, cfg):
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(shards.load_manifest(shard_dir), cfg)
+    steps = make_plan(cfg, shards.load_manifest(shard_dir)["counts"]["videos"]).steps_per_epoch
     its = reader.build_dataset(shard_dir, cfg).streaming_split(2, equal=True)  # what Ray Train's DataConfig does
     every = sorted(v for s in shards.load_manifest(shard_dir)["shards"] for v in s["videos"])
     for epoch in range(2):
         def run(rank, it, epoch=epoch):
             seen = []
-            for batch in reader.iter_batches(it, cfg, epoch, rank, 2, steps, vocab):
+            for batch in reader.iter_batches(it, cfg, epoch, rank, cfg.data.batch_size // 2, steps, vocab):
                 seen += list(dict.fromkeys(k.split("#")[0] for k in batch["key"]))
             return seen
 
@@ -178,14 +181,14 @@ def test_announced_epoch_sets_the_planned_shard_order(shard_dir, cfg):
         return [t.metadata.input_files[0].rsplit("/", 1)[1] for t in tasks]
 
     assert len(source.get_read_tasks(1)) == len(names)  # a metadata probe needs no announcement
-    with pytest.raises(reader.DataEpochError, match="before the trainer announced"):
+    with pytest.raises(stream.DataEpochError, match="before the trainer announced"):
         planned()  # a missing signal is an error, never a silent epoch 0
     reader.announce_epoch(clock, 0)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 0, len(names))]
     reader.announce_epoch(clock, 5)
     assert planned() == [names[i] for i in reader.shard_order(cfg.run.seed, 5, len(names))]
     reader.stop_epoch_clock("order-test")
-    with pytest.raises(reader.DataEpochError, match="does not exist"):
+    with pytest.raises(stream.DataEpochError, match="does not exist"):
         reader.announced_epoch(clock)
 
 
@@ -197,7 +200,7 @@ def test_a_late_announcement_is_an_error_not_a_silent_order(shard_dir, cfg):
     ds = reader.build_dataset(shard_dir, cfg, epoch_fn=functools.partial(reader.announced_epoch, clock))
     assert {r["epoch"] for r in ds.select_columns(["epoch"]).take_all()} == {3}
     assert sum(1 for _ in reader.iter_records(ds, epoch=3, log=None)) == VIDEOS
-    with pytest.raises(reader.DataEpochError, match="epoch 4 received shards ordered for epoch 3"):
+    with pytest.raises(stream.DataEpochError, match="epoch 4 received shards ordered for epoch 3"):
         next(reader.iter_records(ds, epoch=4, log=None))  # epoch 4 was asked for, 3 was still announced
     reader.stop_epoch_clock("late-test")
 
@@ -205,7 +208,7 @@ def test_a_late_announcement_is_an_error_not_a_silent_order(shard_dir, cfg):
 def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg):
     manifest = shards.load_manifest(shard_dir)
     vocab = load_vocab(shard_dir)
-    steps = reader.steps_per_epoch(manifest, cfg)
+    steps = make_plan(cfg, manifest["counts"]["videos"]).steps_per_epoch
     every = sorted(v for s in manifest["shards"] for v in s["videos"])
     reader.start_epoch_clock("stream-test")
     clock = reader.clock_name("stream-test")
@@ -215,7 +218,7 @@ def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg):
 
     def run(rank, it):
         announce = functools.partial(reader.announce_epoch, clock) if rank == 0 else None
-        stream = reader.RankStream(it, cfg, rank, 2, steps, vocab, epochs=epochs, announce=announce, log=None)
+        stream = reader.RankStream(it, cfg, rank, cfg.data.batch_size // 2, steps, vocab, epochs=epochs, announce=announce, log=None)
         seen, ahead, counted = [], [], []
         for epoch in range(epochs):
             batches, stats = stream.epoch(epoch)
@@ -245,14 +248,14 @@ def corrupt(src: Path, dst: Path) -> dict[str, int]:
     manifest = shards.load_manifest(dst)
     a, b, c = (dst / s["name"] for s in manifest["shards"][:3])
     raw = a.read_bytes()
-    spans = list(shards.scan_tar(raw))
+    spans = list(tarfmt.scan_tar(raw))
     a.write_bytes(raw[:spans[1].members["3d.npy"][0] + 100])  # truncated: samples 1 and 2 lost
     raw = bytearray(b.read_bytes())
-    spans = list(shards.scan_tar(bytes(raw)))
+    spans = list(tarfmt.scan_tar(bytes(raw)))
     raw[spans[0].members["spec.npy"][0] + 300] ^= 0xFF  # flipped bytes: CRC fails
     b.write_bytes(bytes(raw))
     raw = c.read_bytes()
-    spans = list(shards.scan_tar(raw))
+    spans = list(tarfmt.scan_tar(raw))
     data_off, size = spans[2].members["tokens.npy"]
     c.write_bytes(raw[:data_off - 512] + raw[data_off + size + (-size % 512):])  # a member removed
     return {a.name: 2, b.name: 1, c.name: 1}
@@ -262,7 +265,7 @@ def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
     bad_by_shard = corrupt(shard_dir, tmp_path / "damaged")
     d = tmp_path / "damaged"
     logs: list[str] = []
-    stats = reader.EpochStats()
+    stats = stream.EpochStats()
     keys = [r.video_id for r in reader.iter_records(reader.build_dataset(d, cfg), stats, log=logs.append)]
     assert stats.bad_samples == sum(bad_by_shard.values()) == 4
     assert stats.bad_by_shard == bad_by_shard
@@ -272,13 +275,13 @@ def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
 
     # the training iterator still runs every step on both ranks; the shortfall is refilled and counted
     vocab = load_vocab(d)
-    steps = reader.steps_per_epoch(shards.load_manifest(d), cfg)
+    steps = make_plan(cfg, shards.load_manifest(d)["counts"]["videos"]).steps_per_epoch
     its = reader.build_dataset(d, cfg).streaming_split(2, equal=True)
     per_rank = {}
 
     def run(rank, it):
-        st = reader.EpochStats()
-        n = sum(1 for _ in reader.iter_batches(it, cfg, 0, rank, 2, steps, vocab, stats=st, log=None))
+        st = stream.EpochStats()
+        n = sum(1 for _ in reader.iter_batches(it, cfg, 0, rank, cfg.data.batch_size // 2, steps, vocab, stats=st, log=None))
         per_rank[rank] = st
         return n
 
@@ -293,7 +296,7 @@ def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
     shutil.copytree(shard_dir, d)
     manifest = shards.load_manifest(d)
     (d / manifest["shards"][0]["name"]).unlink()
-    stats = reader.EpochStats()
+    stats = stream.EpochStats()
     n = sum(1 for _ in reader.iter_records(reader.build_dataset(d, cfg), stats, log=None))
     assert (n, stats.bad_samples) == (VIDEOS - PER_SHARD, PER_SHARD)
 
@@ -301,11 +304,10 @@ def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
 def test_helpers_raise_clear_errors(shard_dir, cfg, tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         reader.build_dataset(tmp_path, cfg)
-    big = cfg.replace({"data.batch_size": 64})
-    with pytest.raises(ValueError, match="fewer than one step"):
-        reader.steps_per_epoch(shards.load_manifest(shard_dir), big)
-    capped = cfg.replace({"schedule.steps_per_epoch": 1})
-    assert reader.steps_per_epoch(shards.load_manifest(shard_dir), capped) == 1
+    videos = shards.load_manifest(shard_dir)["counts"]["videos"]
+    with pytest.raises(ConfigError, match="fewer than one step"):
+        make_plan(cfg.replace({"data.batch_size": 64}), videos)
+    assert make_plan(cfg.replace({"schedule.steps_per_epoch": 1}), videos).steps_per_epoch == 1
 
 
 def test_read_webdataset_reads_the_shards_too(shard_dir):
@@ -314,6 +316,19 @@ def test_read_webdataset_reads_the_shards_too(shard_dir):
     first = manifest["shards"][0]
     ds = ray.data.read_webdataset(str(shard_dir / first["name"]))
     row = ds.take(1)[0]
-    ours = next(shards.iter_shard_records(shard_dir / first["name"]))[1]
+    ours = next(stream.iter_shard_records(shard_dir / first["name"]))[1]
     assert row["__key__"] == ours.video_id
     assert np.array_equal(row["3d.npy"], ours.feat_3d)
+
+
+def test_shards_of_the_v1_writer_load_through_ray_data(cfg):
+    """The committed shards of the first writer (tests/data/shards-v1) through the datasource."""
+    v1 = Path(__file__).parent / "data" / "shards-v1"
+    stats = stream.EpochStats()
+    records = {r.video_id: r for r in reader.iter_records(reader.build_dataset(v1, cfg), stats, log=None)}
+    assert (stats.videos, stats.bad_samples) == (3, 0)
+    decoded = {vid: {name: {"dtype": str(a.dtype), "shape": list(a.shape),
+                            "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+                     for name in ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
+                     for a in [getattr(rec, name)]} for vid, rec in records.items()}
+    assert decoded == json.loads((v1.parent / "shards-v1.expected.json").read_text())

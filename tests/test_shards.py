@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import commands, shards, synthetic
+from raymcn.data import commands, sample, shards, stream, synthetic, tarfmt
 from raymcn.data.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
-from raymcn.data.shards import SampleError, ShardError
+from raymcn.data.sample import SampleError
+from raymcn.data.shards import ShardError
 from raymcn.data.words import load_vocab
 
 ARRAYS = ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
+V1 = Path(__file__).parent / "data" / "shards-v1"  # written by the FORMAT_VERSION 1 writer (make_shards_v1.py)
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))
 
@@ -61,7 +63,7 @@ def test_every_video_lands_in_exactly_one_shard(corpus, written):
     assert len(listed) == len(set(listed))
     assert [len(s["videos"]) for s in manifest["shards"]] == [5, 5, 2]
     for s in manifest["shards"]:  # the tar holds exactly the listed samples, in that order
-        keys = [span.key for span in shards.scan_tar((out / s["name"]).read_bytes())]
+        keys = [span.key for span in tarfmt.scan_tar((out / s["name"]).read_bytes())]
         assert keys == s["videos"]
     c = manifest["counts"]
     assert (c["listed"], c["videos"], c["skipped"], c["shards"]) == (12, 12, 0, 3)
@@ -92,7 +94,7 @@ def test_round_trip_is_bit_exact(corpus, written):
     paths = {video_id_of(p): p for p in read_video_paths(corpus.video_csv)}
     seen = 0
     for s in manifest["shards"]:
-        for vid, rec, err in shards.iter_shard_records(out / s["name"], s["videos"]):
+        for vid, rec, err in stream.iter_shard_records(out / s["name"], s["videos"]):
             assert err is None
             ref = read_video(paths[vid], corpus.features_root, corpus.audio_root, captions, vocab.word_to_id)
             for name in ARRAYS:
@@ -109,8 +111,8 @@ def test_samples_are_standard_npy_members(written):
     with tarfile.open(out / s["name"]) as tf:
         names = tf.getnames()
         spec = np.load(io.BytesIO(tf.extractfile(f"{s['videos'][0]}.spec.npy").read()))
-    assert names[:8] == [f"{s['videos'][0]}.{m}" for m in shards.MEMBERS]
-    first = next(shards.iter_shard_records(out / s["name"]))[1]
+    assert names[:8] == [f"{s['videos'][0]}.{m}" for m in sample.MEMBERS]
+    first = next(stream.iter_shard_records(out / s["name"]))[1]
     assert np.array_equal(spec, first.spec) and spec.dtype == np.float16
 
 
@@ -120,9 +122,48 @@ def test_webdataset_library_reads_the_shards(written):
     s = manifest["shards"][0]
     ds = wds.WebDataset(str(out / s["name"]), shardshuffle=False).decode()
     sample = next(iter(ds))
-    ours = next(shards.iter_shard_records(out / s["name"]))[1]
+    ours = next(stream.iter_shard_records(out / s["name"]))[1]
     assert sample["__key__"] == ours.video_id
     assert np.array_equal(sample["3d.npy"], ours.feat_3d) and np.array_equal(sample["tokens.npy"], ours.token_ids)
+
+
+def array_digests(rec) -> dict:
+    return {name: {"dtype": str(a.dtype), "shape": list(a.shape), "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+            for name in ARRAYS for a in [getattr(rec, name)]}
+
+
+@pytest.mark.parametrize("chunk", [2048, 32 << 20])
+def test_shards_of_the_v1_writer_still_load(chunk):
+    """A shard directory written by the first writer (committed bytes) decodes to its source arrays."""
+    manifest = shards.load_manifest(V1)
+    assert (manifest["version"], manifest["counts"]["videos"], manifest["counts"]["shards"]) == (1, 3, 2)
+    assert [s["video"] for s in manifest["skipped"]] == ["gone0001"]
+    assert load_vocab(V1).matrix.shape == (9, 4)
+    decoded = {}
+    for s in manifest["shards"]:
+        assert hashlib.sha256((V1 / s["name"]).read_bytes()).hexdigest() == s["sha256"]
+        for vid, rec, err in stream.iter_shard_records(V1 / s["name"], s["videos"], chunk_bytes=chunk):
+            assert err is None, (vid, err)
+            decoded[vid] = array_digests(rec)
+    assert decoded == json.loads((V1.parent / "shards-v1.expected.json").read_text())
+
+
+def test_todays_writer_writes_the_v1_bytes():
+    """The v1 samples written again (decode, encode, tarfile USTAR): the very same bytes, then zeros
+    up to a multiple of 10240 (tarfile pads the end-of-archive to a full record; the v1 writer
+    stopped after two zero blocks). One scanner reads both."""
+    for s in shards.load_manifest(V1)["shards"]:
+        old = (V1 / s["name"]).read_bytes()
+        old_spans = list(tarfmt.scan_tar(old))
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for span in old_spans:
+                shards.write_sample(tar, span.key, sample.encode_record(sample.decode_span(old, span)))
+        new = out.getvalue()
+        assert new[:len(old)] == old and len(new) % 10240 == 0 and not any(new[len(old):])
+        assert [(sp.key, sp.start, sp.end, sp.members) for sp in tarfmt.scan_tar(new)] == \
+            [(sp.key, sp.start, sp.end, sp.members) for sp in old_spans]
+        assert [sp.key for sp in old_spans] == s["videos"]
 
 
 # --- resume, determinism ------------------------------------------------------------------------------
@@ -259,10 +300,10 @@ def test_damaged_shard_costs_only_its_bad_samples(written, tmp_path, how, chunk)
     out, manifest = written
     s = manifest["shards"][0]
     raw = (out / s["name"]).read_bytes()
-    spans = list(shards.scan_tar(raw))
+    spans = list(tarfmt.scan_tar(raw))
     path = tmp_path / "bad.tar"
     path.write_bytes(damaged(raw, how, spans))
-    results = list(shards.iter_shard_records(path, s["videos"], chunk_bytes=chunk))
+    results = list(stream.iter_shard_records(path, s["videos"], chunk_bytes=chunk))
     bad = {vid: err for vid, rec, err in results if rec is None}
     want = {s["videos"][i]: text for i, text in EXPECTED_BAD[how].items()}
     assert set(bad) == set(want)
@@ -270,16 +311,16 @@ def test_damaged_shard_costs_only_its_bad_samples(written, tmp_path, how, chunk)
         assert text in bad[vid]
     good = {vid: rec for vid, rec, err in results if rec is not None}
     assert len(good) + len(bad) == len(s["videos"])
-    reference = {vid: rec for vid, rec, _ in shards.iter_shard_records(out / s["name"])}
+    reference = {vid: rec for vid, rec, _ in stream.iter_shard_records(out / s["name"])}
     for vid, rec in good.items():  # the survivors are intact
         for name in ARRAYS:
             assert getattr(rec, name).tobytes() == getattr(reference[vid], name).tobytes()
-    whole = shards.check_shard(path.read_bytes(), s["videos"])
+    whole = sample.check_shard(path.read_bytes(), s["videos"])
     assert sorted(k for k, _ in whole.bad) == sorted(bad)
 
 
 def test_unreadable_shard_reports_every_expected_video(tmp_path):
-    results = list(shards.iter_shard_records(tmp_path / "absent.tar", ["a", "b"]))
+    results = list(stream.iter_shard_records(tmp_path / "absent.tar", ["a", "b"]))
     assert [(k, r) for k, r, _ in results] == [("a", None), ("b", None)]
     assert all("shard unreadable" in e for _, _, e in results)
 
@@ -287,27 +328,27 @@ def test_unreadable_shard_reports_every_expected_video(tmp_path):
 def test_decode_sample_bytes_checks_the_region(written):
     out, manifest = written
     raw = (out / manifest["shards"][0]["name"]).read_bytes()
-    span = next(shards.scan_tar(raw))
-    rec = shards.decode_sample_bytes(memoryview(raw)[span.start:span.end], span.key)
+    span = next(tarfmt.scan_tar(raw))
+    rec = sample.decode_sample_bytes(memoryview(raw)[span.start:span.end], span.key)
     assert rec.video_id == span.key and not rec.feat_2d.flags.writeable  # a view, not a copy
     with pytest.raises(SampleError, match="expected"):
-        shards.decode_sample_bytes(memoryview(raw)[span.start:span.end], "other")
+        sample.decode_sample_bytes(memoryview(raw)[span.start:span.end], "other")
     cut = span.members["ends.npy"][0] + 10  # a member runs past the end of the region
     with pytest.raises(SampleError, match="truncated"):
-        shards.decode_sample_bytes(memoryview(raw)[span.start:cut])
+        sample.decode_sample_bytes(memoryview(raw)[span.start:cut])
 
 
 def test_npy_view_refuses_bad_members():
-    good = shards.npy_bytes(np.arange(6, dtype=np.int32).reshape(2, 3))
-    assert shards.npy_view(memoryview(good)).tolist() == [[0, 1, 2], [3, 4, 5]]
-    with pytest.raises(SampleError, match="magic"):
-        shards.npy_view(memoryview(b"x" * 200))
-    with pytest.raises(SampleError, match="data bytes"):
-        shards.npy_view(memoryview(good[:-4]))
+    good = tarfmt.npy_bytes(np.arange(6, dtype=np.int32).reshape(2, 3))
+    assert tarfmt.npy_view(memoryview(good)).tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(tarfmt.NpyError, match="magic"):
+        tarfmt.npy_view(memoryview(b"x" * 200))
+    with pytest.raises(tarfmt.NpyError, match="data bytes"):
+        tarfmt.npy_view(memoryview(good[:-4]))
     obj = io.BytesIO()
     np.lib.format.write_array(obj, np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    with pytest.raises(SampleError, match="object"):
-        shards.npy_view(memoryview(obj.getvalue()))
+    with pytest.raises(tarfmt.NpyError, match="object"):
+        tarfmt.npy_view(memoryview(obj.getvalue()))
 
 
 # --- load_manifest, the embedded default, the commands ------------------------------------------------
@@ -328,17 +369,20 @@ def test_ensure_synthetic_shards_once(tmp_path):
     cfg = load_config(preset_path(), [f"data.cache_dir={tmp_path}", "data.synthetic_videos=6",
                                       "data.synthetic_eval_clips=2", "data.synthetic_topics=2", "model.word_dim=8",
                                       "data.batch_size=2", "loss.num_clusters=2"])
-    d = shards.ensure_synthetic_shards(cfg)
+    d = synthetic.ensure_synthetic_shards(cfg)
     manifest = shards.load_manifest(d)
     assert manifest["counts"]["videos"] == 6 and d.parent == tmp_path
     before = file_state(d)
-    assert shards.ensure_synthetic_shards(cfg) == d and file_state(d) == before
+    assert synthetic.ensure_synthetic_shards(cfg) == d and file_state(d) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".shards-")]  # no temp dir left
     assert load_vocab(d).dim == 8
-    assert shards.shards_dir_for(cfg) == d
-    assert shards.shards_dir_for(cfg.replace({"data.shards": str(d)})) == d.resolve()
-    with pytest.raises(FileNotFoundError, match="manifest.json"):
-        shards.shards_dir_for(cfg.replace({"data.shards": str(tmp_path / "nowhere")}))
+    from raymcn.config import ConfigError
+    from raymcn.train.plan import locate_shards, resolve_shards_dir
+
+    assert resolve_shards_dir(cfg) == d
+    assert locate_shards(cfg.replace({"data.shards": str(d)}))[0] == d.resolve()
+    with pytest.raises(ConfigError, match="directory does not exist"):
+        locate_shards(cfg.replace({"data.shards": str(tmp_path / "nowhere")}))
 
 
 def shards_args(corpus, out, **kw) -> argparse.Namespace:

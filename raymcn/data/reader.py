@@ -22,49 +22,45 @@ splits each read task's output into ~1 MB blocks to reach 200 blocks, and the co
 back to numpy. It also aborts the whole read on a truncated tar. Measured on 4000 short videos:
 ~370-460 videos/s, slower than the original per-video ``np.load``.
 
-Here a read task reads its shards sequentially in 64 MB pieces into uninitialised numpy buffers,
-finds the members from the 512-byte tar headers in place, checks every sample (members present,
-CRC-32 of each member) and emits one Arrow block per piece whose ``sample`` column is a zero-copy
-slice of the piece (each row = the tar bytes of one video, ``layout`` = where its ``.npy`` members
-are). The object store receives the only copy; the worker maps the members with ``np.frombuffer``
-(no copy, a regex parses the ``.npy`` headers) and draws clips from them. Bad samples travel as
-rows with an ``error`` and no bytes, so the rank that receives them counts and logs them (shard
-name included) and nothing else is lost.
+Here a read task (its body is ``stream.read_shards_blocks``) reads its shards sequentially in
+64 MB pieces into uninitialised numpy buffers, finds the members from the 512-byte tar headers in
+place, checks every sample (members present, CRC-32 of each member) and emits one Arrow block per
+piece whose ``sample`` column is a zero-copy slice of the piece (each row = the tar bytes of one
+video, ``layout`` = where its ``.npy`` members are). The object store receives the only copy; the
+worker maps the members with ``np.frombuffer`` (no copy, a regex parses the ``.npy`` headers) and
+draws clips from them. Bad samples travel as rows with an ``error`` and no bytes, so the rank that
+receives them counts and logs them (shard name included) and nothing else is lost.
+
+This module holds only what needs Ray: the datasource that plans the read tasks, the run's
+EpochClock actor, and the per-rank RankStream over a DataIterator. What is done to the data is
+Ray-free, in ``stream.py`` (tables, records, batches, counters), ``sample.py`` and ``tarfmt.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import sys
 import threading
-import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
 import ray
 import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raymcn.config import Config
-from raymcn.data import shards
-from raymcn.data.features import VideoRecord, collate, sample_clips
-from raymcn.data.shards import SampleError, load_manifest
+from raymcn.data.features import VideoRecord
+from raymcn.data.shards import load_manifest
+from raymcn.data.stream import (SCHEMA, DataEpochError, EpochStats, batches_from_records, log_stderr,
+                                read_shards_blocks, records_from_tables)
 from raymcn.data.words import Vocab
 
 DEFAULT_BLOCK_MB = 64.0  # target bytes of one Arrow block emitted by a read task (measured: 64 > 32)
 DEFAULT_TASK_MB = 512.0  # shards read by one read task, at least this many bytes
-_LAYOUT = 2 * len(shards.ARRAY_MEMBERS)  # (offset, size) of each .npy member within the sample's bytes
-SCHEMA = pa.schema([("key", pa.string()), ("shard", pa.string()), ("sample", pa.large_binary()),
-                    ("layout", pa.list_(pa.int64(), _LAYOUT)), ("error", pa.string()),
-                    ("epoch", pa.int32())])  # the epoch whose shard order the read task was planned for
-_LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest are summarised
 
 
 # =====================================================================================================
@@ -72,11 +68,6 @@ _LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest ar
 # =====================================================================================================
 CLOCK_NAMESPACE = "raymcn"
 CLOCK_TIMEOUT_S = 120.0  # a clock that does not answer in this long is a failure, not a wait
-
-
-class DataEpochError(RuntimeError):
-    """The shard order of an epoch could not be planned from the trainer's epoch: no epoch was
-    announced, or the plan Ray Data executed belongs to another epoch than the one being read."""
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -155,61 +146,6 @@ def announced_epoch(name: str) -> int:
 def shard_order(seed: int, epoch: int, num_shards: int) -> np.ndarray:
     """The order in which shards are read in ``epoch`` (a permutation; a function of seed and epoch)."""
     return np.random.default_rng([int(seed), int(epoch), 0x0DDBA11]).permutation(num_shards)
-
-
-def _block_table(key, shard, data, offsets, layout, errors, epoch: int) -> pa.Table:
-    n = len(key)
-    sample = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n,
-                                              [None, pa.py_buffer(np.asarray(offsets, np.int64)), data])
-    flat = pa.array(np.asarray(layout, np.int64).reshape(-1), pa.int64())
-    return pa.Table.from_arrays([pa.array(key, pa.string()), pa.array([shard] * n, pa.string()), sample,
-                                 pa.FixedSizeListArray.from_arrays(flat, _LAYOUT), pa.array(errors, pa.string()),
-                                 pa.array(np.full(n, epoch, np.int32))], schema=SCHEMA)
-
-
-def _bad_table(name: str, bad: Sequence[tuple[str, str]], epoch: int) -> pa.Table:
-    n = len(bad)
-    return _block_table([k for k, _ in bad], name, pa.py_buffer(b""), np.zeros(n + 1, np.int64),
-                        np.zeros((n, _LAYOUT), np.int64), [r for _, r in bad], epoch)
-
-
-def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes: int,
-                      verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
-    """The read task of one shard: Arrow blocks of ~block_bytes, bad samples as rows of their own.
-
-    The shard is read sequentially in pieces (``shards.iter_shard_chunks``), so blocks leave before
-    the whole shard is read and memory stays at about one piece. Each sample is checked here
-    (members present, CRC-32 of every member); the ``.npy`` headers are parsed once, in the
-    consumer. Good row: ``sample`` = the shard bytes from this video's first tar header up to the
-    next video's (a zero-copy slice of the piece buffer), ``layout`` = (offset, size) of each
-    ``.npy`` member in it. Bad row: empty ``sample``, ``error`` = the reason. Every row carries
-    the ``epoch`` the read was planned for, which the consumer checks (:func:`iter_records`).
-    """
-    emitted: set[str] = set()
-    try:
-        for buf, scan in shards.iter_shard_chunks(path, expected, chunk_bytes=block_bytes, verify=verify,
-                                                  decode=False):
-            good = scan.good
-            if good:
-                s0 = good[0].start
-                offsets = [g.start - s0 for g in good] + [good[-1].end - s0]  # value k runs to the next sample
-                yield _block_table([g.key for g in good], name, pa.py_buffer(buf).slice(s0, good[-1].end - s0),
-                                   offsets, [shards.span_layout(g) for g in good], [None] * len(good), epoch)
-                emitted.update(g.key for g in good)
-            if scan.bad:
-                yield _bad_table(name, scan.bad, epoch)
-                emitted.update(k for k, _ in scan.bad)
-    except OSError as e:
-        bad = [(k, f"shard unreadable: {e}") for k in expected if k not in emitted]
-        if bad:
-            yield _bad_table(name, bad, epoch)
-
-
-def read_shards_blocks(jobs: Sequence[tuple[str, str, Sequence[str]]], block_bytes: int,
-                       verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
-    """One read task of ``epoch``: the shards ``jobs`` = [(path, name, expected ids)] one after the other."""
-    for path, name, expected in jobs:
-        yield from read_shard_blocks(path, name, expected, block_bytes, verify, epoch)
 
 
 class ShardDatasource(Datasource):
@@ -321,232 +257,35 @@ def build_dataset(shards_dir: str | Path, cfg: Config, *, manifest: dict | None 
     return ds
 
 
-def steps_per_epoch(manifest: dict, cfg: Config) -> int:
-    """Steps every rank runs per epoch: manifest videos // data.batch_size (capped by schedule.steps_per_epoch).
-
-    Raises:
-        ValueError: when the shards cannot fill one step.
-    """
-    return cfg.steps_per_epoch(int(manifest["counts"]["videos"]))
-
-
 # =====================================================================================================
 # Worker side
 # =====================================================================================================
-@dataclass
-class EpochStats:
-    """What one rank saw in one epoch; ``as_metrics()`` gives the numbers to report.
-
-    Attributes:
-        videos: readable videos received from Ray Data.
-        bad_samples: samples skipped (undecodable or missing member, bad CRC, wrong shape, missing
-            from a truncated shard); ``bad_by_shard`` splits them by shard name.
-        reused: batch slots filled with a video this rank had already used this epoch (only when
-            bad samples left the rank short of videos, so every rank still runs the same steps).
-        unused: readable videos received but not put in a batch (the epoch's remainder).
-        wait_seconds: time spent waiting for Ray Data; decode_seconds: time decoding samples.
-    """
-
-    videos: int = 0
-    bad_samples: int = 0
-    bad_by_shard: dict[str, int] = field(default_factory=dict)
-    reused: int = 0
-    unused: int = 0
-    wait_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    bytes: int = 0
-
-    def add_bad(self, shard: str) -> None:
-        self.bad_samples += 1
-        self.bad_by_shard[shard] = self.bad_by_shard.get(shard, 0) + 1
-
-    def as_metrics(self) -> dict[str, float]:
-        return {"bad_samples": float(self.bad_samples), "reused_videos": float(self.reused),
-                "data_wait_s": float(self.wait_seconds)}
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def iter_records(data, stats: EpochStats | None = None, *, prefetch_batches: int = 2,
-                 log: Callable[[str], None] | None = _stderr, epoch: int | None = None) -> Iterator[VideoRecord]:
+                 log: Callable[[str], None] | None = log_stderr, epoch: int | None = None) -> Iterator[VideoRecord]:
     """Readable videos from a Dataset or a per-rank DataIterator (``get_dataset_shard`` / ``streaming_split``).
 
-    Records are zero-copy views into the Arrow blocks (read-only arrays). Bad samples are skipped,
-    counted in ``stats`` and logged with their shard name (the first few per call, then a summary).
+    Ray Data's blocks as Arrow tables through :func:`stream.records_from_tables`: zero-copy records,
+    bad samples counted in ``stats`` and logged with their shard name.
 
     Raises:
         DataEpochError: ``epoch`` is given and a block was planned for another epoch (its shard
             order announced late, or not at all for this epoch).
     """
-    stats = stats if stats is not None else EpochStats()
-    logged = 0
-    batches = data.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_batches)
-    t_wait = time.perf_counter()
-    try:
-        for table in batches:
-            stats.wait_seconds += time.perf_counter() - t_wait
-            if epoch is not None and len(table):
-                planned = pa.compute.min_max(table.column("epoch")).as_py()
-                if planned != {"min": epoch, "max": epoch}:
-                    raise DataEpochError(f"epoch {epoch} received shards ordered for epoch {planned['min']} "
-                                         "(the epoch was announced after Ray Data had planned it)")
-            keys = table.column("key").to_pylist()
-            shard_names = table.column("shard").to_pylist()
-            errors = table.column("error").to_pylist()
-            layout = table.column("layout")
-            row = 0
-            for chunk, lay in zip(table.column("sample").chunks, _rechunk(layout, table.column("sample"))):
-                bufs = chunk.buffers()
-                offs = np.frombuffer(bufs[1], np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
-                mv = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
-                lay = lay.flatten().to_numpy().reshape(-1, _LAYOUT)
-                for k in range(len(chunk)):
-                    key, shard, err = keys[row], shard_names[row], errors[row]
-                    row += 1
-                    rec = None
-                    if err is None:
-                        t0 = time.perf_counter()
-                        try:
-                            rec = shards.decode_layout(mv[offs[k]:offs[k + 1]], key, lay[k])
-                        except SampleError as e:
-                            err = str(e)
-                        stats.decode_seconds += time.perf_counter() - t0
-                    if rec is None:
-                        stats.add_bad(shard)
-                        if log is not None and logged < _LOG_LIMIT:
-                            log(f"warning: skipped bad sample {key} in shard {shard}: {err}")
-                        logged += 1
-                        continue
-                    stats.videos += 1
-                    stats.bytes += int(offs[k + 1] - offs[k])
-                    yield rec
-            t_wait = time.perf_counter()
-    finally:
-        if log is not None and logged > _LOG_LIMIT:
-            log(f"warning: ... {logged - _LOG_LIMIT} more bad samples not shown "
-                f"(by shard: {dict(sorted(stats.bad_by_shard.items()))})")
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+    tables = data.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_batches)
+    yield from records_from_tables(tables, stats, log=log, epoch=epoch)
 
 
-def _rechunk(column: pa.ChunkedArray, like: pa.ChunkedArray) -> list[pa.Array]:
-    """``column`` cut into the same chunk lengths as ``like`` (both columns of one table)."""
-    if [len(c) for c in column.chunks] == [len(c) for c in like.chunks]:
-        return list(column.chunks)
-    out, start = [], 0
-    for c in like.chunks:
-        out.append(column.slice(start, len(c)).combine_chunks())
-        start += len(c)
-    return out
-
-
-def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, world_size: int, steps: int,
+def iter_batches(data_iterator, cfg: Config, epoch: int, rank: int, videos: int, steps: int,
                  vocab: Vocab | np.ndarray, *, stats: EpochStats | None = None, shuffle_buffer: int | None = None,
-                 drain: bool = True, log: Callable[[str], None] | None = _stderr) -> Iterator[dict]:
-    """Exactly ``steps`` batches of ``cfg.data.batch_size // world_size`` videos for this rank and epoch.
+                 drain: bool = True, log: Callable[[str], None] | None = log_stderr) -> Iterator[dict]:
+    """Exactly ``steps`` batches of ``videos`` videos (this rank's share) for this rank and epoch.
 
     One epoch of ``data_iterator`` (``ray.train.get_dataset_shard("train")``, or a split / Dataset
     in tests) through :func:`batches_from_records`; ``stats`` is filled in place.
     """
     stats = stats if stats is not None else EpochStats()
-    return batches_from_records(iter_records(data_iterator, stats, log=log), cfg, epoch, rank, world_size, steps,
+    return batches_from_records(iter_records(data_iterator, stats, log=log), cfg, epoch, rank, videos, steps,
                                 vocab, stats=stats, shuffle_buffer=shuffle_buffer, drain=drain)
-
-
-def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int, rank: int, world_size: int,
-                         steps: int, vocab: Vocab | np.ndarray, *, stats: EpochStats | None = None,
-                         shuffle_buffer: int | None = None, drain: bool = True,
-                         on_drained: Callable[[], None] | None = None) -> Iterator[dict]:
-    """Exactly ``steps`` batches of ``cfg.data.batch_size // world_size`` videos from one epoch's ``records``.
-
-    Same contract as ``TrainVideos.batches``: each batch is ``{video (B, 4096) f32, audio (B, 40,
-    audio_frames) f16, nframes (B,) i32, text (B, max_words, D) f32, key: B strings "<id>#<clip>"}``
-    with B = videos · clips_per_video, video-major. Clips are drawn with
-    ``np.random.default_rng([seed, epoch, rank])``; videos pass through a shuffle buffer
-    (``default_rng([seed, epoch, rank, 1])``, ``shuffle_buffer`` videos, default 2 batches' worth)
-    so that a batch mixes shards. If bad samples leave the rank short, the missing slots are filled
-    with videos it already used this epoch (``stats.reused``) so every rank runs ``steps`` steps.
-    Before the last batch is yielded, the rest of the epoch's stream is read and dropped
-    (``drain``; ``stats.unused``), so ``stats`` covers the whole epoch when the loop ends, and
-    ``on_drained`` is called (the stream is finished: the next epoch may be requested).
-
-    Args:
-        records: this rank's readable videos of the epoch (:func:`iter_records`); closed at the end.
-        vocab: the Vocab (its memory-mapped matrix) or the (V+1, D) matrix itself.
-        stats: the epoch's counters (the ones ``records`` fills); ``reused`` and ``unused`` are added here.
-
-    Raises:
-        RuntimeError: if the rank receives no readable video at all.
-    """
-    from raymcn.data.memory import to_tensors  # torch: imported by workers only, never by read tasks
-
-    d = cfg.data
-    per_rank = d.batch_size // world_size
-    if per_rank < 1:
-        raise ValueError(f"data.batch_size={d.batch_size} gives no video per rank for {world_size} ranks")
-    matrix = vocab.matrix if isinstance(vocab, Vocab) else vocab
-    stats = stats if stats is not None else EpochStats()
-    rng = np.random.default_rng([cfg.run.seed, epoch, rank])
-    pick = np.random.default_rng([cfg.run.seed, epoch, rank, 1])
-    capacity = max(1, shuffle_buffer if shuffle_buffer is not None else 2 * per_rank)
-    buffer: list[VideoRecord] = []
-    exhausted = False
-    used: list[VideoRecord] = []
-
-    def next_record() -> VideoRecord | None:
-        nonlocal exhausted
-        while not exhausted and len(buffer) < capacity:
-            try:
-                buffer.append(next(records))
-            except StopIteration:
-                exhausted = True
-        if not buffer:
-            return None
-        i = int(pick.integers(len(buffer)))
-        buffer[i], buffer[-1] = buffer[-1], buffer[i]
-        return buffer.pop()
-
-    def finish() -> None:
-        # Reading the rest of the epoch (at most a batch's worth of videos plus what the read-ahead
-        # holds, unless schedule.steps_per_epoch cuts the epoch short) lets Ray Data finish the
-        # execution; stopping early leaves read tasks to cancel, and the next epoch then started
-        # ~2 s late (measured). It also counts the bad samples of the whole epoch.
-        nonlocal exhausted
-        stats.unused += len(buffer)
-        buffer.clear()
-        if drain and not exhausted:
-            for _ in records:
-                stats.unused += 1
-            exhausted = True
-        if exhausted and on_drained is not None:
-            on_drained()
-
-    try:
-        for step in range(steps):
-            chosen: list[VideoRecord] = []
-            while len(chosen) < per_rank:
-                rec = next_record()
-                if rec is None:
-                    pool = used or chosen
-                    if not pool:
-                        raise RuntimeError(f"rank {rank} received no readable video in epoch {epoch} "
-                                           f"({stats.bad_samples} bad samples)")
-                    rec = pool[int(pick.integers(len(pool)))]
-                    stats.reused += 1
-                chosen.append(rec)
-            clips = [sample_clips(r, d.clips_per_video, d.min_time, d.audio_frames, d.max_words, rng, matrix)
-                     for r in chosen]
-            batch = to_tensors(collate(clips, [r.video_id for r in chosen]))
-            used = chosen
-            if step == steps - 1:
-                finish()  # before the last yield: the stats are complete when the loop ends
-            yield batch
-    finally:
-        buffer.clear()
-        records.close()
 
 
 @dataclass
@@ -590,14 +329,14 @@ class RankStream:
         announce: called with an epoch just before Ray Data is asked for it; rank 0 passes
             ``functools.partial(announce_epoch, clock)`` so the datasource plans that epoch's order.
             Every rank checks that what it reads was planned for its epoch.
-        cfg, rank, world_size, steps, vocab, log: as :func:`iter_batches`.
+        cfg, rank, videos, steps, vocab, log: as :func:`iter_batches`.
     """
 
-    def __init__(self, data_iterator, cfg: Config, rank: int, world_size: int, steps: int,
+    def __init__(self, data_iterator, cfg: Config, rank: int, videos: int, steps: int,
                  vocab: Vocab | np.ndarray, *, epochs: int, announce: Callable[[int], None] | None = None,
-                 log: Callable[[str], None] | None = _stderr):
+                 log: Callable[[str], None] | None = log_stderr):
         self._data, self._cfg, self._vocab, self._log = data_iterator, cfg, vocab, log
-        self._rank, self._world, self._steps, self._epochs = rank, world_size, steps, epochs
+        self._rank, self._videos, self._steps, self._epochs = rank, videos, steps, epochs
         self._announce = announce
         self._next: _OpenEpoch | None = None
 
@@ -608,7 +347,7 @@ class RankStream:
                                "from Ray Data; epochs must be read in order")
         opened, self._next = self._next or self._open(epoch), None
         ahead = epoch + 1 < self._epochs
-        batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, self._world, self._steps,
+        batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, self._videos, self._steps,
                                        self._vocab, stats=opened.stats,
                                        on_drained=(lambda: self._start(epoch + 1)) if ahead else None)
         return batches, opened.stats

@@ -20,6 +20,9 @@ each is a whole short video (6–12 s) with max-pooled 2d/3d features, its full 
 torch tensor, to halve the pickle; the loaders cast to float32) and its captions joined in time
 order. They are written as a YouCook2-style pickle (spec §4.2) and, optionally, an MSR-VTT-style one.
 
+The embedded default: with no ``data.shards``, a run reads :func:`ensure_synthetic_shards`, the
+corpus of its config cut into SYNTHETIC_SHARDS shards by the real writer, both cached once.
+
 Feature values are rounded to float16 precision (still stored as float32, as the format says) and
 the npz files are deflate-compressed, which keeps the default corpus small; ``np.load`` reads them
 like the original files.
@@ -32,6 +35,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import time
@@ -44,6 +48,8 @@ import numpy as np
 
 from raymcn.data.features import AUDIO_HOP, AUDIO_SR, FEATURE_DIM, FPS_2D, FPS_3D, MEL_BINS
 from raymcn.data.files import build_once
+from raymcn.data.shards import FORMAT_VERSION, manifest_path, shards_from_layout
+from raymcn.data.shards import MANIFEST as SHARD_MANIFEST
 from raymcn.data.words import write_word2vec_bin
 
 GENERATOR_VERSION = 1  # bump whenever the generated data changes: it is part of the cache key
@@ -396,3 +402,35 @@ def ensure_corpus(cfg) -> Path:
     from raymcn.config import default_cache_dir
 
     return ensure_settings(default_cache_dir(cfg), settings_from_config(cfg))
+
+
+# --- the default shards: the cached corpus through the real writer ---------------------------------
+SYNTHETIC_SHARDS = 16  # the embedded corpus is cut into this many shards (shard order can vary per epoch)
+
+
+def shard_digest(corpus_digest: str, videos_per_shard: int, seed: int) -> str:
+    ident = {"corpus": corpus_digest, "videos_per_shard": videos_per_shard, "seed": seed, "version": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ensure_synthetic_shards(cfg) -> Path:
+    """Shards of the synthetic corpus of ``cfg`` in the cache; generated once (atomic), then reused.
+
+    The corpus comes from :func:`ensure_corpus`; the shards go to ``<cache>/shards-<digest>``
+    (written into a private temporary directory, then renamed, so a reader never sees a
+    half-written directory; a lost race keeps the winner's copy). Written in this process (no
+    pool): the caller may be a process that already runs Ray.
+    """
+    from raymcn.config import default_cache_dir
+
+    corpus = CorpusPaths(ensure_corpus(cfg))
+    settings = settings_from_config(cfg)
+    per_shard = max(1, math.ceil(settings.videos / SYNTHETIC_SHARDS))
+    final = Path(default_cache_dir(cfg)) / f"shards-{shard_digest(settings.digest(), per_shard, 0)}"
+
+    def write(tmp: Path) -> None:
+        shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
+                           corpus.word_vectors, tmp, seed=0, workers=1, videos_per_shard=per_shard,
+                           progress=False, log=lambda msg: None)
+
+    return build_once(final, SHARD_MANIFEST, write, "shard directory")

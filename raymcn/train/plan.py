@@ -111,11 +111,11 @@ def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards:
 def resolve_shards_dir(cfg: Config) -> Path:
     """The shard folder of ``cfg``: ``data.shards`` (``~`` expanded, made absolute), or the cached
     synthetic shards, generated once when ``data.shards`` is empty. The only place it is resolved."""
-    from raymcn.data import shards
+    from raymcn.data import synthetic
 
     if cfg.data.shards:
         return Path(cfg.data.shards).expanduser().resolve()
-    return shards.ensure_synthetic_shards(cfg)
+    return synthetic.ensure_synthetic_shards(cfg)
 
 
 def locate_shards(cfg: Config) -> tuple[Path, dict]:

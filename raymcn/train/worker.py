@@ -46,8 +46,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # Rank 0 tells the datasource which epoch it asks for (the shard order follows the trainer's
     # epochs, also after a restart); each next epoch is requested while this one ends.
     announce = functools.partial(reader.announce_epoch, loop_config["epoch_clock"]) if rank == 0 else None
-    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank, world, plan.steps_per_epoch, vocab,
-                               epochs=plan.epochs, announce=announce)
+    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank, plan.local_videos(rank),
+                               plan.steps_per_epoch, vocab, epochs=plan.epochs, announce=announce)
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
                                  None if cfg.data.eval_set == "synthetic" else vocab),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
