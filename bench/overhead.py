@@ -17,38 +17,43 @@ and step count:
     ``ray.train.report``); only the training steps are timed for throughput (below), and the time
     the loop waits for Ray Data batches *is* inside them (``train_one_epoch``'s "data" phase).
 (b) **bare DDP**: this file relaunched as ``python -m torch.distributed.run --standalone
-    --nproc_per_node=N bench/overhead.py --_ddp_child ...``: ``init_process_group("gloo")``, the
-    same ``MCN`` (seeded like the worker), ``DistributedDataParallel(find_unused_parameters=False,
-    gradient_as_bucket_view=True)``, ``MCNObjective``, optimizer and LR schedule, and
-    ``train_one_epoch`` over ``TrainVideos.batches(cfg, epoch, rank, N, steps)`` for the same epochs.
-    The data are the same synthetic corpus (same videos, batch size, clips per video, steps per
-    epoch), held in memory by ``raymcn.data.memory.TrainVideos`` instead of read from the shards
-    through Ray Data; the clips drawn differ, the shapes and amount of work do not. No evaluation,
-    no checkpoints, no reporting.
+    --nproc_per_node=N bench/overhead.py --_ddp_child ...``: ``init_process_group("gloo")``, then
+    the run as the Ray worker assembles it (``raymcn.train.build.assemble``, seeded the same) with
+    ``DistributedDataParallel(find_unused_parameters=False, gradient_as_bucket_view=True)`` as the
+    wrap, and ``run_epochs`` over ``TrainVideos.batches(...)`` for the same epochs. The data are the
+    same synthetic corpus (same videos, batch size, clips per video, steps per epoch), held in
+    memory by ``raymcn.data.stream.TrainVideos`` instead of read from the shards through Ray Data;
+    the clips drawn differ, the shapes and amount of work do not. No evaluation, no checkpoints,
+    no reporting.
 
-Measurement: in both paths every rank's ``train_one_epoch`` call is wrapped (in the Ray workers by
-patching ``raymcn.train.worker.train_one_epoch`` from a wrapper around ``train_func_per_worker``)
-to record the wall-clock start and end of the epoch, the loop's own ``samples_per_s`` (clips of the
-rank / time of its training steps; evaluation and checkpointing are outside it), its per-phase
-times and the wait for every batch. Job samples/s of an epoch = the sum over the ranks; **steady**
-= mean over the epochs after the first (warm-up: Adam state, first k-means fit, allocator growth),
-then the median over ``--repeats``. **startup** = from just before ``ray.init`` (a) / spawning
-torchrun (b) to the first training step of the first epoch (rank 0): Ray start, trainer and
-worker-group setup, Ray Data dataset, process group, corpus load, model build. The corpus and its
-shards are generated into the cache before any timing.
+Measurement, with nothing patched: both paths report every epoch's metrics of the loop itself,
+averaged over the ranks: ``samples_per_s`` (clips of a rank / the time of its training steps;
+evaluation and checkpointing are outside it), the per-phase times per step, ``time_first_batch_s``
+(the wait for the epoch's first batch), ``time_epoch_s`` and, in the Ray path, ``time_eval_s``.
+The Ray path's records come from a Ray Train callback (``after_report``, in the controller on
+this machine), the bare path's from the run assembly's ``after_epoch`` hook. Job samples/s of an
+epoch = the rank mean × N; **steady** = mean over the epochs after the first (warm-up: Adam state,
+first k-means fit, allocator growth), then the median over ``--repeats``. **startup** = from just
+before ``ray.init`` (a) / spawning torchrun (b) to the start of the first epoch's steps (its
+report time less its steps, its evaluation and, in (a), the checkpoint write, which is not
+subtracted: a slight over-estimate): Ray start, trainer and worker-group setup, Ray Data dataset,
+process group, corpus load, model build. The corpus and its shards are generated into the cache
+before any timing.
 
-Where the time goes (second and third table): rank 0's milliseconds per step in the steady epochs
-(the wait for the epoch's first batch, the wait for each later batch, forward, loss, backward with
-DDP's all-reduce, optimizer), and the CPU every process used during the steady epochs, read from
-``/proc`` twice a second (Linux) and grouped: the training ranks, Ray Data's read tasks, its split
-coordinator and stats actor, Ray Train's control actors, Ray's daemons (raylet, GCS, dashboard,
-agents), everything else. On a machine with as many cores as ranks, every CPU-second of the
-others is taken from the ranks. ``--pin`` separates the two: rank r runs on core r only (all its
-threads), everything else on the cores above N (needs more cores than ranks).
+Where the time goes (second and third table): the ranks' mean milliseconds per step in the steady
+epochs (the wait for the epoch's first batch, the wait for each later batch, forward, loss,
+backward with DDP's all-reduce, optimizer), and the CPU every process used during the steady
+epochs (their evaluation, checkpoint and report included), read from ``/proc`` twice a second
+(Linux) and grouped: the training ranks, Ray
+Data's read tasks, its split coordinator and stats actor, Ray Train's control actors, Ray's
+daemons (raylet, GCS, dashboard, agents), everything else. On a machine with as many cores as
+ranks, every CPU-second of the others is taken from the ranks. ``--pin`` separates the two: each
+rank runs on a core of its own (the Ray workers are pinned from outside, by this driver, as soon
+as they exist), everything else on the cores above N (needs more cores than ranks).
 
-Threads: Ray gives each 1-CPU worker ``OMP_NUM_THREADS=1``; the thread count torch actually uses
-in the Ray workers (recorded, printed) is given to the torchrun children (``OMP_NUM_THREADS`` and
-``torch.set_num_threads``), so both paths compute with the same threads. The raymcn path runs
+Threads: Ray gives each 1-CPU worker ``OMP_NUM_THREADS=1``; the thread count torch uses in a Ray
+task with the workers' resources (printed) is given to the torchrun children
+(``OMP_NUM_THREADS`` and ``torch.set_num_threads``), so both paths compute with the same threads. The raymcn path runs
 first in every repeat; the paths alternate afterwards (ray, bare, ray, bare, ...).
 
 Target (issue): raymcn steady samples/s >= 0.95 x bare DDP. Startup is reported separately.
@@ -73,15 +78,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 TARGET = 0.95
-RECORD_DIR_ENV = "RAYMCN_BENCH_RECORD_DIR"  # RAYMCN_* reaches the Ray workers (launch.build_trainer)
-PIN_ENV = "RAYMCN_BENCH_PIN"  # "1": each rank pins itself to core <rank>
 
 
-def raymcn_steps(cfg) -> int:
-    """Steps per epoch of the raymcn path (its shard manifest), checked against the in-memory corpus."""
-    from raymcn.data import reader, shards
+def plan_of(cfg, videos: int):
+    """The run plan of both paths over the corpus (the shards' manifest counts the same videos)."""
+    from raymcn.train.plan import make_plan
 
-    return reader.steps_per_epoch(reader.load_manifest(shards.shards_dir_for(cfg)), cfg)
+    return make_plan(cfg, videos)
 
 
 def make_config(workers: int, epochs: int, overrides: list[str]):
@@ -169,113 +172,126 @@ class CpuMeter:
         return {"window_s": after[0] - before[0], "cpu_s": groups}
 
 
-# --- per-epoch recording (both paths) --------------------------------------------------------------
+# --- per-epoch records (both paths) ---------------------------------------------------------------
 PHASES = ("forward", "loss", "backward", "optimizer")  # the loop's timed phases after the data wait
 
 
-def timed_train_one_epoch(record_dir: str, path: str):
-    """``train_one_epoch`` that appends, per call, the epoch's wall-clock start and end, its
-    samples/s, the loop's per-phase means and the wait for each batch."""
-    import torch
-
-    from raymcn.losses.gather import world_info
-    from raymcn.train.loop import train_one_epoch
-
-    def timed(batches, waits: list[float]):
-        it = iter(batches)
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            waits.append(time.perf_counter() - t)
-            yield batch
-
-    def wrapped(model, objective, optimizer, scheduler, batches, **kwargs):
-        rank, _ = world_info()
-        waits: list[float] = []
-        start = time.time()
-        metrics = train_one_epoch(model, objective, optimizer, scheduler, timed(batches, waits), **kwargs)
-        rec = {"rank": rank, "start": start, "end": time.time(), "samples_per_s": metrics["samples_per_s"],
-               "steps": metrics["steps"], "batch_waits_s": waits,
-               "phases_s": {p: metrics[f"time_{p}_s"] for p in PHASES},
-               "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}
-        with open(Path(record_dir) / f"{path}_rank{rank}.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        return metrics
-
-    return wrapped
+def epoch_record(metrics: dict, t: float) -> dict:
+    """What the summary needs of one epoch's reported metrics (rank means), reported at wall time t."""
+    return {"reported": t, "samples_per_s": metrics["samples_per_s"], "steps": metrics["steps"],
+            "time_epoch_s": metrics["time_epoch_s"], "time_eval_s": metrics.get("time_eval_s", 0.0),
+            "time_first_batch_s": metrics["time_first_batch_s"], "time_data_s": metrics["time_data_s"],
+            "phases_s": {p: metrics[f"time_{p}_s"] for p in PHASES}}
 
 
-def bench_train_func(loop_config: dict):
-    """Ray Train entry point: raymcn's ``train_func_per_worker`` with the epoch timing patched in."""
-    import ray.train
+def recorder(path: Path):
+    """A Ray Train callback appending each epoch's record to ``path`` (it runs in the controller)."""
+    from ray.train.v2.api.callback import UserCallback
 
-    import raymcn.train.worker as worker
+    class Record(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            with open(path, "a") as f:
+                f.write(json.dumps(epoch_record(metrics[0], time.time())) + "\n")
 
-    if os.environ.get(PIN_ENV) == "1":
-        pin_process({ray.train.get_context().get_world_rank()})
-    worker.train_one_epoch = timed_train_one_epoch(os.environ[RECORD_DIR_ENV], "raymcn")
-    return worker.train_func_per_worker(loop_config)
-
-
-def read_records(record_dir: Path, path: str, workers: int) -> list[list[dict]]:
-    """Per rank, the epoch records in order."""
-    out = []
-    for rank in range(workers):
-        f = record_dir / f"{path}_rank{rank}.jsonl"
-        out.append([json.loads(line) for line in f.read_text().splitlines()] if f.exists() else [])
-    return out
+    return Record()
 
 
-def summarise(records: list[list[dict]], t0: float, t_end: float, epochs: int, meter: CpuMeter) -> dict:
-    """Throughput, startup, rank 0's per-step breakdown and every process's CPU over the steady epochs."""
-    if any(len(r) != epochs for r in records):
-        raise RuntimeError(f"expected {epochs} epoch records per rank, got {[len(r) for r in records]}")
-    job = [sum(r[e]["samples_per_s"] for r in records) for e in range(epochs)]
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def summarise(records: list[dict], workers: int, t0: float, t_end: float, epochs: int, meter: CpuMeter) -> dict:
+    """Throughput, startup, the per-step breakdown and every process's CPU over the steady epochs' steps."""
+    if len(records) != epochs:
+        raise RuntimeError(f"expected {epochs} epoch records, got {len(records)}")
+    job = [r["samples_per_s"] * workers for r in records]
     steady = slice(1, None) if epochs > 1 else slice(None)
-    rank0 = records[0][steady]
-    ms = {"first batch wait (per epoch)": statistics.fmean(r["batch_waits_s"][0] for r in rank0) * 1e3,
-          "later batch wait": statistics.fmean(w for r in rank0 for w in r["batch_waits_s"][1:]) * 1e3}
+    rows = records[steady]
+    later = [(r["time_data_s"] * r["steps"] - r["time_first_batch_s"]) / max(1.0, r["steps"] - 1) for r in rows]
+    ms = {"first batch wait (per epoch)": statistics.fmean(r["time_first_batch_s"] for r in rows) * 1e3,
+          "later batch wait": statistics.fmean(later) * 1e3}
     for p in PHASES:
-        ms[p] = statistics.fmean(r["phases_s"][p] for r in rank0) * 1e3
-    usage = meter.usage(rank0[0]["start"], rank0[-1]["end"])
+        ms[p] = statistics.fmean(r["phases_s"][p] for r in rows) * 1e3
+
+    def started(r: dict) -> float:  # the epoch's first step, from its report
+        return r["reported"] - r["time_eval_s"] - r["time_epoch_s"]
+
+    # From the first steady epoch's first step to the last one's end (the evaluation, checkpoint
+    # and report between them included, as the loop's own epochs run them)
+    usage = meter.usage(started(rows[0]), started(rows[-1]) + rows[-1]["time_epoch_s"])
     cpu = {g: 100 * v / usage["window_s"] for g, v in usage["cpu_s"].items()} if usage else {}
-    return {"startup_s": records[0][0]["start"] - t0, "wall_s": t_end - t0,
+    return {"startup_s": started(records[0]) - t0, "wall_s": t_end - t0,
             "steady_samples_per_s": statistics.fmean(job[steady]), "epoch_samples_per_s": job,
-            "step_ms": ms, "cpu_percent_of_one_core": cpu,
-            "threads": records[0][0]["threads"], "omp_num_threads": records[0][0]["omp"]}
+            "step_ms": ms, "cpu_percent_of_one_core": cpu}
+
+
+def worker_threads(cfg) -> int:
+    """torch's thread count in a Ray task with the resources of one Train worker."""
+    import ray
+
+    @ray.remote(num_cpus=cfg.scale.cpus_per_worker)
+    def threads() -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    return ray.get(threads.remote())
+
+
+def pin_train_workers(cores: list[int], stop: threading.Event) -> None:
+    """Pin each Ray Train worker process (all its threads) to a core of its own, from outside, as
+    soon as it appears: a worker's rank does not matter for where it runs."""
+    pinned: set[int] = set()
+    while not stop.wait(0.2):
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) in pinned or len(pinned) >= len(cores):
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    if "ray::RayTrainWorker" not in f.read():
+                        continue
+                core = cores[len(pinned)]
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), {core})
+                pinned.add(int(pid))
+            except OSError:  # gone meanwhile
+                continue
 
 
 # --- (a) raymcn on Ray Train -----------------------------------------------------------------------
-def run_raymcn(cfg, record_dir: Path, storage: Path, args) -> dict:
+def run_raymcn(cfg, record_dir: Path, storage: Path, args, cores: list[int]) -> dict:
     import ray
 
     import raymcn.train.launch as launch
 
-    os.environ[RECORD_DIR_ENV] = str(record_dir)
-    launch.train_func_per_worker = bench_train_func  # build_trainer looks the name up at call time
+    stop = threading.Event()
+    pinner = threading.Thread(target=pin_train_workers, args=(cores[:args.workers], stop), daemon=True)
     with CpuMeter() as meter:
         t0 = time.time()
-        # Ray's processes inherit the driver's affinity (--pin: the cores above the ranks'); each
-        # Train worker then moves itself to its rank's core.
+        # Ray's processes inherit the driver's affinity (--pin: the cores above the ranks');
+        # the Train workers are then moved to the ranks' cores.
         ray.init(address="local", num_cpus=args.workers + 1, include_dashboard=False, log_to_driver=args.verbose)
+        if args.pin:
+            pinner.start()
         try:
-            launch.fit(cfg, name=f"overhead-{record_dir.name}", storage_path=storage)
+            threads = worker_threads(cfg)
+            launch.fit(cfg, name=f"overhead-{record_dir.name}", storage_path=str(storage),
+                       callbacks=[recorder(record_dir / "raymcn.jsonl")])
             t_end = time.time()
         finally:
+            stop.set()
             ray.shutdown()
-    return summarise(read_records(record_dir, "raymcn", args.workers), t0, t_end, cfg.schedule.epochs, meter)
+    out = summarise(read_records(record_dir / "raymcn.jsonl"), args.workers, t0, t_end, cfg.schedule.epochs, meter)
+    return {**out, "threads": threads}
 
 
 # --- (b) bare torch.distributed under torchrun -----------------------------------------------------
 def run_bare(args, threads: int, record_dir: Path) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    env.pop(RECORD_DIR_ENV, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.workers}",
            str(Path(__file__).resolve()), "--_ddp_child", "--workers", str(args.workers), "--epochs", str(args.epochs),
-           "--threads", str(threads), "--record-dir", str(record_dir)]
+           "--threads", str(threads), "--record-dir", str(record_dir)] + (["--pin"] if args.pin else [])
     for o in args.overrides:
         cmd += ["--set", o]
     with CpuMeter() as meter:
@@ -284,49 +300,38 @@ def run_bare(args, threads: int, record_dir: Path) -> dict:
         t_end = time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout or ''}\n{proc.stderr or ''}")
-    return summarise(read_records(record_dir, "bare", args.workers), t0, t_end, args.epochs, meter)
+    return summarise(read_records(record_dir / "bare.jsonl"), args.workers, t0, t_end, args.epochs, meter)
 
 
 def ddp_child(args) -> int:
-    """One torchrun rank: raymcn's model, loss, optimizer and loop under plain DDP, no Ray."""
+    """One torchrun rank: the run as the Ray worker assembles it, under plain DDP, no Ray."""
     import torch
     import torch.distributed as dist
 
-    from raymcn.data.memory import TrainVideos
-    from raymcn.losses import MCNObjective
-    from raymcn.model import MCN
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler
-    from raymcn.train.stages import switch_step
+    from raymcn.data.stream import TrainVideos
+    from raymcn.losses import Collectives
+    from raymcn.train.build import EpochHooks, assemble, run_epochs
 
-    if os.environ.get(PIN_ENV) == "1":
+    if args.pin:
         pin_process({int(os.environ["RANK"])})
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     try:
         cfg = make_config(args.workers, args.epochs, args.overrides)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        device = torch.device("cpu")
+        comm = Collectives.from_process_group()
         videos = TrainVideos.load(cfg)
-        steps = raymcn_steps(cfg)
-        if steps > videos.steps_per_epoch(cfg):
-            raise RuntimeError(f"raymcn runs {steps} steps per epoch; the in-memory corpus fills only "
-                               f"{videos.steps_per_epoch(cfg)}")
-        total_steps = steps * cfg.schedule.epochs
-        switch = switch_step(cfg.schedule.stage_order, cfg.schedule.stage1_fraction, total_steps)
-        torch.manual_seed(cfg.run.seed)
-        model = torch.nn.parallel.DistributedDataParallel(
-            MCN(cfg.model), find_unused_parameters=False, gradient_as_bucket_view=True)
-        optimizer = build_optimizer(model, cfg)
-        scheduler = build_scheduler(optimizer, cfg, total_steps)
-        objective = MCNObjective(cfg, cfg.model.embed_dim, device)
-        state = LoopState()
-        epoch_fn = timed_train_one_epoch(args.record_dir, "bare")
-        for epoch in range(cfg.schedule.epochs):
-            state.epoch = epoch
-            batches = videos.batches(cfg, epoch=epoch, rank=rank, world_size=world, steps=steps)
-            epoch_fn(model, objective, optimizer, scheduler, batches, cfg=cfg, state=state, device=device,
-                     switch=switch, log=None, total_steps=total_steps)
-            state.epoch = epoch + 1
+        plan = plan_of(cfg, len(videos.records))
+        run = assemble(cfg, plan, comm=comm, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
+            net, find_unused_parameters=False, gradient_as_bucket_view=True))
+
+        def record(run, metrics: dict) -> None:
+            if comm.rank == 0:
+                with open(Path(args.record_dir) / "bare.jsonl", "a") as f:
+                    f.write(json.dumps(epoch_record(metrics, time.time())) + "\n")
+
+        run_epochs(run, EpochHooks(batches=lambda epoch: (videos.batches(
+            cfg, epoch, comm.rank, comm.world, plan.local_videos(comm.rank), plan.steps_per_epoch), None),
+            after_epoch=record))
     finally:
         dist.destroy_process_group()
     return 0
@@ -334,9 +339,9 @@ def ddp_child(args) -> int:
 
 # --- driver ----------------------------------------------------------------------------------------
 def _table(head: tuple[str, ...], rows: list[tuple]) -> str:
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
-    lines += [" | ".join(str(c) for c in row) for row in rows]
-    return "\n".join(lines)
+    from raymcn.results.render import render_table
+
+    return render_table([dict(zip(head, map(str, row))) for row in rows], right=head[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,18 +371,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--pin needs more cores than ranks: {len(cores)} core(s) for {args.workers} rank(s) "
                 f"(try --workers {max(1, len(cores) - 1)})")
     if args.pin:  # this driver, torchrun's agent and every Ray process on the cores the ranks leave
-        os.environ[PIN_ENV] = "1"
         os.sched_setaffinity(0, set(cores[args.workers:]))
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
-    from raymcn.data import shards
-    from raymcn.data.memory import TrainVideos
+    from raymcn.data.stream import TrainVideos
+    from raymcn.train.plan import plan_run
 
     videos = TrainVideos.load(cfg)  # generate / read the cached corpus once, before any timing
-    shards.shards_dir_for(cfg)  # and raymcn's shards of it
-    steps = raymcn_steps(cfg)
-    if steps > videos.steps_per_epoch(cfg):
-        p.error(f"raymcn runs {steps} steps per epoch; the in-memory corpus fills only {videos.steps_per_epoch(cfg)}")
+    shard_plan, _ = plan_run(cfg)  # and raymcn's shards of it
+    steps = shard_plan.steps_per_epoch
+    if steps != plan_of(cfg, len(videos.records)).steps_per_epoch:
+        p.error(f"raymcn runs {steps} steps per epoch over its shards; the in-memory corpus gives "
+                f"{plan_of(cfg, len(videos.records)).steps_per_epoch}")
     placement = (f"rank r pinned to core r, everything else on cores {cores[args.workers:]}" if args.pin
                  else f"ranks and everything else sharing {len(cores) or os.cpu_count()} core(s)")
     print(f"config: default preset, {args.workers} workers x 1 CPU (Ray: {args.workers + 1} logical CPUs), "
@@ -395,11 +400,11 @@ def main(argv: list[str] | None = None) -> int:
                 record_dir = Path(tmp) / f"{path}{rep}"
                 record_dir.mkdir()
                 if path == "raymcn":
-                    r = run_raymcn(cfg, record_dir, Path(tmp) / "results", args)
+                    r = run_raymcn(cfg, record_dir, Path(tmp) / "results", args, cores)
                     if threads is None:
                         threads = r["threads"]
-                        print(f"Ray workers: torch threads {r['threads']}, OMP_NUM_THREADS="
-                              f"{r['omp_num_threads']}; bare DDP ranks get {threads} thread(s)", flush=True)
+                        print(f"Ray workers: torch threads {r['threads']}; bare DDP ranks get {threads} thread(s)",
+                              flush=True)
                 else:
                     r = run_bare(args, threads, record_dir)
                 runs[path].append(r)
@@ -427,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 
     step_ms = {path: {k: median(path, lambda r, k=k: r["step_ms"][k]) for k in runs[path][0]["step_ms"]}
                for path in runs}
-    print("\nwhere the time goes: rank 0, ms per step, steady epochs (median over repeats)")
+    print("\nwhere the time goes: the ranks' mean ms per step, steady epochs (median over repeats)")
     print(_table(("phase", "bare", "raymcn", "raymcn - bare"),
                  [(k, f"{step_ms['bare'][k]:.1f}", f"{step_ms['raymcn'][k]:.1f}",
                    f"{step_ms['raymcn'][k] - step_ms['bare'][k]:+.1f}") for k in step_ms["bare"]]))

@@ -10,6 +10,7 @@ benchmark use these two functions, so a change to the real run is what they meas
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +126,9 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         metrics = dict(zip(keys, means.tolist()))
         metrics["bad_samples"] *= run.comm.world  # skipped samples summed over ranks: never a silent drop
         if hooks.evaluate is not None:
+            started = time.perf_counter()
             metrics.update(hooks.evaluate(run))
+            metrics["time_eval_s"] = time.perf_counter() - started
         metrics.update(epoch=float(state.epoch), global_step=float(state.step),
                        budget_epoch=float(plan.budget_epoch(state.epoch)))
         if hooks.log:

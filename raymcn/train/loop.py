@@ -87,7 +87,9 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
                     batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
                     switch: int, log: Callable[[str], None] | None = None,
                     total_steps: int | None = None, rank: int = 0) -> dict[str, float]:
-    """Run one pass over ``batches``; returns per-step means of every ``*_loss`` term and timings.
+    """Run one pass over ``batches``; returns per-step means of every ``*_loss`` term and timings
+    (``time_<phase>_s`` per step, ``time_first_batch_s`` the wait for the epoch's first batch,
+    ``time_epoch_s`` the whole pass, ``samples_per_s`` = clips / that).
 
     Args:
         batches: dicts following the batch contract (video (b,4096), audio (b,40,T), nframes (b,),
@@ -113,6 +115,8 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         optimizer.zero_grad(set_to_none=True)
         active = active_modalities(order, state.step, switch)
         tick = _lap(times, "data", tick, device)
+        if steps == 0:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
+            first_batch = times["data"]
         with autocast(device):
             out = model(batch, active)
         tick = _lap(times, "forward", tick, device)
@@ -153,6 +157,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     elapsed = max(tick - epoch_start, 1e-9)
     metrics = {k: v / max(1, steps - skipped) for k, v in sums.items()}
     metrics.update({f"time_{k}_s": v / max(1, steps) for k, v in times.items()})
+    metrics.update(time_first_batch_s=first_batch if steps else 0.0, time_epoch_s=elapsed)
     metrics.update(samples_per_s=clips / elapsed, steps=float(steps), skipped_steps=float(skipped),
                    lr=float(optimizer.param_groups[0]["lr"]), stage=float(stage_of(order, state.step - 1, switch)))
     return metrics
