@@ -72,3 +72,21 @@ def test_local_mode_cannot_resume(tmp_path):
     launch.fit(tiny("schedule.epochs=1"), name="local", storage_path=tmp_path)
     with pytest.raises(ConfigError, match="local mode"):
         launch.resume(tmp_path / "local")
+
+
+def test_a_tilde_shard_path_works_in_preflight_and_training(tmp_path, monkeypatch):
+    """`--set data.shards=~/...`: the preflight and the trainer resolve it in one place (the plan)."""
+    import shutil
+
+    from raymcn.train import preflight
+    from raymcn.train.plan import plan_run, resolve_shards_dir
+
+    home = tmp_path / "home"
+    shutil.copytree(resolve_shards_dir(tiny()), home / "shards")  # the cached synthetic shards
+    monkeypatch.setenv("HOME", str(home))
+    cfg = tiny("data.shards=~/shards", "schedule.epochs=1", f"run.storage_path={tmp_path}/runs")
+    assert preflight.static_problems(cfg, device_bytes=16 << 30) == []
+    plan, _ = plan_run(cfg)
+    assert plan.shards_dir == str(home / "shards")
+    result = launch.fit(cfg, name="tilde", storage_path=str(tmp_path / "runs"))
+    assert result.metrics["epoch"] == 1 and result.metrics["bad_samples"] == 0
