@@ -330,7 +330,8 @@ def ddp_child(args) -> int:
                     f.write(json.dumps(epoch_record(metrics, time.time())) + "\n")
 
         run_epochs(run, EpochHooks(batches=lambda epoch: (videos.batches(
-            cfg, epoch, comm.rank, comm.world, plan.local_videos(comm.rank), plan.steps_per_epoch), None),
+            cfg, epoch, comm.rank, comm.world, lambda k, e=epoch: plan.share(comm.rank, comm.world, e * plan.steps_per_epoch + k),
+            plan.steps_per_epoch), None),
             after_epoch=record))
     finally:
         dist.destroy_process_group()

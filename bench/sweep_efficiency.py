@@ -110,7 +110,7 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
         started[0] = time.perf_counter()
 
     plan = run.plan
-    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, plan.local_videos(0), plan.steps_per_epoch),
+    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, plan.batch_videos, plan.steps_per_epoch),
                                               None),
                        evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=report)
     try:

@@ -28,7 +28,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set optim.lr=3e-4 (repeatable)")
-    p.add_argument("--num-workers", type=int, help="shortcut for --set scale.num_workers=N")
+    p.add_argument("--num-workers", metavar="N|MIN-MAX",
+                   help="shortcut for --set scale.num_workers=N (MIN-MAX: an elastic group)")
     p.add_argument("--json", action="store_true", help="print the final metrics as one JSON line last")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     p.add_argument("--init-from", metavar="DIR", help="start from the model weights of this checkpoint (e.g. from "
@@ -121,7 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
     if cfg is not None:
         preflight.check(cfg, log=print)  # everything that can be checked before Ray starts, reported at once
-    started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
+    started = start_ray(args.address) if (cfg is None or cfg.scale.max_workers > 0) else False
     run_dir = resume
     if cfg is not None:  # name the run here so an interruption can say where it is
         run_dir = launch.default_run_dir(cfg)

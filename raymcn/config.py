@@ -87,6 +87,15 @@ def _five_widths(v: tuple[int, ...]) -> bool:
     return len(v) == 5 and all(c >= 1 for c in v)
 
 
+Workers = int | tuple[int, int]  # a fixed count, or an elastic (min, max) range
+
+
+def _workers_ok(v: Workers) -> bool:
+    if isinstance(v, tuple):
+        return len(v) == 2 and 1 <= v[0] <= v[1]
+    return v >= 0
+
+
 @dataclass(frozen=True)
 class DataConfig:
     batch_size: int = setting(128, ge=1)  # videos per optimizer step, global (shared by the workers)
@@ -115,6 +124,9 @@ class ModelConfig:
     mel_bins: int = setting(40, ge=1)
     recon: bool = True  # build the reconstruction heads
     recon_hidden: int = setting(1024, ge=1)
+    # SyncBatchNorm in DAVEnet: batch statistics over the global batch, so the forward does not depend
+    # on how many workers share it (false keeps per-rank statistics, as DataParallel had)
+    sync_batchnorm: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,11 +164,28 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    num_workers: int = setting(2, ge=0)  # Ray Train workers (one per GPU); 0 = in-process, no Ray workers
+    # Ray Train workers (one per GPU); 0 = in-process, no Ray workers; [min, max] = an elastic group
+    # that runs on the workers that can be placed and grows back when capacity returns
+    num_workers: Workers = setting(2, check=_workers_ok,
+                                   why="needs a count >= 0, or [min, max] with 1 <= min <= max (elastic)")
     use_gpu: bool = False
     cpus_per_worker: float = setting(1.0, gt=0)  # leave CPUs unreserved for Ray Data (ray-notes P1)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
+    elastic_resize_interval_s: float = setting(60.0, gt=0)  # how often a running elastic group checks for capacity
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers a step is shared by (local mode: 0)."""
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple) and self.num_workers[0] < self.num_workers[1]
 
 
 @dataclass(frozen=True)
@@ -284,6 +313,18 @@ def _coerce(key: str, value: Any, typ: Any, problems: list[str]) -> Any:
     """Convert YAML / command-line values to the field's type; record a problem if impossible."""
     origin = typing.get_origin(typ)
     try:
+        if typ == Workers:  # 3, "3", [1, 2], "1-2", "[1, 2]"
+            if isinstance(value, str):
+                value = value.strip()
+                value = [int(v) for v in value.split("-")] if "-" in value[1:] else yaml.safe_load(value)
+            if isinstance(value, (list, tuple)):
+                if len(value) != 2 or any(isinstance(v, bool) for v in value):
+                    raise TypeError
+                lo, hi = int(value[0]), int(value[1])
+                return (lo, hi) if lo != hi else lo
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise TypeError
+            return int(value)
         if typ is bool:
             if isinstance(value, bool):
                 return value
@@ -318,7 +359,7 @@ def _coerce(key: str, value: Any, typ: Any, problems: list[str]) -> Any:
             return dict(value)
     except (TypeError, ValueError):
         pass
-    tname = getattr(typ, "__name__", str(typ))
+    tname = "a count, or [min, max] / MIN-MAX" if typ == Workers else getattr(typ, "__name__", str(typ))
     problems.append(f"{key}: expected {tname}, got {value!r}")
     return None
 
@@ -408,10 +449,11 @@ def validate(cfg: Config) -> list[str]:
             p.append(msg)
 
     d, lo, sc = cfg.data, cfg.loss, cfg.scale
-    if d.batch_size >= 1 and sc.num_workers >= 1:
-        need(d.batch_size % sc.num_workers == 0,
-             f"data.batch_size={d.batch_size} is not divisible by scale.num_workers={sc.num_workers}: "
-             f"allowed batch sizes are multiples of {sc.num_workers}")
+    if d.batch_size >= 1 and _workers_ok(sc.num_workers):
+        # Ranks share a step's videos (⌊B/N⌋ or ⌈B/N⌉ each): every rank needs at least one.
+        need(d.batch_size >= sc.max_workers,
+             f"data.batch_size={d.batch_size} is smaller than scale.num_workers={sc.max_workers}: "
+             f"every worker needs at least one video per step (allowed: >= {sc.max_workers})")
     if d.batch_size >= 1 and d.clips_per_video >= 1 and lo.num_clusters >= 1:
         # k-means first runs on the very first batch alone (the queue is still empty).
         need(lo.num_clusters <= cfg.clips_per_step,
@@ -420,7 +462,7 @@ def validate(cfg: Config) -> list[str]:
     kind, _, path = d.eval_set.partition(":")
     need(kind in EVAL_SET_KINDS and (kind == "synthetic") == (path == ""),
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
-    need(sc.use_gpu is False or sc.num_workers >= 1,
+    need(sc.use_gpu is False or (_workers_ok(sc.num_workers) and sc.min_workers >= 1),
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
     p.extend(validate_sweep(cfg.sweep))
     if not p:

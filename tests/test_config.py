@@ -37,7 +37,7 @@ def test_yaml_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("override, fragment", [
     ("optim.lrr=1", "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
-    ("data.batch_size=7", "data.batch_size=7 is not divisible by scale.num_workers=2"),
+    ("data.batch_size=1", "data.batch_size=1 is smaller than scale.num_workers=2"),
     ("schedule.stage_order=VA_T", "allowed values are AV_T, VT_A, AT_V, joint"),
     ("loss.num_clusters=5000", "loss.num_clusters=5000 is larger than the 4096 clips"),
     ("scale.use_gpu=perhaps", "scale.use_gpu: expected bool, got 'perhaps'"),
@@ -57,9 +57,35 @@ def test_bad_values_name_the_key(override, fragment):
     assert fragment in str(e.value)
 
 
+@pytest.mark.parametrize("given, count, lo_hi", [
+    ("3", 3, (3, 3)), ("1-2", (1, 2), (1, 2)), ("[1, 4]", (1, 4), (1, 4)), ("2-2", 2, (2, 2)),
+])
+def test_num_workers_is_a_count_or_an_elastic_range(given, count, lo_hi):
+    c = load_config(None, [f"scale.num_workers={given}", "data.batch_size=8", "loss.num_clusters=8"])
+    assert c.scale.num_workers == count
+    assert (c.scale.min_workers, c.scale.max_workers) == lo_hi
+    assert c.scale.elastic == (lo_hi[0] < lo_hi[1])
+    assert Config.from_dict(c.to_dict()) == c  # a range survives the run's saved config
+
+
+@pytest.mark.parametrize("given, fragment", [
+    ("2-1", "scale.num_workers"), ("0-2", "1 <= min <= max"), ("[1, 2, 3]", "scale.num_workers"),
+    ("many", "scale.num_workers"),
+])
+def test_bad_worker_ranges_name_the_key(given, fragment):
+    with pytest.raises(ConfigError, match="scale.num_workers") as e:
+        load_config(None, [f"scale.num_workers={given}"])
+    assert fragment in str(e.value)
+
+
+def test_the_batch_must_reach_every_worker_of_the_largest_group():
+    with pytest.raises(ConfigError, match=r"data.batch_size=3 is smaller than scale.num_workers=4"):
+        load_config(None, ["scale.num_workers=1-4", "data.batch_size=3", "loss.num_clusters=8"])
+
+
 def test_all_problems_reported_at_once():
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["optim.lrr=1", "data.batch_size=129", "schedule.epochs=0"])
+        load_config(None, ["optim.lrr=1", "data.batch_size=1", "schedule.epochs=0", "loss.num_clusters=8"])
     assert len(e.value.problems) == 3
 
 

@@ -189,6 +189,29 @@ def test_activation_formula_equals_the_saved_tensors(active):
     assert saved == sum(formula.values()) * 4 * clips + (bn if "audio" in active else 0)
 
 
+def test_global_batchnorm_extra_bounds_its_saved_tensors():
+    """model.sync_batchnorm on CPU: GlobalBatchNorm2d's saved tensors beyond BatchNorm's are what
+    the estimate adds (never fewer, at most 5 % more)."""
+    from raymcn.model import MCN
+    from raymcn.model.syncbn import global_batchnorm
+
+    cfg = _cfg(**TINY)
+    clips, batch = 6, _tiny_batch(cfg, 6)
+    inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
+    saved = []
+    for sync in (False, True):
+        torch.manual_seed(0)
+        model = MCN(cfg.model)
+        if sync:
+            model = global_batchnorm(model, "cpu")
+        state = tuple(model.parameters()) + tuple(model.buffers())
+        out, n = meters.saved_tensor_bytes(lambda: model(batch, ("video", "audio", "text")), exclude=state + inputs)
+        del out
+        saved.append(n)
+    extra = footprint.global_batchnorm_extra_bytes(cfg.model, cfg.data.audio_frames, clips)
+    assert saved[1] - saved[0] <= extra <= 1.05 * (saved[1] - saved[0])
+
+
 def test_peak_meter_sees_temporaries():
     def work() -> torch.Tensor:
         a = torch.ones(1000, 1000)  # 4 MB, kept

@@ -10,7 +10,7 @@ from raymcn.train import preflight
 
 CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--set", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
-    (["--set", "data.batch_size=7"], "data.batch_size=7 is not divisible by scale.num_workers=2"),
+    (["--set", "data.batch_size=1"], "data.batch_size=1 is smaller than scale.num_workers=2"),
     (["--set", "schedule.stage_order=VA_T"], "allowed values are AV_T, VT_A, AT_V, joint"),
     (["--set", "loss.num_clusters=999"], "loss.num_clusters=999 is larger than the 128 clips"),
     (["--set", "scale.use_gpu=perhaps"], "scale.use_gpu: expected bool, got 'perhaps'"),

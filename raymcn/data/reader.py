@@ -329,10 +329,12 @@ class RankStream:
         announce: called with an epoch just before Ray Data is asked for it; rank 0 passes
             ``functools.partial(announce_epoch, clock)`` so the datasource plans that epoch's order.
             Every rank checks that what it reads was planned for its epoch.
-        cfg, rank, videos, steps, vocab, log: as :func:`iter_batches`.
+        videos: this rank's videos per step, a number or a function of the global step (the plan's
+            rotating share: ``functools.partial(plan.share, rank, world)``).
+        cfg, rank, steps, vocab, log: as :func:`iter_batches`.
     """
 
-    def __init__(self, data_iterator, cfg: Config, rank: int, videos: int, steps: int,
+    def __init__(self, data_iterator, cfg: Config, rank: int, videos: int | Callable[[int], int], steps: int,
                  vocab: Vocab | np.ndarray, *, epochs: int, announce: Callable[[int], None] | None = None,
                  log: Callable[[str], None] | None = log_stderr):
         self._data, self._cfg, self._vocab, self._log = data_iterator, cfg, vocab, log
@@ -347,7 +349,9 @@ class RankStream:
                                "from Ray Data; epochs must be read in order")
         opened, self._next = self._next or self._open(epoch), None
         ahead = epoch + 1 < self._epochs
-        batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, self._videos, self._steps,
+        first = epoch * self._steps  # the global step of the epoch's first batch
+        videos = (lambda k: self._videos(first + k)) if callable(self._videos) else self._videos
+        batches = batches_from_records(opened.resume(), self._cfg, epoch, self._rank, videos, self._steps,
                                        self._vocab, stats=opened.stats,
                                        on_drained=(lambda: self._start(epoch + 1)) if ahead else None)
         return batches, opened.stats

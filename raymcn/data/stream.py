@@ -277,12 +277,13 @@ def _rechunk(column: pa.ChunkedArray, like: pa.ChunkedArray) -> list[pa.Array]:
 # =====================================================================================================
 # Records -> per-rank batches
 # =====================================================================================================
-def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int, rank: int, videos: int,
-                         steps: int, vocab: Vocab | np.ndarray, *, stats: EpochStats | None = None,
-                         shuffle_buffer: int | None = None, drain: bool = True,
+def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int, rank: int,
+                         videos: int | Callable[[int], int], steps: int, vocab: Vocab | np.ndarray, *,
+                         stats: EpochStats | None = None, shuffle_buffer: int | None = None, drain: bool = True,
                          on_drained: Callable[[], None] | None = None) -> Iterator[dict]:
-    """Exactly ``steps`` batches of ``videos`` videos (this rank's share of a step, from the run
-    plan) from one epoch's ``records``.
+    """Exactly ``steps`` batches from one epoch's ``records``, of ``videos`` videos each: this rank's
+    share of a step from the run plan, a number or a function of the step's index in the epoch
+    (shares rotate between ranks when the batch does not divide evenly).
 
     Each batch is ``{video (B, 4096) f32, audio (B, 40, audio_frames) f16, nframes (B,) i32,
     text (B, max_words, D) f32, key: B strings "<id>#<clip>"}`` (torch tensors) with
@@ -304,14 +305,14 @@ def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int
         RuntimeError: if the rank receives no readable video at all.
     """
     d = cfg.data
-    per_rank = int(videos)
-    if per_rank < 1:
-        raise ValueError(f"rank {rank} was given {videos} videos per step")
+    per_step = videos if callable(videos) else (lambda k: videos)
+    if min(per_step(k) for k in range(steps)) < 1:
+        raise ValueError(f"rank {rank} was given no video for a step of epoch {epoch}")
     matrix = vocab.matrix if isinstance(vocab, Vocab) else vocab
     stats = stats if stats is not None else EpochStats()
     rng = np.random.default_rng([cfg.run.seed, epoch, rank])
     pick = np.random.default_rng([cfg.run.seed, epoch, rank, 1])
-    capacity = max(1, shuffle_buffer if shuffle_buffer is not None else 2 * per_rank)
+    capacity = max(1, shuffle_buffer if shuffle_buffer is not None else 2 * per_step(0))
     buffer: list[VideoRecord] = []
     exhausted = False
     used: list[VideoRecord] = []
@@ -347,7 +348,7 @@ def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int
     try:
         for step in range(steps):
             chosen: list[VideoRecord] = []
-            while len(chosen) < per_rank:
+            while len(chosen) < per_step(step):
                 rec = next_record()
                 if rec is None:
                     pool = used or chosen
@@ -419,8 +420,9 @@ class TrainVideos:
 
         return cls.from_layout(CorpusPaths(ensure_corpus(cfg)), cfg.data.max_words)
 
-    def batches(self, cfg: Config, epoch: int, rank: int, world_size: int, videos: int, steps: int) -> Iterator[dict]:
-        """This rank's ``steps`` batches of ``videos`` videos in epoch ``epoch`` (:func:`batches_from_records`)."""
+    def batches(self, cfg: Config, epoch: int, rank: int, world_size: int, videos: int | Callable[[int], int],
+                steps: int) -> Iterator[dict]:
+        """This rank's ``steps`` batches of epoch ``epoch``, ``videos`` per step (:func:`batches_from_records`)."""
         order = np.random.default_rng([cfg.run.seed, epoch]).permutation(len(self.records))
         mine = (self.records[i] for i in order[rank::world_size])
         return batches_from_records(mine, cfg, epoch, rank, videos, steps, self.vocab_matrix, shuffle_buffer=1)

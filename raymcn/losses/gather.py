@@ -1,9 +1,10 @@
 """The only place the losses talk to other ranks.
 
 Every method of :class:`Collectives` is a collective when the world has several ranks: it must be
-called by *all* ranks, in the same order, with tensors of the same shape on every rank (the
-gathers assume an equal local batch per rank). With world size 1 every method is the identity /
-a no-op, so the losses run unchanged in a single process.
+called by *all* ranks, in the same order. The ranks may hold different numbers of rows (an
+elastic group whose batch does not divide evenly): :meth:`Collectives.sizes` tells every rank's,
+and :meth:`Collectives.all_gather` given them gathers unequal parts. With world size 1 every
+method is the identity / a no-op, so the losses run unchanged in a single process.
 
 No gradient crosses ranks here: the contrastive loss computes each rank's full gradient locally
 (see contrastive.py), so the backward pass runs no collective of the losses' own; DDP's gradient
@@ -40,16 +41,36 @@ class Collectives:
         return cls(*world_info())
 
     @torch.no_grad()
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """(b, ...) per rank -> (world·b, ...) in rank order, detached; gathered straight into one
-        tensor (no per-rank parts plus a concatenated copy)."""
+    def sizes(self, n: int, device: torch.device | str = "cpu") -> list[int]:
+        """Every rank's ``n`` (e.g. its rows this step), in rank order: one all-gather of one number."""
+        if self.world == 1:
+            return [int(n)]
+        return [int(v) for v in self.all_gather(torch.tensor([n], dtype=torch.int64, device=device)).tolist()]
+
+    @torch.no_grad()
+    def all_gather(self, x: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+        """(b_r, ...) per rank -> (Σ b_r, ...) in rank order, detached.
+
+        ``sizes``: every rank's b_r (:meth:`sizes`); None or all equal: gathered straight into one
+        tensor (no per-rank parts plus a concatenated copy). Unequal: each rank's part is padded to
+        the largest, gathered, and the padding dropped (one extra copy, only then).
+        """
         x = x.detach()
         if self.world == 1:
             return x
         x = x.contiguous()
-        out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        self._gather_into(out, x)
-        return out
+        if sizes is None or len(set(sizes)) == 1:
+            out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            self._gather_into(out, x)
+            return out
+        if x.shape[0] != sizes[self.rank]:
+            raise ValueError(f"rank {self.rank} gathers {x.shape[0]} rows, its size says {sizes[self.rank]}")
+        most = max(sizes)
+        padded = x.new_zeros((most, *x.shape[1:]))
+        padded[:x.shape[0]] = x
+        out = x.new_empty((self.world * most, *x.shape[1:]))
+        self._gather_into(out, padded)
+        return torch.cat([out[r * most:r * most + n] for r, n in enumerate(sizes)])
 
     def _gather_into(self, out: torch.Tensor, x: torch.Tensor) -> None:
         # torch 2.13 names the single-tensor all-gather all_gather_single (all_gather_into_tensor

@@ -14,6 +14,8 @@ and world as a :class:`~raymcn.losses.gather.Collectives`); it never reads the r
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from raymcn.config import MODALITIES, LossConfig
@@ -107,42 +109,50 @@ class MCNObjective:
         if self.active is not None and active != self.active:
             self.reset_clustering()  # stage switch: fused vectors now live in another subspace
         self.active = active
-        offset = self.comm.rank * b
+        ref = next(iter(emb.values()))
+        # Every rank's rows this step: equal, or ⌊B/N⌋ / ⌈B/N⌉ when the batch does not divide evenly.
+        sizes = self.comm.sizes(b, ref.device)
+        offset, clips = sum(sizes[:self.comm.rank]), sum(sizes)
+        gather = functools.partial(self.comm.all_gather, sizes=sizes)
+        # Each term below is a mean over this rank's b rows. DDP averages the ranks' gradients and
+        # the reports average their values; weighted by b·N/B, both are the full-batch mean's
+        # (the weight is 1 when the shares are equal).
+        weight = b * self.comm.world / clips
         terms: dict[str, torch.Tensor] = {}
 
         # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
         # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
         # runs first: its (B, D) temporaries are gone before the contrastive slabs are allocated.
         in_pairs = [m for m in MODALITIES if any(m in (x, y) and x in active and y in active for x, y, _ in PAIRS)]
-        gathered = {m: self.comm.all_gather(emb[m].float()) for m in in_pairs}
-        cluster = self._cluster_loss(emb, gathered, b, offset, step)
+        gathered = {m: gather(emb[m].float()) for m in in_pairs}
+        cluster = self._cluster_loss(emb, gathered, b, offset, step, gather)
 
         contrastive = []
         for x, y, name in PAIRS:
             if x in active and y in active:
-                loss = mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin,
-                                gather=self.comm.all_gather)
+                loss = weight * mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin, gather=gather)
                 terms[f"{name}_contrastive_loss"] = loss
                 contrastive.append(loss)
-        ref = next(iter(emb.values()))
         terms["contrastive_loss"] = (torch.stack(contrastive).sum() if contrastive
                                      else torch.zeros((), device=ref.device))
 
-        terms["cluster_loss"] = cluster
+        terms["cluster_loss"] = weight * cluster
 
         recon_pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
         total = terms["contrastive_loss"] + lc.cluster_weight * terms["cluster_loss"]
         if recon_pairs:
-            terms["recon_loss"] = recon_loss(recon_pairs, lc.detach_recon_targets)
+            terms["recon_loss"] = weight * recon_loss(recon_pairs, lc.detach_recon_targets)
             total = total + lc.recon_weight * terms["recon_loss"]
         terms["total_loss"] = total
         return terms
 
     def _cluster_loss(self, emb: dict[str, torch.Tensor], gathered: dict[str, torch.Tensor], b: int, offset: int,
-                      step: int) -> torch.Tensor:
-        """Fused-vector k-means labels -> cluster CE; updates queue and centroids.
+                      step: int, gather) -> torch.Tensor:
+        """Fused-vector k-means labels -> cluster CE (the mean over this rank's rows); updates the
+        queue and the centroids.
 
-        ``gathered`` holds the (B, D) global rows of the modalities the contrastive pairs gathered.
+        ``gathered`` holds the (B, D) global rows of the modalities the contrastive pairs gathered;
+        ``gather`` gathers this step's (unequal) shares.
         """
         lc = self.loss
         # Fused vector over the *active* modalities only (the original divided by 3 regardless).
@@ -151,7 +161,7 @@ class MCNObjective:
             with torch.no_grad():
                 current = _mean_of([gathered[m] for m in emb], in_place=True)
         else:
-            current = self.comm.all_gather(fused)
+            current = gather(fused)
         current = current.to(self.device)  # (B, D) global, rank- then video-major
 
         refresh = self.centroids is None or step % lc.refresh_every == 0

@@ -21,6 +21,7 @@ from torch import nn
 from raymcn.config import Config
 from raymcn.losses import Collectives, MCNObjective
 from raymcn.model import MCN
+from raymcn.model.syncbn import global_batchnorm
 from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
 from raymcn.train.plan import RunPlan
 
@@ -75,6 +76,8 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     comm = comm or Collectives()
     torch.manual_seed(cfg.run.seed)
     net = MCN(cfg.model)
+    if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size
+        net = global_batchnorm(net, device.type)
     if prepare is not None:
         prepare(net)
     model = wrap(net) if wrap is not None else net.to(device)

@@ -31,7 +31,8 @@ batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·
 activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
                      every tensor the model saves for backward, batch inputs excluded
                      (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %), plus BatchNorm's
-                     saved batch mean and inverse std (2 × 4 bytes per BN channel per step)
+                     saved batch mean and inverse std (2 × 4 bytes per BN channel per step); with
+                     ``model.sync_batchnorm`` on CPU two more copies of every BN input
 conv_workspace       what the convolution kernels allocate and free inside one DAVEnet conv call,
                      the largest over the convs; depends on the kernel path (:func:`conv_path`,
                      :func:`conv_workspace_bytes`; measured per conv call, ``bench/step.py``):
@@ -97,7 +98,6 @@ import os
 from dataclasses import dataclass
 
 from raymcn.config import Config, ModelConfig
-from raymcn.train.plan import shares
 
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
@@ -310,6 +310,25 @@ def batchnorm_saved_bytes(model_cfg: ModelConfig) -> int:
     return _parameter_tensors(model_cfg)[1] * FP32  # 2 per channel, as many as its running statistics
 
 
+def batchnorm_input_elements_per_clip(model_cfg: ModelConfig, audio_frames: int) -> int:
+    """Elements entering DAVEnet's BatchNorms per clip: conv1's output, then per layer three BNs of
+    the first block (two convs, the shortcut) and two of every further block, at the layer's length."""
+    c, t = model_cfg.audio_channels, audio_frames
+    n = c[0] * t
+    for width in c[1:]:
+        t = _ceil_half(t)
+        n += (3 + 2 * (model_cfg.audio_blocks - 1)) * width * t
+    return n
+
+
+def global_batchnorm_extra_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int) -> int:
+    """What ``model.sync_batchnorm`` on CPU (``GlobalBatchNorm2d``, element-wise ops instead of the
+    fused kernel) saves beyond BatchNorm: two copies of every BN input (the centred and the
+    normalised input; measured 2.02x on a tiny DAVEnet), plus a few per-channel statistics."""
+    return FP32 * (2 * clips * batchnorm_input_elements_per_clip(model_cfg, audio_frames)
+                   + 4 * _parameter_tensors(model_cfg)[1])
+
+
 def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
                                  active: tuple[str, ...] = ("video", "audio", "text"),
                                  max_words: int = 20) -> dict[str, int]:
@@ -397,8 +416,9 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         preflight prints them and the benchmarks compare them with measurements.
     """
     m, d, lc = cfg.model, cfg.data, cfg.loss
-    world = max(1, cfg.scale.num_workers)
-    b = shares(d.batch_size, world)[0] * d.clips_per_video  # rank 0 holds the largest share
+    # The largest share a worker can hold: with the fewest workers (an elastic group's minimum).
+    world = max(1, cfg.scale.min_workers)
+    b = -(-d.batch_size // world) * d.clips_per_video
     clips = cfg.clips_per_step
     gpu = cfg.scale.use_gpu
     act = activation_bytes or (2 if gpu else FP32)
@@ -415,7 +435,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
         "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
-        "activations": b * per_clip * act + batchnorm_saved_bytes(m),
+        "activations": b * per_clip * act + batchnorm_saved_bytes(m) + (
+            global_batchnorm_extra_bytes(m, d.audio_frames, b) if m.sync_batchnorm and not gpu else 0),
         "loss_slabs": loss["loss_slabs"],
         "gathered_embeddings": loss["gathered_embeddings"],
         "loss_grads": loss["loss_grads"],

@@ -59,7 +59,7 @@ def data_cpus(cfg: Config) -> float:
     else what is left. Train reserves its workers' CPUs away from Ray Data; a read task that asks
     for more than the rest never runs and the epoch waits forever (ray-notes P1)."""
     total = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else (os.cpu_count() or 1)
-    spare = total - cfg.scale.num_workers * cfg.scale.cpus_per_worker - 0.02  # 0.02: sweep trial drivers
+    spare = total - cfg.scale.max_workers * cfg.scale.cpus_per_worker - 0.02  # 0.02: sweep trial drivers
     return max(0.05, min(1.0, round(spare, 2)))
 
 
@@ -67,11 +67,12 @@ def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
     """The preflight's last check, right after ``ray.init``: the request against
     ``ray.cluster_resources()`` (Ray would otherwise wait forever for what is not there)."""
     have = ray.cluster_resources()
-    workers = max(1, cfg.scale.num_workers) * concurrent_runs
+    # an elastic group must be able to start with its minimum (it grows when more is free)
+    workers = max(1, cfg.scale.min_workers) * concurrent_runs
     need_cpu = cfg.scale.cpus_per_worker * workers
     problems = []
-    if cfg.scale.num_workers and need_cpu + 0.05 > have.get("CPU", 0):
-        problems.append(f"scale.num_workers={cfg.scale.num_workers} x scale.cpus_per_worker="
+    if cfg.scale.max_workers and need_cpu + 0.05 > have.get("CPU", 0):
+        problems.append(f"scale.num_workers={cfg.scale.min_workers} x scale.cpus_per_worker="
                         f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
                         f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
                         "forever): lower scale.cpus_per_worker or scale.num_workers")
@@ -122,7 +123,8 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
         train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "epoch_clock": clock},
         datasets={"train": dataset},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
-                                               resources_per_worker=resources),
+                                               resources_per_worker=resources,
+                                               elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage.normalize(storage_path),
@@ -170,7 +172,7 @@ def resume(run_dir: str, overrides: list[str] | None = None) -> RunResult:
     except FileNotFoundError:
         raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"]) from None
     cfg = load_config_text(text, overrides, source=storage.join(run_dir, CONFIG_FILE))
-    if cfg.scale.num_workers == 0:
+    if cfg.scale.max_workers == 0:
         raise ConfigError([f"--resume {run_dir}: the run used local mode (scale.num_workers=0), which keeps no "
                            "checkpoints; train with scale.num_workers >= 1 to be able to resume"])
     return fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))

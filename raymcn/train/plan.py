@@ -5,7 +5,9 @@ preflight builds the same one, so it and the trainer can never disagree on a pat
 the workers receive it beside the config instead of re-deriving anything. One definition each:
 the shard folder (``data.shards`` with ``~`` expanded, or the cached synthetic shards), each
 rank's share of the batch, steps per epoch, total steps, the stage-switch step, the schedulers'
-budget offset and the queue size. No Ray, no torch.
+budget offset and the queue size. Nothing in it depends on how many workers share the steps
+(an elastic group may change that mid-run): the global batch is ``data.batch_size`` at every world
+size, and :meth:`RunPlan.share` cuts it for any world. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ class RunPlan:
     Attributes:
         shards_dir: absolute folder of the shards (and ``vocab.npy``) the run reads.
         videos, num_shards: readable videos and shards listed in the manifest.
-        world_size: ranks sharing each step (1 in-process).
-        videos_per_rank: rank r's share of ``data.batch_size`` (whole videos; they sum to it).
+        batch_videos: ``data.batch_size``, videos per global step at every world size.
+        min_workers, max_workers: the worker range (equal unless elastic; 0 in-process).
         clips_per_video: clips drawn per video per step (video-major rows on every rank).
         steps_per_epoch: steps every rank runs per epoch (videos // batch, capped by
             ``schedule.steps_per_epoch``); epochs: ``schedule.epochs``.
@@ -40,8 +42,9 @@ class RunPlan:
     shards_dir: str
     videos: int
     num_shards: int
-    world_size: int
-    videos_per_rank: tuple[int, ...]
+    batch_videos: int
+    min_workers: int
+    max_workers: int
     clips_per_video: int
     steps_per_epoch: int
     epochs: int
@@ -55,37 +58,40 @@ class RunPlan:
         return self.steps_per_epoch * self.epochs
 
     @property
-    def batch_videos(self) -> int:
-        return sum(self.videos_per_rank)
-
-    @property
     def clips_per_step(self) -> int:
         """B: clips of one global step, over all ranks."""
         return self.batch_videos * self.clips_per_video
 
-    def local_videos(self, rank: int) -> int:
-        return self.videos_per_rank[rank]
+    def share(self, rank: int, world: int, step: int) -> int:
+        """Videos rank ``rank`` of ``world`` holds at global step ``step`` (:func:`share`)."""
+        return share(self.batch_videos, rank, world, step)
 
-    def local_clips(self, rank: int) -> int:
-        return self.videos_per_rank[rank] * self.clips_per_video
+    def shares(self, world: int, step: int) -> tuple[int, ...]:
+        """Every rank's videos at ``step``; they sum to ``batch_videos``."""
+        return tuple(self.share(r, world, step) for r in range(world))
 
     def budget_epoch(self, epoch: int) -> int:
         """Epochs completed since every stage order has all three modalities (the schedulers' clock)."""
         return epoch - self.budget_offset
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunPlan:
-        return cls(**{**raw, "videos_per_rank": tuple(raw["videos_per_rank"])})
+        return cls(**raw)
 
 
-def shares(batch: int, world: int) -> tuple[int, ...]:
-    """``batch`` videos over ``world`` ranks: ⌊batch/world⌋ each, the first ``batch % world`` one more."""
+def share(batch: int, rank: int, world: int, step: int) -> int:
+    """Videos of a ``batch``-video global step that ``rank`` of ``world`` holds at global ``step``.
+
+    ⌊batch/world⌋ each, and the ``batch % world`` extra videos go to ranks that rotate with the
+    step (rank r takes one at steps where (r - step) mod world < batch % world), so over any
+    ``world`` consecutive steps every rank holds the same number of videos: each rank consumes
+    ~1/world of an epoch, as Ray Data's equal split hands it, whatever the remainder.
+    """
     base, extra = divmod(batch, world)
-    return tuple(base + (r < extra) for r in range(world))
+    return base + ((rank - step) % world < extra)
 
 
 def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards: int = 0) -> RunPlan:
@@ -94,14 +100,14 @@ def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards:
     Raises:
         ConfigError: the videos cannot fill one step of ``data.batch_size`` (naming both numbers).
     """
-    world = max(1, cfg.scale.num_workers)
     try:
         steps = cfg.steps_per_epoch(videos)
     except ValueError as e:
         raise ConfigError([f"data.shards={str(shards_dir)!r}: {e}"]) from None
     s = cfg.schedule
-    return RunPlan(shards_dir=str(shards_dir), videos=videos, num_shards=num_shards, world_size=world,
-                   videos_per_rank=shares(cfg.data.batch_size, world), clips_per_video=cfg.data.clips_per_video,
+    return RunPlan(shards_dir=str(shards_dir), videos=videos, num_shards=num_shards, batch_videos=cfg.data.batch_size,
+                   min_workers=cfg.scale.min_workers, max_workers=cfg.scale.max_workers,
+                   clips_per_video=cfg.data.clips_per_video,
                    steps_per_epoch=steps, epochs=s.epochs,
                    switch_step=switch_step(s.stage_order, s.stage1_fraction, steps * s.epochs),
                    budget_offset=budget_offset(s.stage1_fraction, s.epochs), queue_rows=cfg.queue_rows,

@@ -127,4 +127,4 @@ def _device_bytes(cfg: Config) -> int | None:
             return None  # the driver may run on a CPU head node; the workers' GPUs are checked by Ray
         return torch.cuda.get_device_properties(0).total_memory
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // max(1, cfg.scale.num_workers)
+    return ram // max(1, cfg.scale.max_workers)  # as many workers as may share this machine

@@ -35,8 +35,9 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     cfg, plan = Config.from_dict(loop_config["config"]), RunPlan.from_dict(loop_config["plan"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if world != plan.world_size:
-        raise RuntimeError(f"the plan shares each step over {plan.world_size} ranks, Ray Train started {world}")
+    if not (plan.min_workers <= world <= max(1, plan.max_workers)):
+        raise RuntimeError(f"Ray Train started {world} workers, outside scale.num_workers "
+                           f"[{plan.min_workers}, {plan.max_workers}]")
     device = ray.train.torch.get_device()
     log = print if rank == 0 else None
 
@@ -46,8 +47,11 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # Rank 0 tells the datasource which epoch it asks for (the shard order follows the trainer's
     # epochs, also after a restart); each next epoch is requested while this one ends.
     announce = functools.partial(reader.announce_epoch, loop_config["epoch_clock"]) if rank == 0 else None
-    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank, plan.local_videos(rank),
-                               plan.steps_per_epoch, vocab, epochs=plan.epochs, announce=announce)
+    # This rank's videos at each global step: the global batch stays data.batch_size whatever the
+    # world (an elastic group may have resized), each rank taking its rotating share.
+    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank,
+                               functools.partial(plan.share, rank, world), plan.steps_per_epoch, vocab,
+                               epochs=plan.epochs, announce=announce)
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
                                  None if cfg.data.eval_set == "synthetic" else vocab),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
