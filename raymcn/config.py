@@ -173,6 +173,11 @@ class ScaleConfig:
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
     elastic_resize_interval_s: float = setting(60.0, gt=0)  # how often a running elastic group checks for capacity
+    # How long a worker group's start waits for its resources before Ray Train decides again (then
+    # retried without limit; Ray's default 60 s). After a lost node Ray first retries at the old size,
+    # because the lost node's resources still count for a moment: an elastic group shrinks only
+    # after this wait (measured: tests/test_elastic.py, README "Surviving crashes").
+    worker_start_timeout_s: float = setting(20.0, gt=0)
 
     @property
     def min_workers(self) -> int:

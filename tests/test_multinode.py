@@ -9,8 +9,6 @@ coming back). The default config must survive this: no ``scale.max_failures`` is
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +17,8 @@ import pytest
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 
-from conftest import TINY, event_log_callback, read_events
+from conftest import (NODE_STORE, TINY, event_log_callback, in_background, multinode_cluster, read_events,
+                      train_worker_nodes, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -27,22 +26,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
-    # The head (this driver's node) takes no work: Ray refuses to remove it. Three 1-CPU nodes: the
-    # two Train workers take one each, the read tasks the third.
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
-                                                      "object_store_memory": 150 * 1024**2})
-    for _ in range(3):
-        c.add_node(num_cpus=1, object_store_memory=150 * 1024**2)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    # Three 1-CPU nodes: the two Train workers take one each, the read tasks the third.
+    with multinode_cluster(*[{"num_cpus": 1}] * 3) as c:
+        yield c
 
 
 def _cfg(tmp_path: Path, *extra: str):
@@ -52,45 +38,14 @@ def _cfg(tmp_path: Path, *extra: str):
                                        f"run.storage_path={tmp_path}", *extra])
 
 
-def train_worker_nodes() -> dict[str, str]:
-    from ray.util.state import list_actors
-
-    alive = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-    return {a.actor_id: a.node_id for a in alive}
-
-
-def wait_for(what: str, predicate, timeout: float = 300.0, every: float = 0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def lose_a_worker_node(cluster, back_after: float = 5.0) -> str:
     """Kill (not drain) a non-head node that hosts a Train worker; add a fresh node back later."""
     busy = set(wait_for("two Train workers", lambda: (n := train_worker_nodes()) and len(n) == 2 and n).values())
     victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
     cluster.remove_node(victim, allow_graceful=False)
     time.sleep(back_after)
-    cluster.add_node(num_cpus=1, object_store_memory=150 * 1024**2)
+    cluster.add_node(num_cpus=1, object_store_memory=NODE_STORE)
     return victim.node_id
-
-
-def in_background(fn, *args, **kwargs) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the test
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_epoch(cluster, tmp_path):

@@ -77,3 +77,22 @@ def test_bad_input_fails_before_ray_naming_the_problem(inputs, capsys, argv, fra
 
 def test_at_least_twenty_cases():
     assert len(CASES) >= 20
+
+
+@pytest.mark.parametrize("workers, have, fragment", [
+    ("1-4", {"CPU": 2.0}, None),  # an elastic group needs room for its minimum only: it grows later
+    ("3-4", {"CPU": 2.0}, "scale.num_workers=3-4 (an elastic group starts with at least 3) x scale.cpus_per_worker"),
+    ("2", {"CPU": 2.0}, "reserves 2 CPUs and Ray Data needs some left; the cluster has 2"),
+    ("2-4", {"CPU": 8.0, "GPU": 1.0}, "needs 2 GPUs; the cluster has 1"),
+])
+def test_the_cluster_check_takes_an_elastic_groups_minimum(monkeypatch, workers, have, fragment):
+    import ray
+
+    from raymcn.config import load_config
+    from raymcn.train import launch
+
+    gpu = ["scale.use_gpu=true"] if "GPU" in have else []
+    cfg = load_config(None, [f"scale.num_workers={workers}", "data.batch_size=8", "loss.num_clusters=8", *gpu])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: have)
+    problems = launch.cluster_problems(cfg)
+    assert (problems == []) if fragment is None else any(fragment in p for p in problems), problems

@@ -110,7 +110,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
     """Train from ``run.state.epoch`` to the plan's last epoch; returns the last epoch's metrics.
 
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
-    ranks (``bad_samples`` summed), the evaluation's metrics, ``epoch`` (completed), ``global_step``
+    ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the evaluation's metrics, ``epoch`` (completed), ``global_step``
     and ``budget_epoch`` (the sweep schedulers' clock).
     """
     plan, state = run.plan, run.state
@@ -122,12 +122,17 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
                                 state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
                                 total_steps=plan.total_steps, rank=run.comm.rank)
         state.epoch = epoch + 1
-        train["bad_samples"] = float(getattr(stats, "bad_samples", 0))
+        summed = {"bad_samples": float(getattr(stats, "bad_samples", 0))}
+        if hasattr(stats, "videos"):  # the shard path: every video of the epoch read once, whatever the world
+            summed["videos_read"] = float(stats.videos)
+        train.update(summed)
         keys = sorted(train)  # every rank reports every key, so the means line up by key
         means = run.comm.all_reduce_mean(torch.tensor([train[k] for k in keys], dtype=torch.float64,
                                                       device=run.device))
         metrics = dict(zip(keys, means.tolist()))
-        metrics["bad_samples"] *= run.comm.world  # skipped samples summed over ranks: never a silent drop
+        for k in summed:  # counts over all ranks (skipped samples: never a silent drop)
+            metrics[k] = float(round(metrics[k] * run.comm.world))
+        metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch
         if hooks.evaluate is not None:
             started = time.perf_counter()
             metrics.update(hooks.evaluate(run))

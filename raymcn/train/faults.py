@@ -2,14 +2,17 @@
 
 Kinds: ``raise_after_epoch=N`` (raise once epoch N is checkpointed), ``kill_at_step=S`` (SIGKILL
 this worker process at global step S; rank ``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S``
-(make the loss of step S non-finite). A fault fires once per run directory: a marker file in
-``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again. Inert when the variable is unset.
+(make the loss of step S non-finite), ``hold_after_epoch=N`` (after epoch N and every later one is
+reported, wait while the file ``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between
+epochs, e.g. until a node it added has joined). A fault fires once per run directory: a marker file
+in ``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again. Inert when the variable is unset.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 
@@ -39,8 +42,13 @@ def _first_time(kind: str) -> bool:
 
 
 def after_epoch(epoch: int) -> None:
-    if _spec().get("raise_after_epoch") == epoch and _first_time("raise_after_epoch"):
+    spec = _spec()
+    if spec.get("raise_after_epoch") == epoch and _first_time("raise_after_epoch"):
         raise InjectedFault(f"injected fault after epoch {epoch} (RAYMCN_FAULT)")
+    if "hold_after_epoch" in spec and epoch >= spec["hold_after_epoch"]:
+        hold = Path(os.environ.get("RAYMCN_FAULT_DIR", ".")) / "hold"
+        while hold.exists():
+            time.sleep(0.2)
 
 
 def at_step(step: int, rank: int) -> bool:
