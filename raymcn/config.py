@@ -136,7 +136,12 @@ class LossConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = setting(1e-4, gt=0)
-    warmup_steps: int = setting(5000, ge=0)
+    # Warm-up length in videos seen (all ranks together): the run warms up for
+    # ceil(warmup_videos / data.batch_size) steps, so runs at different batch sizes end their warm-up
+    # after the same share of an epoch, and a sweep's rungs compare them at the same point of the
+    # LR schedule. 640 000 = the paper's 5000 steps at its batch of 128 videos.
+    warmup_videos: int = setting(640_000, ge=0)
+    warmup_steps: int = setting(0, ge=0)  # > 0: a fixed step count instead, whatever the batch (the old meaning)
     weight_decay: float = setting(0.0, ge=0)
     grad_clip: float = setting(0.0, ge=0)  # 0 = off
     max_nonfinite_steps: int = setting(3, ge=0)  # consecutive non-finite steps skipped before the run stops
@@ -422,6 +427,11 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or sc.num_workers >= 1,
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
+    sw = cfg.sweep
+    need(not (cfg.optim.warmup_steps and sw.algorithm in ("asha", "bohb") and "data.batch_size" in sw.space),
+         f"optim.warmup_steps={cfg.optim.warmup_steps} fixes the warm-up in steps, so {sw.algorithm}'s rungs would "
+         "compare small-batch trials past their warm-up with large-batch trials still in it: set "
+         "optim.warmup_steps=0 and give the warm-up in videos (optim.warmup_videos)")
     p.extend(validate_sweep(cfg.sweep))
     if not p:
         p.extend(_validate_trial_configs(cfg))
