@@ -183,7 +183,7 @@ class SweepConfig:
     suggest: str = setting("random", choices=("random", "optuna"))  # asha only: where new configs come from
     num_samples: int = setting(4, ge=1)
     max_concurrent: int = setting(1, ge=1)  # = total GPUs // GPUs per trial
-    grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in epochs
+    grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in budget epochs (after the stage switch)
     reduction_factor: int = setting(3, ge=2)
     seed: int = 0
     space: dict = setting({})  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...

@@ -49,3 +49,30 @@ def test_multi_fidelity_sweep_over_batch_size_refuses_a_fixed_step_warmup():
         load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "asha", "sweep.space": space})
     # random search trains every trial to the end: no rung to be unfair at
     load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "random", "sweep.space": space})
+
+
+@pytest.mark.parametrize("grace, starts", [(1, [1, 3, 9]), (2, [3, 9]), (3, [3, 9]), (4, [9]), (9, [9]), (12, [9])])
+def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
+    """HyperBand's brackets over max_t = 9 budget epochs (eta 3) start at 9, 3 and 1; with
+    sweep.grace_epochs the brackets that would compare trials earlier are dropped."""
+    pytest.importorskip("ray")
+    from raymcn.sweep.tuner import build_search
+
+    cfg = load_config(preset_path(), {"schedule.epochs": 10, "schedule.stage1_fraction": 0.1, "sweep.algorithm": "bohb",
+                                      "sweep.reduction_factor": 3, "sweep.grace_epochs": grace})
+    _, hb = build_search(cfg)
+    assert sorted(hb._get_r0(s) for s in range(hb._s_max_1)) == starts
+
+
+def test_preflight_refuses_a_first_rung_inside_the_warmup(tmp_path, monkeypatch):
+    from raymcn.train import preflight
+
+    monkeypatch.setenv("RAYMCN_RESULTS", str(tmp_path))
+    base = {"sweep.algorithm": "asha", "schedule.stage1_fraction": 0.1, "schedule.epochs": 10,
+            "sweep.grace_epochs": 1, "sweep.space": {"data.batch_size": {"choice": [8, 32]}}}
+    ok = load_config(preset_path(), base)  # warm-up 1 epoch (256 videos), first rung after epoch 2
+    assert preflight._rung_problems(ok, 256) == []
+    late = ok.replace({"optim.warmup_videos": 768})  # 3 epochs of warm-up
+    (problem,) = preflight._rung_problems(late, 256)
+    assert "ends after the first rung of the asha sweep (epoch 2" in problem and "data.batch_size=8" in problem
+    assert preflight._rung_problems(late.replace({"sweep.grace_epochs": 2}), 256) == []

@@ -83,8 +83,8 @@ def build_search(cfg: Config):
     if sw.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
-        return (TuneBOHB(seed=sw.seed),
-                HyperBandForBOHB(time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor))
+        return TuneBOHB(seed=sw.seed), first_rung_hyperband(HyperBandForBOHB(
+            time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor), max_t, sw.grace_epochs)
     if sw.algorithm == "asha":
         scheduler = ASHAScheduler(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
                                   reduction_factor=sw.reduction_factor)
@@ -92,6 +92,19 @@ def build_search(cfg: Config):
     if sw.algorithm == "optuna":
         return _optuna(sw.seed), FIFOScheduler()
     return variants, FIFOScheduler()  # random and grid
+
+
+def first_rung_hyperband(scheduler, max_t: int, first_rung: int):
+    """``scheduler`` (a HyperBand scheduler over ``max_t``) without the brackets whose first rung
+    lies before ``first_rung`` budget epochs, so no HyperBand bracket compares trials earlier than
+    ``sweep.grace_epochs`` (ASHA's ``grace_period``). HyperBand's bracket s starts at
+    ⌊max_t·η^−s⌋ for s < s_max; the number of brackets is capped at those starting at or after the
+    first rung (at least one: the full-length bracket). Ray exposes no option for this; the count
+    is its ``_s_max_1`` (Ray 2.60, pinned in pyproject; ``tests/test_fidelity.py`` checks it)."""
+    eta = scheduler._eta
+    keep = sum(1 for s in range(scheduler._s_max_1) if int(max_t * eta ** (-s)) >= min(first_rung, max_t))
+    scheduler._s_max_1 = max(1, keep)
+    return scheduler
 
 
 def _optuna(seed: int):
