@@ -33,6 +33,7 @@ EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's folder
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
+CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
 
 
 class PermanentError(Exception):
@@ -190,6 +191,10 @@ class SweepConfig:
     mlflow: bool = False
     wandb: bool = False
     max_trial_failures: int = setting(2, ge=0)  # retries of a trial whose driver or node died (permanent errors: none)
+    # Every configuration the search proposes is trained this many times, with run.seed, run.seed + 1, ...
+    # (the seed is written into each trial's config, so the results table pairs trials by it).
+    repeats: int = setting(1, ge=1)
+    status_every: float = setting(120.0, ge=0)  # seconds between the console's status tables; 0 = none
 
 
 @dataclass(frozen=True)
@@ -504,6 +509,14 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
             p.extend(f"{where}: {msg}" for msg in sub)
     if sw.algorithm == "bohb" and any(next(iter(s)) == "grid" for s in sw.space.values() if isinstance(s, dict)):
         p.append("sweep.space: bohb does not accept grid domains; use choice")
+    if sw.repeats > 1 and "run.seed" in sw.space:
+        p.append(f"sweep.repeats={sw.repeats} sets run.seed per repeat; run.seed is also in sweep.space: use one of them")
+    drawn = [k for k, s in sw.space.items() if isinstance(s, dict) and next(iter(s), None) in ("loguniform", "uniform",
+                                                                                               "randint")]
+    if sw.repeats > 1 and sw.algorithm == "grid" and drawn:
+        p.append(f"sweep.repeats={sw.repeats} with the grid algorithm repeats grid cells, but {', '.join(drawn)} "
+                 "would be drawn anew for every seed, so the repeats would not repeat a configuration: give "
+                 "them as choice/grid values, or use another algorithm")
     return p
 
 
