@@ -1,4 +1,4 @@
-"""Sweeps: fair early stopping across stage orders, and a real smoke sweep + results table."""
+"""Sweeps: fair early stopping across stage orders (the real smoke sweep: tests/test_sweep_console.py)."""
 
 import json
 import math
@@ -57,3 +57,4 @@ def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tm
 def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
     epochs_run = run_fake_sweep("epoch", tmp_path, ["joint", "AV_T", "VT_A", "AT_V"])
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
+

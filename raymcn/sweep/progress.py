@@ -3,8 +3,9 @@
 Per trial one start line with its swept keys; per trial-epoch one line (epoch, R@10, loss,
 samples/s) made from the result Tune received, i.e. rank 0's report, printed once per (trial,
 epoch) even when a restored trial reports an epoch again; an error line when a trial fails, with
-where its error is written; and every ``sweep.status_every`` seconds a compact status table (a
-few columns, one row per started trial). Tune's own reporter and everything Ray prints go to the
+where its error is written; and at most every ``sweep.status_every`` seconds a status table (a
+few columns, a row per running trial and per trial finished since the last table, printed only
+when something changed). Tune's own reporter and everything Ray prints go to the
 console log instead.
 """
 
@@ -25,6 +26,14 @@ _SHORT_STATUS = {"TERMINATED": "done", "RUNNING": "running", "PAUSED": "paused",
                  "ERROR": "error"}
 
 
+def _short(status: str) -> str:
+    return _SHORT_STATUS.get(status, status.lower())
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 class SweepProgress(tune.Callback):
     """Prints the sweep's progress through ``console`` (module doc).
 
@@ -40,6 +49,9 @@ class SweepProgress(tune.Callback):
         self._started: set[str] = set()
         self._epochs_shown: set[tuple[str, int]] = set()
         self._last: dict[str, dict[str, Any]] = {}
+        self._start_time: dict[str, float] = {}
+        self._finished_shown: set[str] = set()
+        self._shown_state: tuple = ()
         self._t0 = self._last_status = time.monotonic()
 
     # --- per trial ----------------------------------------------------------------------------------
@@ -53,6 +65,7 @@ class SweepProgress(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
         again = trial.trial_id in self._started
         self._started.add(trial.trial_id)
+        self._start_time.setdefault(trial.trial_id, time.monotonic())
         keys = ", ".join(f"{k}={v}" for k, v in sorted(plain(trial.config).items()))
         self._say(f"trial {self._name(trial)} {'resumed' if again else 'started'}: {keys or 'base config'}")
 
@@ -94,27 +107,40 @@ class SweepProgress(tune.Callback):
             self._say(line)
 
     def status_table(self, trials: list, elapsed: float) -> list[str]:
-        """A header with the counts per status and the best R@10 so far, then one row per trial
-        that has started (pending ones are only counted): trial, status, epoch, R@10, best R@10."""
+        """The status since the last table, or nothing when nothing changed: a header with the
+        elapsed time, the counts per status and the best R@10 so far; then a row (trial, status,
+        epoch, R@10, best R@10, time since it started) for every running or paused trial and for
+        every trial that finished since the last table. A finished trial is listed once and
+        pending ones are only counted, so no row repeats itself from table to table."""
+        now = time.monotonic()
+        state = tuple((t.trial_id, t.status, self._last.get(t.trial_id, {}).get("epoch", 0)) for t in trials)
+        if state == self._shown_state:
+            return []
+        self._shown_state = state
         counts: dict[str, int] = {}
         for t in trials:
-            s = _SHORT_STATUS.get(t.status, t.status.lower())
-            counts[s] = counts.get(s, 0) + 1
+            counts[_short(t.status)] = counts.get(_short(t.status), 0) + 1
         best = max(((v["best"], tid) for tid, v in self._last.items() if v["best"] != float("-inf")), default=None)
-        head = (f"status after {int(elapsed // 60)}m{int(elapsed % 60):02d}s: "
-                + ", ".join(f"{n} {s}" for s, n in counts.items())
-                + (f"; best R@10 {best[0]:.2f}" if best else ""))
-        rows = [(self._name(t), _SHORT_STATUS.get(t.status, t.status.lower()), self._last.get(t.trial_id, {}))
-                for t in trials if t.trial_id in self._started]
+        names = {t.trial_id: self._name(t) for t in trials}
+        head = (f"status after {_clock(elapsed)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                + (f"; best R@10 {best[0]:.2f} ({names.get(best[1], best[1])})" if best else ""))
+        rows = []
+        for t in trials:
+            if t.trial_id not in self._started or t.trial_id in self._finished_shown:
+                continue
+            if t.status in ("TERMINATED", "ERROR"):
+                self._finished_shown.add(t.trial_id)
+            last = self._last.get(t.trial_id, {})
+            r10, top = last.get(PRIMARY_METRIC), last.get("best", float("-inf"))
+            rows.append((names[t.trial_id], _short(t.status), str(last.get("epoch", 0)),
+                         "-" if r10 is None else f"{r10:.2f}", "-" if top == float("-inf") else f"{top:.2f}",
+                         _clock(now - self._start_time.get(t.trial_id, now))))
         if not rows:
             return [head]
-        width = max(len(r[0]) for r in rows)
-        lines = [head, f"  {'trial':<{width}}  {'status':<8} epoch   R@10   best"]
-        for name, status, last in rows:
-            r10, top = last.get(PRIMARY_METRIC), last.get("best", float("-inf"))
-            lines.append(f"  {name:<{width}}  {status:<8} {last.get('epoch', 0):>5} "
-                         f"{'-' if r10 is None else f'{r10:6.2f}':>6} {'-' if top == float('-inf') else f'{top:6.2f}':>6}")
-        return lines
+        header = ("trial", "status", "epoch", "R@10", "best", "for")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        fmt = "  " + "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
+        return [head, fmt.format(*header), *(fmt.format(*r) for r in rows)]
 
     def _say(self, line: str, err: bool = False) -> None:
         if self.console is not None:

@@ -57,10 +57,13 @@ class RandomSearcher(Searcher):
         return {k: (d.sample(random_state=self.rng) if hasattr(d, "sample") else d) for k, d in self.space.items()}
 
     def save(self, checkpoint_path: str) -> None:
-        Path(checkpoint_path).write_bytes(pickle.dumps(self.rng.bit_generator.state))
+        state = {"space": self.space, "metric": self._metric, "mode": self._mode, "rng": self.rng.bit_generator.state}
+        Path(checkpoint_path).write_bytes(pickle.dumps(state))
 
     def restore(self, checkpoint_path: str) -> None:
-        self.rng.bit_generator.state = pickle.loads(Path(checkpoint_path).read_bytes())
+        state = pickle.loads(Path(checkpoint_path).read_bytes())
+        self.space, self._metric, self._mode = state["space"], state["metric"], state["mode"]
+        self.rng.bit_generator.state = state["rng"]
 
 
 class SeedRepeater(Searcher):
