@@ -172,6 +172,7 @@ def base_config(algorithm: str, seed: int, args: argparse.Namespace):
         "scale.num_workers": 0, "schedule.epochs": args.epochs, "schedule.stage1_fraction": STAGE1_FRACTION,
         "sweep.algorithm": algorithm, "sweep.suggest": args.asha_suggest, "sweep.seed": seed,
         "sweep.num_samples": 10_000, "sweep.max_concurrent": args.max_concurrent, "sweep.grace_epochs": args.grace,
+        "sweep.repeats": 1,  # one trial per configuration: the searchers' own efficiency
         "sweep.reduction_factor": 3, "sweep.space": SPACE,
     })
 

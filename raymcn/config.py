@@ -510,9 +510,15 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
     if sw.algorithm == "bohb" and any(next(iter(s)) == "grid" for s in sw.space.values() if isinstance(s, dict)):
         p.append("sweep.space: bohb does not accept grid domains; use choice")
     if sw.repeats > 1 and "run.seed" in sw.space:
-        p.append(f"sweep.repeats={sw.repeats} sets run.seed per repeat; run.seed is also in sweep.space: use one of them")
+        p.append(f"sweep.repeats={sw.repeats} sets run.seed per repeat; run.seed is also in sweep.space: "
+                 "use one of them")
     drawn = [k for k, s in sw.space.items() if isinstance(s, dict) and next(iter(s), None) in ("loguniform", "uniform",
                                                                                                "randint")]
+    gridded = [k for k, s in sw.space.items() if isinstance(s, dict) and next(iter(s), None) == "grid"]
+    if sw.repeats > 1 and sw.algorithm not in ("grid", "bohb") and gridded:
+        p.append(f"sweep.repeats={sw.repeats} with {sw.algorithm}: {', '.join(gridded)} is a grid domain, which only "
+                 "the grid algorithm enumerates (a repeated search draws configurations): use choice, or "
+                 "sweep.algorithm=grid")
     if sw.repeats > 1 and sw.algorithm == "grid" and drawn:
         p.append(f"sweep.repeats={sw.repeats} with the grid algorithm repeats grid cells, but {', '.join(drawn)} "
                  "would be drawn anew for every seed, so the repeats would not repeat a configuration: give "

@@ -110,7 +110,7 @@ def test_progress_prints_each_trial_epoch_once(progress):
     lines = [line for line, _ in console.lines]
     assert lines[0] == "trial AV_T-seed1-abc_00000 started: run.seed=1, schedule.stage_order=AV_T"
     assert [EPOCH_LINE.match(line).group("epoch") for line in lines[1:4]] == ["1", "2", "3"]
-    assert EPOCH_LINE.match(lines[1]).group("epochs") == "6" and lines[1].endswith(" 200 samples/s")  # 2 workers
+    assert EPOCH_LINE.match(lines[1]).group("epochs") == "4" and lines[1].endswith(" 200 samples/s")  # 2 workers
     assert lines[4].startswith("trial AV_T-seed1-abc_00000 resumed") and len(lines) == 5
 
 

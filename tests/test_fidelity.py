@@ -48,7 +48,8 @@ def test_multi_fidelity_sweep_over_batch_size_refuses_a_fixed_step_warmup():
     with pytest.raises(ConfigError, match="optim.warmup_steps=16 fixes the warm-up in steps"):
         load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "asha", "sweep.space": space})
     # random search trains every trial to the end: no rung to be unfair at
-    load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "random", "sweep.space": space})
+    load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "random", "sweep.space": space,
+                                "sweep.repeats": 1})
 
 
 @pytest.mark.parametrize("grace, starts", [(1, [1, 3, 9]), (2, [3, 9]), (3, [3, 9]), (4, [9]), (9, [9]), (12, [9])])
@@ -59,7 +60,8 @@ def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
     from raymcn.sweep.tuner import build_search
 
     cfg = load_config(preset_path(), {"schedule.epochs": 10, "schedule.stage1_fraction": 0.1, "sweep.algorithm": "bohb",
-                                      "sweep.reduction_factor": 3, "sweep.grace_epochs": grace})
+                                      "sweep.reduction_factor": 3, "sweep.grace_epochs": grace, "sweep.repeats": 1,
+                                      "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}})
     _, hb = build_search(cfg)
     assert sorted(hb._get_r0(s) for s in range(hb._s_max_1)) == starts
 
@@ -68,7 +70,7 @@ def test_preflight_refuses_a_first_rung_inside_the_warmup(tmp_path, monkeypatch)
     from raymcn.train import preflight
 
     monkeypatch.setenv("RAYMCN_RESULTS", str(tmp_path))
-    base = {"sweep.algorithm": "asha", "schedule.stage1_fraction": 0.1, "schedule.epochs": 10,
+    base = {"sweep.algorithm": "asha", "schedule.stage1_fraction": 0.1, "schedule.epochs": 10, "sweep.repeats": 1,
             "sweep.grace_epochs": 1, "sweep.space": {"data.batch_size": {"choice": [8, 32]}}}
     ok = load_config(preset_path(), base)  # warm-up 1 epoch (256 videos), first rung after epoch 2
     assert preflight._rung_problems(ok, 256) == []

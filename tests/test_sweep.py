@@ -31,7 +31,8 @@ def run_fake_sweep(time_attr, tmp_path, orders):
     from raymcn.sweep.tuner import build_search
 
     cfg = load_config(preset_path(), [f"schedule.epochs={EPOCHS}", f"schedule.stage1_fraction={FRACTION}",
-                                      "sweep.algorithm=asha", "sweep.grace_epochs=1", "sweep.reduction_factor=2"])
+                                      "sweep.algorithm=asha", "sweep.grace_epochs=1", "sweep.reduction_factor=2",
+                                      "sweep.repeats=1"])
     _, scheduler = build_search(cfg)
     if time_attr != "budget_epoch":  # the naive clock, to show the rule matters
         scheduler._time_attr = time_attr

@@ -31,8 +31,8 @@ def test_sweep_console_contract_and_paired_repeats(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "local", "RAYMCN_RESULTS": str(tmp_path / "results"),
            "RAYMCN_FAULT": "raise_after_epoch=1", "RAYMCN_FAULT_DIR": str(tmp_path / "faults")}
     proc = subprocess.run([sys.executable, "-m", "raymcn.cli", "sweep", "--config", "sweeps/smoke.yaml", "--json",
-                           "--set", "schedule.epochs=2", "--set", "schedule.steps_per_epoch=4", "--set", "sweep.repeats=2",
-                           "--set", "sweep.status_every=30"],
+                           "--set", "schedule.epochs=2", "--set", "schedule.steps_per_epoch=4",
+                           "--set", "sweep.repeats=2", "--set", "sweep.status_every=30"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

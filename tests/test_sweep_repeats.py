@@ -77,7 +77,11 @@ def test_repeater_state_survives_save_and_restore(tmp_path):
     assert restored.suggest("c") == rep.suggest("c")  # the random generator's state came back too
 
 
+LR = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
+
+
 def _cfg(**sweep):
+    sweep = {"space": LR, **sweep}
     return load_config(preset_path(), {f"sweep.{k}": v for k, v in sweep.items()})
 
 
@@ -94,7 +98,7 @@ def test_grid_repeats_are_a_seed_axis_and_other_algorithms_wrap_their_searcher()
         search, _ = build_search(cfg)
         assert isinstance(search, SeedRepeater) and isinstance(search.searcher, inner)
         assert search.seed_values == [1, 2, 3] and num_samples(cfg) == 12 and "run.seed" not in search_space(cfg)
-    assert not isinstance(build_search(_cfg(algorithm="asha"))[0], SeedRepeater)  # repeats: 1 is unchanged
+    assert not isinstance(build_search(_cfg(algorithm="asha", repeats=1))[0], SeedRepeater)  # repeats: 1 is unchanged
 
 
 @pytest.mark.parametrize("sweep, fragment", [
@@ -102,6 +106,8 @@ def test_grid_repeats_are_a_seed_axis_and_other_algorithms_wrap_their_searcher()
     ({"repeats": 2, "algorithm": "grid", "space": {"optim.lr": {"loguniform": [1e-4, 1e-3]}}},
      "optim.lr would be drawn anew for every seed"),
     ({"repeats": 0}, "sweep.repeats=0: must be >= 1"),
+    ({"repeats": 2, "algorithm": "random", "space": {"schedule.stage_order": {"grid": ["AV_T", "joint"]}}},
+     "schedule.stage_order is a grid domain, which only the grid algorithm enumerates"),
 ])
 def test_repeats_refused_where_they_would_not_repeat(sweep, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):
