@@ -1,6 +1,6 @@
 """Does an early rung rank configurations like the full run? Spearman of R@10 at each epoch vs the final R@10.
 
-    python bench/rung_correlation.py [--configs 24] [--epochs 10] [--processes 2] [--json]
+    python bench/rung_correlation.py [--configs 24] [--epochs 10] [--processes 2] [--json] [--from JSON]
 
 Method
 ------
@@ -20,7 +20,10 @@ Method
   the last epoch, with a 95 % interval from Fisher's z with the Bonett-Wright standard error
   sqrt((1 + rho^2 / 2) / (n - 3)). A configuration whose loss diverged (``NonFiniteLossError``) in
   either arm is left out of both, so both arms rank the same configurations. The sweep schedulers'
-  clock is ``budget_epoch = epoch - 1`` here, so epoch e is rung ``budget_epoch = e - 1``.
+  clock is ``budget_epoch = epoch - 1`` here, so epoch e is rung ``budget_epoch = e - 1``. A second
+  table does the same over each arm's upper half by final R@10, where a scheduler's promotions
+  decide which configuration wins (the lower half is mostly configurations that never learn,
+  which any rung ranks last).
 """
 
 from __future__ import annotations
@@ -126,12 +129,15 @@ def spearman_interval(x, y, confidence: float = 0.95) -> tuple[float, float, flo
     return rho, math.tanh(z - q * se), math.tanh(z + q * se)
 
 
-def correlations(curves: dict[str, list[list[float]]], epochs: int) -> list[dict[str, Any]]:
-    """One row per epoch: rho (and interval) of R@10 at that epoch vs at the last, per arm."""
+def correlations(curves: dict[str, list[list[float]]], epochs: int, top: float = 1.0) -> list[dict[str, Any]]:
+    """One row per epoch: rho (and interval) of R@10 at that epoch vs at the last, per arm; over
+    the ``top`` share of each arm's configurations by final R@10 (1.0: all of them). The upper
+    half is where a scheduler's promotions decide which configuration wins."""
     rows = []
     for e in range(1, epochs + 1):
         row: dict[str, Any] = {"epoch": e, "rung (budget_epoch)": e - 1}
         for arm, cs in curves.items():
+            cs = sorted(cs, key=lambda c: -c[-1])[:max(4, math.ceil(top * len(cs)))]
             x = np.array([c[e - 1] for c in cs])
             y = np.array([c[-1] for c in cs])
             rho, low, high = spearman_interval(x, y)
@@ -149,36 +155,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=10, help="epochs of every run (default 10)")
     p.add_argument("--processes", type=int, default=2, help="runs at once, 1 torch thread each (default 2)")
     p.add_argument("--json", action="store_true", help="print every figure as one JSON line last")
+    p.add_argument("--from", dest="source", metavar="JSON", help="recompute the tables from the last line of a "
+                   "previous --json output instead of training")
     args = p.parse_args(argv)
     from raymcn.results.render import render_table
 
-    configs = draw_configs(args.configs, args.seed)
     t0 = time.perf_counter()
-    jobs: dict[tuple[int, str], Any] = {}
-    with ProcessPoolExecutor(args.processes) as pool:
+    if args.source:
+        saved = json.loads(Path(args.source).read_text().strip().splitlines()[-1])
+        configs, args.epochs = saved["configs"], saved["settings"]["epochs"]
+        runs = {(r["config"], r["arm"]): r for r in saved["runs"]}
+        jobs: dict[tuple[int, str], Any] = {}
+    else:
+        configs = draw_configs(args.configs, args.seed)
+        jobs = {}
+        with ProcessPoolExecutor(args.processes) as pool:
+            for i, c in enumerate(configs):
+                for arm, settings in ARMS.items():
+                    if arm == "after" and c["data.batch_size"] == 16:
+                        continue  # 256 videos at batch 16 = the 16 fixed steps: the same run as `before`
+                    jobs[(i, arm)] = pool.submit(train_curve, c, settings, args.epochs)
+            runs = {k: f.result() for k, f in jobs.items()}
         for i, c in enumerate(configs):
-            for arm, settings in ARMS.items():
-                if arm == "after" and c["data.batch_size"] == 16:
-                    continue  # 256 videos at batch 16 = the 16 fixed steps: the same run as `before`
-                jobs[(i, arm)] = pool.submit(train_curve, c, settings, args.epochs)
-        runs = {k: f.result() for k, f in jobs.items()}
-    for i, c in enumerate(configs):
-        if (i, "after") not in runs:
-            runs[(i, "after")] = runs[(i, "before")]
+            if (i, "after") not in runs:
+                runs[(i, "after")] = runs[(i, "before")]
     kept = [i for i in range(len(configs))
             if not any(runs[(i, a)]["diverged"] or len(runs[(i, a)]["curve"]) < args.epochs for a in ARMS)]
     curves = {arm: [runs[(i, arm)]["curve"] for i in kept] for arm in ARMS}
     rows = correlations(curves, args.epochs)
+    upper = correlations(curves, args.epochs, top=0.5)
     wall = time.perf_counter() - t0
     print(render_table(rows, spec=lambda col: ".2f"), end="")
     print(f"\nSpearman rho of R@10 at each epoch vs at epoch {args.epochs}, over the same {len(kept)} of "
           f"{len(configs)} random configurations ({len(configs) - len(kept)} diverged in an arm and are left out); "
-          f"95 % interval from Fisher's z. before = optim.warmup_steps 16, after = optim.warmup_videos 256.")
-    print(f"wall time {wall:.0f} s ({sum(r['seconds'] for r in runs.values()):.0f} s of training in "
-          f"{len(jobs)} runs)")
+          f"95 % interval from Fisher's z. before = optim.warmup_steps 16, after = optim.warmup_videos 256.\n")
+    print(render_table(upper, spec=lambda col: ".2f"), end="")
+    print(f"\nThe same over each arm's upper half by final R@10 ({math.ceil(len(kept) / 2)} configurations): "
+          "where promotions decide the winner.")
+    if args.source:
+        print(f"recomputed from {args.source}")
+    else:
+        print(f"wall time {wall:.0f} s ({sum(r['seconds'] for k, r in runs.items() if k in jobs):.0f} s of training "
+              f"in {len(jobs)} runs)")
     if args.json:
         print(json.dumps({"settings": {**vars(args), "arms": ARMS, "stage1_fraction": STAGE1_FRACTION},
-                          "configs": configs, "kept": kept, "rows": rows, "wall_s": round(wall, 1),
+                          "configs": configs, "kept": kept, "rows": rows, "upper_half": upper, "wall_s": round(wall, 1),
                           "runs": [{"config": i, "arm": a, **r} for (i, a), r in sorted(runs.items())]}))
     return 0
 
