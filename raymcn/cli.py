@@ -142,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         # The console owns the terminal only while Ray runs; errors are printed after it let go.
         with Console(log, verbose=args.verbose, show_tagged=True) as console:
-            console.say(f"run {run_dir}" + ("" if args.verbose else f" (Ray's output: {log})"))
+            console.say(f"run {run_dir} (Ray's output: {log})")
             started = start_ray(args.address) if (cfg is None or cfg.scale.num_workers > 0) else False
             try:
                 if started and cfg is not None:
@@ -189,11 +189,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
-            if cfg is not None:
-                console.say(f"sweep {exp_dir}: {_describe_sweep(cfg)}" + ("" if args.verbose else
-                                                                         f"\nRay's output: {log}"))
-            else:
-                console.say(f"resuming sweep {exp_dir}" + ("" if args.verbose else f" (Ray's output: {log})"))
+            what = f"sweep {exp_dir}: {_describe_sweep(cfg)}" if cfg is not None else f"resuming sweep {exp_dir}"
+            console.say(f"{what}\nRay's output: {log}")
             started = start_ray(args.address)
             try:
                 if cfg is not None:
