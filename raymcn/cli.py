@@ -13,8 +13,9 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from raymcn.config import RETRIEVAL_METRICS, Config, ConfigError, load_config
+from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, Config, ConfigError, load_config
 from raymcn.train import preflight
+from raymcn.train.console import Console
 
 DEFAULT_PRESET = "default.yaml"
 LATEST = "latest"  # --resume latest
@@ -34,6 +35,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     p.add_argument("--init-from", metavar="DIR", help="start from the model weights of this checkpoint (e.g. from "
                    "`raymcn import-original`) with a fresh optimizer and schedule; = --set run.init_from=DIR")
+    p.add_argument("--verbose", action="store_true", help="show everything Ray prints (by default it goes to "
+                   f"{CONSOLE_LOG_FILE} in the run's or sweep's folder; errors are always shown)")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -65,6 +68,17 @@ def start_ray(address: str | None) -> bool:
         return False
     ray.init(address=address, log_to_driver=True)
     return True
+
+
+def console_log(where: str, cfg: Config | None = None) -> Path:
+    """Where the console log of the run or sweep folder ``where`` goes: inside it, or for a bucket
+    URI in the local cache (a log is appended line by line, which an object store cannot do)."""
+    from raymcn.config import default_cache_dir
+    from raymcn.data import storage
+
+    if storage.is_uri(where):
+        return default_cache_dir(cfg or Config()) / "logs" / storage.basename(where) / CONSOLE_LOG_FILE
+    return Path(where).expanduser() / CONSOLE_LOG_FILE
 
 
 def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
@@ -122,31 +136,36 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
     if cfg is not None:
         preflight.check(cfg, log=print)  # everything that can be checked before Ray starts, reported at once
-    started = start_ray(args.address) if (cfg is None or cfg.scale.max_workers > 0) else False
     run_dir = resume
     if cfg is not None:  # name the run here so an interruption can say where it is
         run_dir = launch.default_run_dir(cfg)
+    log = console_log(run_dir, cfg)
     try:
-        if started and cfg is not None:
-            _check_cluster(cfg)
-        if resume:
-            result = launch.resume(resume, args.overrides)
-        else:
-            from raymcn.data import storage
+        # The console owns the terminal only while Ray runs; errors are printed after it let go.
+        with Console(log, verbose=args.verbose, show_tagged=True) as console:
+            console.say(f"run {run_dir} (Ray's output: {log})")
+            started = start_ray(args.address) if (cfg is None or cfg.scale.max_workers > 0) else False
+            try:
+                if started and cfg is not None:
+                    _check_cluster(cfg)
+                if resume:
+                    result = launch.resume(resume, args.overrides)
+                else:
+                    from raymcn.data import storage
 
-            result = launch.fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))
+                    result = launch.fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))
+            finally:
+                if started:
+                    import ray
+
+                    ray.shutdown()  # flushes worker logs before our last line
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - reported, with how to go on
         return _failed("train", e, f"checkpoints up to the last finished epoch are kept in {run_dir}\n"
-                                   f"resume with: raymcn train --resume {run_dir}")
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()  # flushes worker logs before our last line
+                                   f"resume with: raymcn train --resume {run_dir}\nRay's output: {log}")
     summary = final_summary(result.metrics, result.run_dir)
     print("\nfinal metrics (" + str(result.run_dir) + "):")
     for k, v in summary.items():
@@ -167,22 +186,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     if cfg is not None:
         preflight.check(cfg, log=print)
-    started = start_ray(args.address)
     exp_dir = resume or tuner.default_experiment_dir(cfg)
+    log = console_log(exp_dir, cfg)
     try:
-        if cfg is not None:
-            _check_cluster(cfg)
-        if resume:
-            result = tuner.resume_sweep(resume)
-        else:
-            result = tuner.run_sweep(cfg, name=storage.basename(exp_dir), storage_path=storage.parent(exp_dir))
+        with Console(log, verbose=args.verbose) as console:
+            what = f"sweep {exp_dir}: {_describe_sweep(cfg)}" if cfg is not None else f"resuming sweep {exp_dir}"
+            console.say(f"{what}\nRay's output: {log}")
+            started = start_ray(args.address)
+            try:
+                if cfg is not None:
+                    _check_cluster(cfg)
+                if resume:
+                    result = tuner.resume_sweep(resume, console=console)
+                else:
+                    result = tuner.run_sweep(cfg, name=storage.basename(exp_dir), storage_path=storage.parent(exp_dir),
+                                             console=console)
+            finally:
+                if started:
+                    import ray
+
+                    ray.shutdown()
     except KeyboardInterrupt:
         result = None
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     if result is None or result.num_unfinished:
         # Tune saves the experiment state on Ctrl-C; finished trials are kept, the others resume.
         print(f"\nsweep interrupted; resume with: raymcn sweep --resume {exp_dir}", file=sys.stderr)
@@ -194,6 +219,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(json.dumps({"experiment_dir": str(result.experiment_dir), "best_config": result.best_config,
                           "best_metrics": result.best_metrics}, default=str), flush=True)
     return 0
+
+
+def _describe_sweep(cfg: Config) -> str:
+    """One line: algorithm, trials, epochs and what is swept (the start of a sweep's console)."""
+    from raymcn.sweep.tuner import num_samples
+
+    sw = cfg.sweep
+    keys = " x ".join(sw.space) or "nothing"
+    trials = num_samples(cfg)
+    if sw.algorithm == "grid":  # every combination of the listed values, per sample and seed
+        trials *= math.prod(len(v) for spec in sw.space.values() for d, v in spec.items() if d in ("choice", "grid"))
+        trials *= sw.repeats
+    repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
+    return (f"{sw.algorithm} over {keys}, {trials} trials{repeats}, {cfg.schedule.epochs} epochs each, "
+            f"{cfg.scale.workers_text} worker(s) per trial")
 
 
 def _print_results(experiment_dir: str) -> None:

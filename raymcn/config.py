@@ -33,6 +33,7 @@ EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's folder
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
+CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
 
 
 class PermanentError(Exception):
@@ -148,7 +149,12 @@ class LossConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     lr: float = setting(1e-4, gt=0)
-    warmup_steps: int = setting(5000, ge=0)
+    # Warm-up length in videos seen (all ranks together): the run warms up for
+    # ceil(warmup_videos / data.batch_size) steps, so runs at different batch sizes end their warm-up
+    # after the same share of an epoch, and a sweep's rungs compare them at the same point of the
+    # LR schedule. 640 000 = the paper's 5000 steps at its batch of 128 videos.
+    warmup_videos: int = setting(640_000, ge=0)
+    warmup_steps: int = setting(0, ge=0)  # > 0: a fixed step count instead, whatever the batch (the old meaning)
     weight_decay: float = setting(0.0, ge=0)
     grad_clip: float = setting(0.0, ge=0)  # 0 = off
     max_nonfinite_steps: int = setting(3, ge=0)  # consecutive non-finite steps skipped before the run stops
@@ -189,6 +195,12 @@ class ScaleConfig:
         return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
     @property
+    def workers_text(self) -> str:
+        """``num_workers`` for messages: ``4``, or ``3-4 (an elastic group starts with at least 3)``."""
+        lo, hi = self.min_workers, self.max_workers
+        return f"{lo}-{hi} (an elastic group starts with at least {lo})" if lo != hi else str(lo)
+
+    @property
     def elastic(self) -> bool:
         return isinstance(self.num_workers, tuple) and self.num_workers[0] < self.num_workers[1]
 
@@ -212,13 +224,17 @@ class SweepConfig:
     suggest: str = setting("random", choices=("random", "optuna"))  # asha only: where new configs come from
     num_samples: int = setting(4, ge=1)
     max_concurrent: int = setting(1, ge=1)  # = total GPUs // GPUs per trial
-    grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in epochs
+    grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in budget epochs (after the stage switch)
     reduction_factor: int = setting(3, ge=2)
     seed: int = 0
     space: dict = setting({})  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
     mlflow: bool = False
     wandb: bool = False
     max_trial_failures: int = setting(2, ge=0)  # retries of a trial whose driver or node died (permanent errors: none)
+    # Every configuration the search proposes is trained this many times, with run.seed, run.seed + 1, ...
+    # (the seed is written into each trial's config, so the results table pairs trials by it).
+    repeats: int = setting(1, ge=1)
+    status_every: float = setting(120.0, ge=0)  # seconds between the console's status tables; 0 = none
 
 
 @dataclass(frozen=True)
@@ -469,6 +485,11 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or (_workers_ok(sc.num_workers) and sc.min_workers >= 1),
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
+    sw = cfg.sweep
+    need(not (cfg.optim.warmup_steps and sw.algorithm in ("asha", "bohb") and "data.batch_size" in sw.space),
+         f"optim.warmup_steps={cfg.optim.warmup_steps} fixes the warm-up in steps, so {sw.algorithm}'s rungs would "
+         "compare small-batch trials past their warm-up with large-batch trials still in it: set "
+         "optim.warmup_steps=0 and give the warm-up in videos (optim.warmup_videos)")
     p.extend(validate_sweep(cfg.sweep))
     if not p:
         p.extend(_validate_trial_configs(cfg))
@@ -541,6 +562,20 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
             p.extend(f"{where}: {msg}" for msg in sub)
     if sw.algorithm == "bohb" and any(next(iter(s)) == "grid" for s in sw.space.values() if isinstance(s, dict)):
         p.append("sweep.space: bohb does not accept grid domains; use choice")
+    if sw.repeats > 1 and "run.seed" in sw.space:
+        p.append(f"sweep.repeats={sw.repeats} sets run.seed per repeat; run.seed is also in sweep.space: "
+                 "use one of them")
+    drawn = [k for k, s in sw.space.items() if isinstance(s, dict) and next(iter(s), None) in ("loguniform", "uniform",
+                                                                                               "randint")]
+    gridded = [k for k, s in sw.space.items() if isinstance(s, dict) and next(iter(s), None) == "grid"]
+    if sw.repeats > 1 and sw.algorithm not in ("grid", "bohb") and gridded:
+        p.append(f"sweep.repeats={sw.repeats} with {sw.algorithm}: {', '.join(gridded)} is a grid domain, which only "
+                 "the grid algorithm enumerates (a repeated search draws configurations): use choice, or "
+                 "sweep.algorithm=grid")
+    if sw.repeats > 1 and sw.algorithm == "grid" and drawn:
+        p.append(f"sweep.repeats={sw.repeats} with the grid algorithm repeats grid cells, but {', '.join(drawn)} "
+                 "would be drawn anew for every seed, so the repeats would not repeat a configuration: give "
+                 "them as choice/grid values, or use another algorithm")
     return p
 
 

@@ -18,7 +18,9 @@ def test_defaults_are_the_papers():
     c = Config()
     assert (c.model.embed_dim, c.model.video_dim, c.model.word_dim) == (6144, 4096, 300)
     assert (c.loss.margin, c.loss.num_clusters, c.loss.refresh_every, c.loss.recon_weight) == (0.001, 256, 20, 50.0)
-    assert (c.optim.lr, c.optim.warmup_steps, c.data.batch_size, c.data.clips_per_video) == (1e-4, 5000, 128, 32)
+    assert (c.optim.lr, c.data.batch_size, c.data.clips_per_video) == (1e-4, 128, 32)
+    # warm-up in videos: 640 000 = the paper's 5000 steps at its batch of 128 (tests/test_fidelity.py)
+    assert (c.optim.warmup_videos, c.optim.warmup_steps) == (640_000, 0)
     assert c.clips_per_step == 4096
     assert c.queue_rows == 40960  # 20 steps x 16 clips x 128 videos, as the original's queue
 

@@ -92,7 +92,7 @@ def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path
 
     epochs = 6
     cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "schedule.stage_order=VT_A", "schedule.stage1_fraction=0.5",
-               "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.max_concurrent=1",
+               "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.max_concurrent=1", "sweep.repeats=1",
                "sweep.space={schedule.stage_order: {grid: [VT_A]}}", "run.name=sweep")
     thread, out = in_background(tuner.run_sweep, cfg)
 

@@ -210,7 +210,7 @@ def test_import_eval_then_train_from_the_weights(ray_local, original, tmp_path, 
 @pytest.mark.slow
 def test_every_sweep_trial_starts_from_the_same_weights(ray_local, imported, tmp_path, capsys):
     assert main(["sweep", "--config", str(imported / RUN_CONFIG_FILE), "--init-from", str(imported), "--json",
-                 "--set", "sweep.algorithm=grid", "--set", "sweep.num_samples=1",
+                 "--set", "sweep.algorithm=grid", "--set", "sweep.num_samples=1", "--set", "sweep.repeats=1",
                  "--set", "sweep.space={optim.lr: {grid: [1.0e-12, 2.0e-12]}}",
                  "--set", f"run.storage_path={tmp_path}"]) == 0
     experiment = Path(last_json(capsys)["experiment_dir"])

@@ -1,4 +1,4 @@
-"""Sweeps: fair early stopping across stage orders, and a real smoke sweep + results table."""
+"""Sweeps: fair early stopping across stage orders (the real smoke sweep: tests/test_sweep_console.py)."""
 
 import json
 import math
@@ -31,7 +31,8 @@ def run_fake_sweep(time_attr, tmp_path, orders):
     from raymcn.sweep.tuner import build_search
 
     cfg = load_config(preset_path(), [f"schedule.epochs={EPOCHS}", f"schedule.stage1_fraction={FRACTION}",
-                                      "sweep.algorithm=asha", "sweep.grace_epochs=1", "sweep.reduction_factor=2"])
+                                      "sweep.algorithm=asha", "sweep.grace_epochs=1", "sweep.reduction_factor=2",
+                                      "sweep.repeats=1"])
     _, scheduler = build_search(cfg)
     if time_attr != "budget_epoch":  # the naive clock, to show the rule matters
         scheduler._time_attr = time_attr
@@ -57,3 +58,4 @@ def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tm
 def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
     epochs_run = run_fake_sweep("epoch", tmp_path, ["joint", "AV_T", "VT_A", "AT_V"])
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
+

@@ -44,20 +44,27 @@ def test_summarise_uses_each_seeds_random_best(bench):
     assert s["random_best_per_seed"] == [6, 3] and s["random_best_mean"] == 4.5
     assert a["random"]["epochs_to_random_best_per_seed"] == [5, 6]
     assert a["asha"]["epochs_to_random_best_per_seed"] == [1, 2]
-    assert a["asha"]["ratio_to_budget"] == pytest.approx(1.5 / 6) and a["asha"]["meets_target"]
+    assert a["asha"]["ratio_to_budget"]["mean"] == pytest.approx(1.5 / 6) and a["asha"]["meets_target"]
+    # t-interval of (1/6, 2/6): mean 0.25, s = 0.1179, t(0.975, 1) = 12.706
+    low, high = a["asha"]["ratio_to_budget"]["ci95"]
+    assert (low, high) == pytest.approx((0.25 - 12.706 * 0.1179 / 2 ** 0.5, 0.25 + 12.706 * 0.1179 / 2 ** 0.5), rel=1e-3)
+    assert not a["asha"]["interval_below_target"]
+    # a seed that never reaches the target counts as the whole budget, not as left out
     assert a["bohb"]["epochs_to_random_best_per_seed"] == [None, 6] and a["bohb"]["reached"] == 1
+    assert a["bohb"]["cost_per_seed"] == [6.0, 6.0] and a["bohb"]["ratio_to_budget"]["mean"] == 1.0
     assert not a["bohb"]["meets_target"]
-    assert a["asha"]["best_r10_mean"] == pytest.approx(4.5)
-    assert "| asha |" in bench.table(s, 6, 2)
+    assert a["asha"]["best_r10"]["mean"] == pytest.approx(4.5)
+    text = bench.table(s, 6, 2)
+    assert "| asha |" in text and "asha: meets the target" in text and "bohb: misses the target" in text
 
 
 @pytest.mark.slow
 def test_bohb_run_counts_budget_and_resumes_paused_trials():
-    budget = 24  # HyperBand's first bracket: 9 trials x 2 epochs, then the promoted trials resume
+    budget = 24  # HyperBand's first bracket (--grace 1): 9 trials x 2 epochs, then the promoted trials resume
     # One trial at a time: which trials HyperBand promotes must not depend on the order results
     # arrive in (i.e. on the machine's speed).
     proc = subprocess.run([sys.executable, str(BENCH), "--algorithms", "bohb", "--seeds", "1", "--max-concurrent", "1",
-                           "--budget", str(budget), "--json"], capture_output=True, text=True, timeout=540)
+                           "--budget", str(budget), "--grace", "1", "--json"], capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     run = out["runs"][0]

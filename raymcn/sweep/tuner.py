@@ -22,7 +22,9 @@ from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIA
                            default_cache_dir, default_storage_path, load_config_text, permanent_cause)
 from raymcn.data import storage
 from raymcn.sweep.names import trial_dirname_creator
+from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.space import param_space, plain
+from raymcn.train.console import Console
 from raymcn.train.launch import run_trainer
 from raymcn.train.stages import budget_offset
 
@@ -78,20 +80,56 @@ def build_search(cfg: Config):
 
     sw = cfg.sweep
     max_t = budget(cfg)
-    # A generator ignores TuneConfig.max_concurrent_trials, so it gets the limit itself.
+    # A generator ignores TuneConfig.max_concurrent_trials, so it gets the limit itself. With
+    # repeats, random search is a Searcher, which SeedRepeater can wrap (grid repeats are a grid axis).
     variants = BasicVariantGenerator(random_state=sw.seed, max_concurrent=sw.max_concurrent)
+    if sw.repeats > 1 and sw.algorithm != "grid":
+        variants = RandomSearcher(sw.seed)
     if sw.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
-        return (TuneBOHB(seed=sw.seed),
-                HyperBandForBOHB(time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor))
-    if sw.algorithm == "asha":
+        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(HyperBandForBOHB(
+            time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor), max_t, sw.grace_epochs)
+    elif sw.algorithm == "asha":
         scheduler = ASHAScheduler(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
                                   reduction_factor=sw.reduction_factor)
-        return (_optuna(sw.seed) if sw.suggest == "optuna" else variants), scheduler
-    if sw.algorithm == "optuna":
-        return _optuna(sw.seed), FIFOScheduler()
-    return variants, FIFOScheduler()  # random and grid
+        search = _optuna(sw.seed) if sw.suggest == "optuna" else variants
+    elif sw.algorithm == "optuna":
+        search, scheduler = _optuna(sw.seed), FIFOScheduler()
+    else:
+        search, scheduler = variants, FIFOScheduler()  # random and grid
+    if sw.repeats > 1 and sw.algorithm != "grid":
+        search = SeedRepeater(search, seeds(cfg.run.seed, sw.repeats))
+    return search, scheduler
+
+
+def search_space(cfg: Config) -> dict[str, Any]:
+    """Tune's param space of ``cfg``: the swept keys, plus ``run.seed`` as a grid axis when a grid
+    sweep repeats its cells (``sweep.repeats``)."""
+    space = param_space(cfg.sweep)
+    if cfg.sweep.repeats > 1 and cfg.sweep.algorithm == "grid":
+        space[SEED_KEY] = seed_axis(cfg.run.seed, cfg.sweep.repeats)
+    return space
+
+
+def num_samples(cfg: Config) -> int:
+    """Tune's ``num_samples``: ``sweep.num_samples`` configurations, each ``sweep.repeats`` times
+    (a grid's seed axis multiplies its cells by itself)."""
+    sw = cfg.sweep
+    return sw.num_samples if sw.algorithm == "grid" else sw.num_samples * sw.repeats
+
+
+def first_rung_hyperband(scheduler, max_t: int, first_rung: int):
+    """``scheduler`` (a HyperBand scheduler over ``max_t``) without the brackets whose first rung
+    lies before ``first_rung`` budget epochs, so no HyperBand bracket compares trials earlier than
+    ``sweep.grace_epochs`` (ASHA's ``grace_period``). HyperBand's bracket s starts at
+    ⌊max_t·η^−s⌋ for s < s_max; the number of brackets is capped at those starting at or after the
+    first rung (at least one: the full-length bracket). Ray exposes no option for this; the count
+    is its ``_s_max_1`` (Ray 2.60, pinned in pyproject; ``tests/test_fidelity.py`` checks it)."""
+    eta = scheduler._eta
+    keep = sum(1 for s in range(scheduler._s_max_1) if int(max_t * eta ** (-s)) >= min(first_rung, max_t))
+    scheduler._s_max_1 = max(1, keep)
+    return scheduler
 
 
 def _optuna(seed: int):
@@ -101,8 +139,12 @@ def _optuna(seed: int):
     return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
 
 
-def _callbacks(cfg: Config, experiment_dir: str) -> list:
+def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None) -> list:
     callbacks = []
+    if console is not None:
+        from raymcn.sweep.progress import SweepProgress
+
+        callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     if cfg.sweep.mlflow:
         # A local SQLite store (MLflow 3 no longer accepts a plain ./mlruns folder by default).
         callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir, cfg),
@@ -165,8 +207,10 @@ def _failure_config(cfg: Config):
     return tune.FailureConfig(max_failures=cfg.sweep.max_trial_failures)
 
 
-def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = None) -> SweepResult:
-    """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric)."""
+def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = None,
+              console: Console | None = None) -> SweepResult:
+    """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric).
+    ``console``: where the per-trial lines go (:class:`~raymcn.sweep.progress.SweepProgress`)."""
     default = default_experiment_dir(cfg)
     storage_path = storage.normalize(storage_path or storage.parent(default))
     experiment_dir = storage.join(storage_path, name or storage.basename(default))
@@ -176,21 +220,21 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = N
 
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
     limit = None if isinstance(search_alg, BasicVariantGenerator) else cfg.sweep.max_concurrent
-    samples = cfg.sweep.num_samples
     tuner = tune.Tuner(
         _trainable(cfg, experiment_dir),
-        param_space=param_space(cfg.sweep),
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=samples,
+        param_space=search_space(cfg),
+        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler,
                                     trial_dirname_creator=trial_dirname_creator),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage_path,
-                                  callbacks=_callbacks(cfg, experiment_dir), failure_config=_failure_config(cfg)),
+                                  callbacks=_callbacks(cfg, experiment_dir, console),
+                                  failure_config=_failure_config(cfg)),
     )
     return _summarise(tuner.fit(), experiment_dir)
 
 
-def resume_sweep(experiment_dir: str) -> SweepResult:
+def resume_sweep(experiment_dir: str, console: Console | None = None) -> SweepResult:
     """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
     from their Train checkpoints (in the stage they were in), errored ones are retried."""
     experiment_dir = storage.normalize(experiment_dir)
@@ -203,6 +247,15 @@ def resume_sweep(experiment_dir: str) -> SweepResult:
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir),
                                resume_unfinished=True, resume_errored=True)
+    if console is not None:
+        # The restored RunConfig holds the interrupted driver's progress callback, pickled without
+        # its console (a terminal is not picklable); Tuner.restore takes no callbacks, so the
+        # restored list gets this driver's one instead.
+        from raymcn.sweep.progress import SweepProgress
+
+        run_config = tuner._local_tuner.get_run_config()
+        run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
+        run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     return _summarise(tuner.fit(), experiment_dir)
 
 

@@ -84,7 +84,7 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     net = getattr(model, "module", model)
     optimizer = build_optimizer(model, cfg)
     return Run(cfg=cfg, plan=plan, comm=comm, device=device, model=model, net=net, optimizer=optimizer,
-               scheduler=build_scheduler(optimizer, cfg, plan.total_steps),
+               scheduler=build_scheduler(optimizer, cfg, plan.total_steps, plan.warmup_steps),
                objective=build_objective(cfg, plan, device, comm), state=LoopState())
 
 

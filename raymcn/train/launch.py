@@ -63,11 +63,6 @@ def data_cpus(cfg: Config) -> float:
     return max(0.05, min(1.0, round(spare, 2)))
 
 
-def _workers_text(cfg: Config) -> str:
-    lo, hi = cfg.scale.min_workers, cfg.scale.max_workers
-    return f"{lo}-{hi} (an elastic group starts with at least {lo})" if lo != hi else str(lo)
-
-
 def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
     """The preflight's last check, right after ``ray.init``: the request against
     ``ray.cluster_resources()`` (Ray would otherwise wait forever for what is not there)."""
@@ -77,12 +72,12 @@ def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
     need_cpu = cfg.scale.cpus_per_worker * workers
     problems = []
     if cfg.scale.max_workers and need_cpu + 0.05 > have.get("CPU", 0):
-        problems.append(f"scale.num_workers={_workers_text(cfg)} x scale.cpus_per_worker="
+        problems.append(f"scale.num_workers={cfg.scale.workers_text} x scale.cpus_per_worker="
                         f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
                         f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
                         "forever): lower scale.cpus_per_worker or scale.num_workers")
     if cfg.scale.use_gpu and workers > have.get("GPU", 0):
-        problems.append(f"scale.use_gpu=true with scale.num_workers={_workers_text(cfg)} needs {workers} GPUs; "
+        problems.append(f"scale.use_gpu=true with scale.num_workers={cfg.scale.workers_text} needs {workers} GPUs; "
                         f"the cluster has {have.get('GPU', 0):g}")
     return problems
 

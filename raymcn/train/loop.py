@@ -67,9 +67,14 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_steps: int):
-    warmup = cfg.optim.warmup_steps
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_steps: int, warmup_steps: int | None = None):
+    """The LR schedule of a run: :func:`lr_factor` over the global step. ``warmup_steps`` is the
+    run plan's (``plan.warmup_steps``); None derives it from ``cfg`` the same way."""
+    if warmup_steps is None:
+        from raymcn.train.plan import warmup_steps as planned
+
+        warmup_steps = planned(cfg)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
 
 
 def to_device(batch: dict, device: torch.device) -> dict:

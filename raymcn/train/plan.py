@@ -4,10 +4,10 @@ The driver builds a :class:`RunPlan` from the config and the shard manifest (``p
 preflight builds the same one, so it and the trainer can never disagree on a path or a count, and
 the workers receive it beside the config instead of re-deriving anything. One definition each:
 the shard folder (``data.shards`` with ``~`` expanded, or the cached synthetic shards), each
-rank's share of the batch, steps per epoch, total steps, the stage-switch step, the schedulers'
-budget offset and the queue size. Nothing in it depends on how many workers share the steps
-(an elastic group may change that mid-run): the global batch is ``data.batch_size`` at every world
-size, and :meth:`RunPlan.share` cuts it for any world. No Ray, no torch.
+rank's share of the batch, steps per epoch, total steps, warm-up steps, the stage-switch step, the
+schedulers' budget offset and the queue size. Nothing in it depends on how many workers share the
+steps (an elastic group may change that mid-run): the global batch is ``data.batch_size`` at every
+world size, and :meth:`RunPlan.share` cuts it for any world. No Ray, no torch.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class RunPlan:
         budget_offset: epochs before the schedulers' clock starts: ``budget_epoch = epoch -
             budget_offset`` is the same for every trial of a sweep (stage orders included).
         queue_rows: global FIFO rows; queue_clips_per_video: clips of each video queued per step.
+        warmup_steps: steps of linear LR warm-up (:func:`warmup_steps`); the half cosine then runs
+            to 0 at ``total_steps``, so both are fixed shares of the run's videos at any batch size.
     """
 
     shards_dir: str
@@ -52,10 +54,16 @@ class RunPlan:
     budget_offset: int
     queue_rows: int
     queue_clips_per_video: int
+    warmup_steps: int
 
     @property
     def total_steps(self) -> int:
         return self.steps_per_epoch * self.epochs
+
+    @property
+    def warmup_epochs(self) -> float:
+        """Epochs the warm-up lasts (a fraction when it ends mid-epoch)."""
+        return self.warmup_steps / self.steps_per_epoch
 
     @property
     def clips_per_step(self) -> int:
@@ -94,6 +102,17 @@ def share(batch: int, rank: int, world: int, step: int) -> int:
     return base + ((rank - step) % world < extra)
 
 
+def warmup_steps(cfg: Config) -> int:
+    """Warm-up steps of ``cfg``: ``optim.warmup_steps`` when set (a fixed count), else
+    ⌈optim.warmup_videos / data.batch_size⌉, the steps that see that many videos. Measured in videos,
+    a batch-8 and a batch-32 run end their warm-up after the same share of an epoch, so an early
+    rung compares them at the same point of the schedule. The defaults give the paper's 5000 steps
+    at its batch of 128 (640 000 videos), on any corpus."""
+    if cfg.optim.warmup_steps:
+        return cfg.optim.warmup_steps
+    return -(-cfg.optim.warmup_videos // cfg.data.batch_size)
+
+
 def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards: int = 0) -> RunPlan:
     """The plan of ``cfg`` over a corpus of ``videos`` (the manifest's count, or an in-memory corpus's).
 
@@ -111,7 +130,7 @@ def make_plan(cfg: Config, videos: int, shards_dir: str | Path = "", num_shards:
                    steps_per_epoch=steps, epochs=s.epochs,
                    switch_step=switch_step(s.stage_order, s.stage1_fraction, steps * s.epochs),
                    budget_offset=budget_offset(s.stage1_fraction, s.epochs), queue_rows=cfg.queue_rows,
-                   queue_clips_per_video=cfg.queue_clips_per_video)
+                   queue_clips_per_video=cfg.queue_clips_per_video, warmup_steps=warmup_steps(cfg))
 
 
 def resolve_shards_dir(cfg: Config) -> Path:

@@ -81,7 +81,41 @@ def _shard_problems(cfg: Config) -> list[str]:
         make_plan(cfg, int(manifest["counts"]["videos"]), root)
     except ConfigError as e:
         problems += e.problems
+    else:
+        problems += _rung_problems(cfg, int(manifest["counts"]["videos"]))
     return problems
+
+
+# The sweep keys that change how many epochs the warm-up lasts.
+_WARMUP_KEYS = ("data.batch_size", "optim.warmup_videos", "optim.warmup_steps", "schedule.steps_per_epoch")
+
+
+def _rung_problems(cfg: Config, videos: int) -> list[str]:
+    """An asha/bohb sweep compares trials at its first rung (``sweep.grace_epochs`` budget epochs
+    after the stage switch); every trial must have finished its LR warm-up by then, or the rung
+    compares runs at different points of their schedules. Checked for every value (choices, ends of
+    ranges) of the swept keys that move the warm-up's end."""
+    import itertools
+
+    sw = cfg.sweep
+    if sw.algorithm not in ("asha", "bohb"):
+        return []
+    axes = {k: list(next(iter(sw.space[k].values()))) for k in _WARMUP_KEYS if k in sw.space}
+    for combo in itertools.product(*axes.values()):
+        trial = cfg.replace(dict(zip(axes, combo))) if axes else cfg
+        try:
+            plan = make_plan(trial, videos)
+        except ConfigError:
+            continue  # too few videos for that batch: reported for the trial configs elsewhere
+        first_rung = plan.budget_offset + sw.grace_epochs  # epochs trained when the first rung compares
+        if plan.warmup_epochs > first_rung:
+            where = ", ".join(f"{k}={v}" for k, v in zip(axes, combo))
+            return [f"the LR warm-up ({plan.warmup_steps} steps = {plan.warmup_epochs:.3g} epochs"
+                    f"{f' for {where}' if where else ''}) ends after the first rung of the {sw.algorithm} sweep "
+                    f"(epoch {first_rung}: stage 1 {plan.budget_offset} + sweep.grace_epochs {sw.grace_epochs}), "
+                    "which would compare trials still warming up: raise sweep.grace_epochs or lower "
+                    "optim.warmup_videos"]
+    return []
 
 
 def _eval_set_problems(cfg: Config) -> list[str]:

@@ -22,6 +22,7 @@ from raymcn.data.words import load_vocab
 from raymcn.losses import Collectives
 from raymcn.train import checkpoint, faults, init_from
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
+from raymcn.train.console import epoch_line, tagged
 from raymcn.train.loop import evaluate
 from raymcn.train.plan import RunPlan
 
@@ -39,7 +40,9 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         raise RuntimeError(f"Ray Train started {world} workers, outside scale.num_workers "
                            f"[{plan.min_workers}, {plan.max_workers}]")
     device = ray.train.torch.get_device()
-    log = print if rank == 0 else None
+    log = print if rank == 0 else None  # progress lines: the console log (shown with --verbose)
+    # Lines for the terminal (train/console.py): rank 0 only, marked; the driver shows each once.
+    say = (lambda line: print(tagged(line), flush=True)) if rank == 0 else None
 
     # [1] Data: this rank's share of the shards through Ray Data (disjoint across ranks), the
     # memory-mapped vocabulary, and the held-out eval set.
@@ -55,8 +58,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
                                  None if cfg.data.eval_set == "synthetic" else vocab),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
-    if log and eval_set.note:
-        log(eval_set.note)
+    if say and eval_set.note:
+        say(eval_set.note)
 
     # [2] The run, its model wrapped in DDP. Staged orders leave a branch without gradient in stage 1.
     ckpt = ray.train.get_checkpoint()
@@ -64,8 +67,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     def start_weights(net) -> None:  # weights only, before the wrap; a resumed run takes its checkpoint
         if ckpt is None and cfg.run.init_from:
             source = init_from.load_weights(net, cfg.run.init_from)
-            if log:
-                log(f"initialised the model from {source} (optimizer, LR schedule, queue and centroids start fresh)")
+            if say:
+                say(f"initialised the model from {source} (optimizer, LR schedule, queue and centroids start fresh)")
 
     wrap = functools.partial(ray.train.torch.prepare_model, parallel_strategy_kwargs={
         "find_unused_parameters": cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters,
@@ -76,8 +79,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     if ckpt is not None:
         payload, path = checkpoint.load_latest_good(ckpt.path, warn=print, filesystem=ckpt.filesystem)
         checkpoint.restore(payload, **run.parts())
-        if log:
-            log(f"resumed from {path} at epoch {run.state.epoch}, global step {run.state.step}")
+        if say:
+            say(f"resumed from {path} at epoch {run.state.epoch}, global step {run.state.step}")
 
     # [4] Epochs: train, evaluate, checkpoint, report (every rank reports; Ray keeps rank 0's).
     def checkpoint_and_report(run: Run, metrics: dict[str, float]) -> None:
@@ -87,6 +90,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                 checkpoint.save(d, **run.parts(), config=cfg.to_dict(), metrics=metrics)
                 ck = ray.train.Checkpoint.from_directory(d)
             ray.train.report(metrics, checkpoint=ck)
+        if say:
+            say(epoch_line(run.state.epoch, plan.epochs, metrics, workers=world))
         faults.after_epoch(run.state.epoch)
 
     return run_epochs(run, EpochHooks(batches=stream.epoch, evaluate=lambda r: evaluate(r.model, eval_set, r.device),
