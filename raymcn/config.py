@@ -157,6 +157,9 @@ class ScaleConfig:
     cpus_per_worker: float = setting(1.0, gt=0)  # leave CPUs unreserved for Ray Data (ray-notes P1)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
+    # Exact gradient caching: each worker embeds its share in chunks of this many clips (whole videos)
+    # and re-runs each chunk's forward with the loss's cached gradient (train/gradcache.py); 0 = off.
+    grad_cache_clips: int = setting(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -417,6 +420,11 @@ def validate(cfg: Config) -> list[str]:
         need(lo.num_clusters <= cfg.clips_per_step,
              f"loss.num_clusters={lo.num_clusters} is larger than the {cfg.clips_per_step} clips k-means "
              f"sees at its first refit (data.batch_size x data.clips_per_video): allowed 1..{cfg.clips_per_step}")
+    if sc.grad_cache_clips > 0 and d.clips_per_video >= 1:
+        need(sc.grad_cache_clips % d.clips_per_video == 0,
+             f"scale.grad_cache_clips={sc.grad_cache_clips} is not a multiple of data.clips_per_video="
+             f"{d.clips_per_video}: a chunk holds whole videos; allowed 0 (off) or {d.clips_per_video}, "
+             f"{2 * d.clips_per_video}, {3 * d.clips_per_video}, ...")
     kind, _, path = d.eval_set.partition(":")
     need(kind in EVAL_SET_KINDS and (kind == "synthetic") == (path == ""),
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")

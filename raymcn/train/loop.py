@@ -18,10 +18,12 @@ from torch import nn
 
 from raymcn.config import Config, PermanentError
 from raymcn.train import faults
+from raymcn.train.gradcache import cached_step, share_clips
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
 
-TIMING_PHASES = ("data", "forward", "loss", "backward", "optimizer")
+# "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off)
+TIMING_PHASES = ("data", "forward", "loss", "backward", "reforward", "optimizer")
 
 
 class NonFiniteLossError(RuntimeError, PermanentError):
@@ -96,6 +98,9 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
         rank: this process's rank (fault injection picks a rank).
 
+    With ``cfg.scale.grad_cache_clips`` smaller than the share, forward, loss and backward are
+    :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
+
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
     """
@@ -105,7 +110,13 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     steps = clips = skipped = 0
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
+    cache_clips = cfg.scale.grad_cache_clips
     epoch_start = tick = _sync(device)
+
+    def lap(phase: str) -> None:  # the cached step's phases end inside it
+        nonlocal tick
+        tick = _lap(times, phase, tick, device)
+
     for batch in batches:
         batch = to_device(batch, device)
         # Free last step's gradients before the forward: holding them through forward and loss
@@ -113,16 +124,21 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         optimizer.zero_grad(set_to_none=True)
         active = active_modalities(order, state.step, switch)
         tick = _lap(times, "data", tick, device)
-        with autocast(device):
-            out = model(batch, active)
-        tick = _lap(times, "forward", tick, device)
-        terms = objective(out, active, state.step)
-        del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
-        if faults.at_step(state.step, rank):
-            terms["total_loss"] = terms["total_loss"] * float("nan")
-        tick = _lap(times, "loss", tick, device)
-        terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
-        tick = _lap(times, "backward", tick, device)
+        if 0 < cache_clips < share_clips(batch):  # a chunk as large as the share would save nothing
+            terms = cached_step(model, objective, batch, active, state.step, cache_clips,
+                                forward_context=lambda: autocast(device), lap=lap,
+                                poison=faults.at_step(state.step, rank))
+        else:
+            with autocast(device):
+                out = model(batch, active)
+            tick = _lap(times, "forward", tick, device)
+            terms = objective(out, active, state.step)
+            del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
+            if faults.at_step(state.step, rank):
+                terms["total_loss"] = terms["total_loss"] * float("nan")
+            tick = _lap(times, "loss", tick, device)
+            terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
+            tick = _lap(times, "backward", tick, device)
         # Gradients are all-reduced, so every rank sees the same norm and takes the same decision.
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
         if torch.isfinite(norm):
