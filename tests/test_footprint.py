@@ -165,11 +165,11 @@ def test_caching_makes_the_activations_a_chunks_whatever_the_batch(paper_params)
     embeddings) and the batch itself; the reconstruction gradients are one chunk's too."""
     ests = [estimate_worker_memory(_cfg(**{"scale.num_workers": 1, "data.batch_size": v,
                                            "scale.grad_cache_clips": 256}), params=paper_params) for v in (16, 64, 128)]
-    for key in ("activations", "conv_workspace", "recon_grads"):
+    for key in ("activations", "conv_workspace", "recon_grads", "grad_accumulation"):
         assert ests[0][key] == ests[1][key] == ests[2][key] > 0, key
     assert ests[2]["grad_cache"] == 8 * ests[0]["grad_cache"] == 128 * 32 * 3 * 6144 * 4
     plain = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
-    assert plain["grad_cache"] == plain["recon_grads"] == 0
+    assert plain["grad_cache"] == plain["recon_grads"] == plain["grad_accumulation"] == 0
     assert ests[2]["activations"] * 16 - 15 * footprint.batchnorm_saved_bytes(ModelConfig()) == plain["activations"]
     # with caching the loss phase and the chunk phase never overlap
     est = ests[2]

@@ -1,7 +1,8 @@
 """Per-worker memory of one MCN training step: an analytic estimate, a fit check, and two meters.
 
 The preflight (#4) calls :func:`fits` before Ray starts, so a run that cannot fit its device is
-refused with a smaller ``data.clips_per_video`` to try instead of dying with an OOM hours later.
+refused with what to change instead of dying with an OOM hours later: first gradient caching
+(``scale.grad_cache_clips``, the same objective), only then a smaller ``data.clips_per_video``.
 No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
 
 What is counted (spec §2.5, re-derived for this implementation; all sizes in bytes, per worker,
@@ -76,6 +77,12 @@ grad_cache           with gradient caching (``scale.grad_cache_clips`` = n, smal
                      whatever b), ``loss_grads`` holds only the embedding gradients and the
                      reconstruction term's gradients are one chunk's, ``recon_grads`` =
                      n × (F + F_live) × 4; 0 without caching (they are in ``loss_grads``)
+grad_accumulation    with caching: every chunk's backward after the first computes each
+                     parameter's gradient into a new buffer and adds it into ``.grad`` (the first
+                     backward, like the plain step's, writes ``.grad`` itself): 2 × the largest
+                     parameter × 4, counted twice as Adam's temporaries are (measured: the cached
+                     step's peak falls in a Linear's backward, 98 MB above the estimate without
+                     this term at paper dims, 64 clips, chunks of 32; the largest weight is 151 MB)
 total                persistent + max(step phase, batch + optimizer_workspace), where persistent =
                      params + grads + adam_moments + ddp_buckets + queue + centroids and the step
                      phase = autocast
@@ -87,7 +94,8 @@ total                persistent + max(step phase, batch + optimizer_workspace), 
                      With caching the loss and the chunks' forward and backward never overlap:
                      step phase = autocast weights + batch + grad_cache + max(loss phase, chunk
                      phase), loss phase = loss_slabs + gathered_embeddings + loss_grads +
-                     kmeans_input, chunk phase = activations + conv_workspace + recon_grads
+                     kmeans_input, chunk phase = activations + conv_workspace + recon_grads +
+                     grad_accumulation
 ==================== ========================================================================
 
 Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
@@ -117,11 +125,11 @@ PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue", "centro
 OPTIMIZER_SMALL_TEMPORARIES = 1 << 20  # Adam's scalars and small per-parameter temporaries (allowance)
 COPY_CHUNK_ROWS = 512  # FeatureQueue.copy_into's chunk: queue rows gathered at a time into X
 STEP_PHASE = ("autocast_weights", "batch", "activations", "conv_workspace", "loss_slabs", "gathered_embeddings",
-              "loss_grads", "kmeans_input", "grad_cache", "recon_grads")
+              "loss_grads", "kmeans_input", "grad_cache", "recon_grads", "grad_accumulation")
 # With gradient caching the step phase is STEP_COMMON + the larger of the other two (module table).
 STEP_COMMON = ("autocast_weights", "batch", "grad_cache")
 LOSS_PHASE = ("loss_slabs", "gathered_embeddings", "loss_grads", "kmeans_input")
-CHUNK_PHASE = ("activations", "conv_workspace", "recon_grads")
+CHUNK_PHASE = ("activations", "conv_workspace", "recon_grads", "grad_accumulation")
 FP32 = 4
 _QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
@@ -317,6 +325,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "conv_workspace": conv_workspace_bytes(m, d.audio_frames, n or b, conv, threads),
         "grad_cache": b * MODALITY_COUNT * m.embed_dim * act if n else 0,
         "recon_grads": n * (f + f_live) * FP32,
+        "grad_accumulation": 2 * largest * FP32 if n else 0,
         "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, m.embed_dim) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from raymcn.config import Config, PermanentError
+from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
+from raymcn.losses import Collectives
 from raymcn.train import faults
 from raymcn.train.gradcache import cached_step, share_clips
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
@@ -189,31 +190,47 @@ def _progress_line(state: LoopState, steps: int, total: int | None, values: dict
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256) -> dict[str, float]:
+def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
+             comm: Collectives | None = None) -> dict[str, float]:
     """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
+
+    With ``comm`` of several ranks every rank embeds its contiguous share of the clips (⌈N/world⌉,
+    the last rank fewer), the shares are all-gathered (padded to equal size; gathered in rank
+    order they are the set in order), rank 0 scores the whole set and broadcasts the metrics:
+    each clip is embedded once instead of once per rank, and the metrics are those of one
+    process scoring everything. Every rank must call it (collectives).
 
     Args:
         eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
             ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
         chunk: clips embedded at a time.
+        comm: this rank's collectives (default: one process).
     """
     net = getattr(model, "module", model)  # bypass DDP: evaluation needs no gradient sync
+    comm = comm or Collectives()
     was_training = net.training
     net.eval()
     try:
-        texts, galleries = [], []
         n = eval_set.video.shape[0]
-        for start in range(0, n, chunk):
-            sl = slice(start, start + chunk)
+        share = -(-n // comm.world)
+        start, end = min(n, comm.rank * share), min(n, (comm.rank + 1) * share)
+        rows = torch.zeros(share, 2, net.cfg.embed_dim, dtype=torch.float32, device=device)  # (text, gallery)
+        for s in range(start, end, chunk):
+            sl = slice(s, min(s + chunk, end))
             batch = to_device({k: torch.as_tensor(getattr(eval_set, k)[sl])
                                for k in ("video", "audio", "nframes", "text")}, device)
             with autocast(device):
                 out = net.encode(batch)  # all three branches, no reconstruction heads
-            texts.append(out["text"].float())
-            galleries.append(out["video"].float() + out["audio"].float())
-        ranks = ranks_of_matches(torch.cat(texts), torch.cat(galleries))
-        metrics = retrieval_metrics(ranks, getattr(eval_set, "num_queries_total", None) or n)
-        metrics["eval_size"] = float(getattr(eval_set, "num_queries_total", None) or n)
-        return metrics
+            rows[s - start:sl.stop - start, 0] = out["text"].float()
+            rows[s - start:sl.stop - start, 1] = out["video"].float() + out["audio"].float()
+        everyone = comm.all_gather(rows)[:n]  # (N, 2, D): every clip once, in order
+        total = float(getattr(eval_set, "num_queries_total", None) or n)
+        keys = [*RETRIEVAL_METRICS, "eval_size"]
+        values = torch.zeros(len(keys), dtype=torch.float64, device=device)
+        if comm.rank == 0:
+            metrics = retrieval_metrics(ranks_of_matches(everyone[:, 0], everyone[:, 1]), int(total))
+            metrics["eval_size"] = total
+            values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
+        return dict(zip(keys, comm.broadcast_from_rank0(values).tolist()))
     finally:
         net.train(was_training)
