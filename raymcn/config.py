@@ -203,6 +203,9 @@ class ScaleConfig:
     @property
     def elastic(self) -> bool:
         return isinstance(self.num_workers, tuple) and self.num_workers[0] < self.num_workers[1]
+    # Exact gradient caching: each worker embeds its share in chunks of this many clips (whole videos)
+    # and re-runs each chunk's forward with the loss's cached gradient (train/gradcache.py); 0 = off.
+    grad_cache_clips: int = setting(0, ge=0)
 
 
 @dataclass(frozen=True)
@@ -480,6 +483,15 @@ def validate(cfg: Config) -> list[str]:
         need(lo.num_clusters <= cfg.clips_per_step,
              f"loss.num_clusters={lo.num_clusters} is larger than the {cfg.clips_per_step} clips k-means "
              f"sees at its first refit (data.batch_size x data.clips_per_video): allowed 1..{cfg.clips_per_step}")
+    if sc.grad_cache_clips > 0 and d.clips_per_video >= 1:
+        need(sc.grad_cache_clips % d.clips_per_video == 0,
+             f"scale.grad_cache_clips={sc.grad_cache_clips} is not a multiple of data.clips_per_video="
+             f"{d.clips_per_video}: a chunk holds whole videos; allowed 0 (off) or {d.clips_per_video}, "
+             f"{2 * d.clips_per_video}, {3 * d.clips_per_video}, ...")
+    need(not (sc.grad_cache_clips > 0 and cfg.model.sync_batchnorm),
+         f"scale.grad_cache_clips={sc.grad_cache_clips} with model.sync_batchnorm=true: gradient caching normalises "
+         "each chunk by its own statistics, sync_batchnorm by the global batch's (a collective per forward, which "
+         "chunks would call a different number of times per rank); choose one")
     kind, _, path = d.eval_set.partition(":")
     need(kind in EVAL_SET_KINDS and (kind == "synthetic") == (path == ""),
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")

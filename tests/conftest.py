@@ -156,3 +156,32 @@ def in_background(fn, *args, **kwargs) -> tuple[threading.Thread, dict]:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t, out
+
+
+def linear_mcn(in_dim: int, dim: int, recon: bool = True, dropout: float = 0.0, seed: int = 0):
+    """A stand-in for MCN with its forward contract, small enough for many exactness steps: one
+    Linear encoder per modality from ``batch[m]`` (b, in_dim) to (b, dim) and, with ``recon``, one
+    Linear head per modality reconstructing its input (a fixed target, as MCN's video head).
+    ``dropout`` puts a Dropout before each encoder (a forward that draws random numbers).
+    Parameter names start with ``layers.<modality>`` or ``layers.recon_<modality>``."""
+    import torch
+
+    class LinearMCN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(seed)  # identical replicas on every rank, as DDP guarantees
+            mods = ("video", "audio", "text")
+            self.layers = torch.nn.ModuleDict({m: torch.nn.Linear(in_dim, dim) for m in mods})
+            if recon:
+                self.layers.update({f"recon_{m}": torch.nn.Linear(dim, in_dim) for m in mods})
+            self.drop = torch.nn.Dropout(dropout)
+
+        def forward(self, batch, active):
+            out = {}
+            for m in sorted(active):
+                out[m] = self.layers[m](self.drop(batch[m]))
+                if recon:
+                    out[f"recon_{m}"] = (self.layers[f"recon_{m}"](out[m]), batch[m])
+            return out
+
+    return LinearMCN()

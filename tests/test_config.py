@@ -85,6 +85,14 @@ def test_the_batch_must_reach_every_worker_of_the_largest_group():
         load_config(None, ["scale.num_workers=1-4", "data.batch_size=3", "loss.num_clusters=8"])
 
 
+def test_gradient_caching_and_global_batchnorm_are_refused_together():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["scale.grad_cache_clips=64", "model.sync_batchnorm=true"])
+    assert "scale.grad_cache_clips=64 with model.sync_batchnorm=true" in str(e.value) and "choose one" in str(e.value)
+    for one in ("scale.grad_cache_clips=64", "model.sync_batchnorm=true"):
+        load_config(None, [one])  # each alone is fine
+
+
 def test_all_problems_reported_at_once():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["optim.lrr=1", "data.batch_size=1", "schedule.epochs=0", "loss.num_clusters=8"])

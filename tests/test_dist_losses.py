@@ -1,14 +1,19 @@
 """DDP equivalence of the objective: N gloo processes == one process holding the whole batch.
 
-Each rank runs tiny identical encoders on its share of the videos' clips (video-major), computes
-the MCNObjective terms, back-propagates ``total_loss``, averages the gradients over ranks as DDP
-does and takes an SGD step with them. The rank-mean of every term, the averaged gradients, the
+Each rank runs tiny identical encoders (``conftest.linear_mcn``, wrapped in DDP as the Ray worker
+wraps MCN: unused parameters found, gradients as bucket views) on its share of the videos' clips
+(video-major), computes the MCNObjective terms, back-propagates ``total_loss`` and takes an SGD
+step with the DDP-averaged gradients. The rank-mean of every term, the averaged gradients, the
 centroids and the queue must equal the single-process run on the concatenated batch, for every
 active set of the stage orders, over steps that include refresh and non-refresh (queue-using)
-k-means steps and a stage switch: with 2 ranks and equal shares, with 3 ranks whose shares are
-unequal (the run plan's rotating ⌊B/N⌋ / ⌈B/N⌉), and across resizes (2 -> 3 -> 1 ranks, each phase
-resuming from the previous one's model and objective state, as an elastic group restarting from
-its checkpoint would).
+k-means steps and a stage switch. 5 videos never divide evenly: 2 ranks hold 3 and 2 videos, 3
+ranks 2, 2 and 1 (the run plan's rotating ⌊B/N⌋ / ⌈B/N⌉). It also holds across resizes (2 -> 3 -> 1
+ranks, each phase resuming from the previous one's model and objective state, as an elastic group
+restarting from its checkpoint would).
+
+The same holds with gradient caching (``raymcn.train.gradcache.cached_step``, chunks of one video
+and uneven chunks, reconstruction on and off): the chunked ranks equal the plain single process,
+and DDP all-reduces once per step (counted with a comm hook), not once per chunk.
 """
 
 from __future__ import annotations
@@ -17,22 +22,28 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raymcn.config import Config
 from raymcn.losses import Collectives
+from raymcn.train.gradcache import cached_step
 from raymcn.train.plan import share
 
-from conftest import objective_for
+from conftest import linear_mcn, objective_for
 
 pytestmark = pytest.mark.dist
 
-VIDEOS, CLIPS, DIM, IN_DIM = 4, 3, 8, 5
+VIDEOS, CLIPS, DIM, IN_DIM = 5, 3, 8, 5
 ACTIVE_SETS = [frozenset({"video", "audio"}), frozenset({"video", "text"}), frozenset({"audio", "text"}),
                frozenset({"video", "audio", "text"})]
 STEPS_PER_SET = 3  # with refresh_every=2 every set sees a refit, a non-refresh step and a queue
 STEPS = len(ACTIVE_SETS) * STEPS_PER_SET
 LR = 0.05
 TOL = {"rtol": 1e-5, "atol": 1e-5}
+# (chunk clips, reconstruction heads): the plain step, then cached steps with chunks of one video
+# and uneven chunks (a share of 3 videos: 2 + 1)
+PLAIN = (0, True)
+VARIANTS = [PLAIN, (CLIPS, True), (2 * CLIPS, False)]
 
 
 def _cfg(cluster_on: str) -> Config:
@@ -44,23 +55,30 @@ def _cfg(cluster_on: str) -> Config:
     })
 
 
-def _model() -> torch.nn.ModuleDict:
-    torch.manual_seed(0)  # identical replicas on every rank, as DDP guarantees
-    mods = ("video", "audio", "text")
-    return torch.nn.ModuleDict({**{m: torch.nn.Linear(IN_DIM, DIM) for m in mods},
-                                **{f"recon_{m}": torch.nn.Linear(DIM, IN_DIM) for m in mods}})
+def _counting_allreduce(calls: list, bucket):
+    """DDP's default all-reduce (mean over ranks), counted: one call per bucket per synced backward."""
+    calls.append(1)
+    fut = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
 
 
-def _run(rank: int, world: int, steps: range, state: dict | None = None) -> tuple[list[dict], dict]:
-    """Per step: rank-mean term values, DDP-averaged grads, centroids and queue; and the state at the
-    end (per cluster_on: model and objective), from which a resized world continues."""
+def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: int = 0,
+         recon: bool = True) -> tuple[list[dict], dict]:
+    """Per step: rank-mean term values, DDP-averaged grads, centroids, queue and the all-reduce calls
+    (single process: world=1, no DDP); and the state at the end (per cluster_on: model and
+    objective), from which a resized world continues. ``chunk`` > 0: gradient caching with chunks
+    of that many clips."""
     records, end = [], {}
     for cluster_on in ("modalities", "fused"):
-        model = _model()
+        net = linear_mcn(IN_DIM, DIM, recon=recon)
         objective = objective_for(_cfg(cluster_on), comm=Collectives(rank, world))
         if state is not None:
-            model.load_state_dict(state[cluster_on]["model"])
+            net.load_state_dict(state[cluster_on]["model"])
             objective.load_state_dict(state[cluster_on]["objective"])
+        model, calls = net, []
+        if world > 1:  # as the Ray worker wraps the model
+            model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
+            model.register_comm_hook(calls, _counting_allreduce)
         for step in steps:
             active = ACTIVE_SETS[step // STEPS_PER_SET]
             shares = [share(VIDEOS, r, world, step) for r in range(world)]  # the run plan's rotating shares
@@ -68,69 +86,68 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None) -> tupl
             rows = slice(start, start + shares[rank] * CLIPS)  # whole videos per rank, video-major
             g = torch.Generator().manual_seed(100 + step)
             inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
-            out = {}
-            for m in sorted(active):
-                out[m] = model[m](inputs[m][rows])
-                out[f"recon_{m}"] = (model[f"recon_{m}"](out[m]), inputs[m][rows])
-            terms = objective(out, active, step)
-            model.zero_grad(set_to_none=True)
-            terms["total_loss"].backward()
-            grads = {}
-            for name, p in model.named_parameters():
-                if p.grad is None:
-                    grads[name] = None
-                    continue
-                grad = p.grad.clone()
-                if world > 1:  # what DDP does
-                    dist.all_reduce(grad)
-                    grad /= world
-                grads[name] = grad
-                with torch.no_grad():
-                    p -= LR * grad  # every rank takes the same step
+            batch = {m: x[rows] for m, x in inputs.items()}
+            net.zero_grad(set_to_none=True)
+            calls.clear()
+            if chunk:
+                terms = cached_step(model, objective, batch, active, step, chunk)
+            else:
+                terms = objective(model(batch, active), active, step)
+                terms["total_loss"].backward()
+            grads = {name: None if p.grad is None else p.grad.clone() for name, p in net.named_parameters()}
+            with torch.no_grad():
+                for p in net.parameters():
+                    if p.grad is not None:
+                        p -= LR * p.grad  # every rank takes the same step
             records.append({"cluster_on": cluster_on, "step": step, "active": sorted(active), "shares": shares,
                             "terms": {k: objective.comm.all_reduce_mean(v) for k, v in terms.items()},
-                            "grads": grads, "centroids": objective.centroids.clone(),
-                            "queue": objective.queue.contents()})
-        end[cluster_on] = {"model": model.state_dict(), "objective": objective.state_dict()}
+                            "grads": grads, "allreduce_calls": len(calls),
+                            "centroids": objective.centroids.clone(), "queue": objective.queue.contents()})
+        end[cluster_on] = {"model": net.state_dict(), "objective": objective.state_dict()}
     records.sort(key=lambda r: (r["cluster_on"], r["step"]))
     return records, end
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: range, state_file: str | None) -> None:
+def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: range, state_file: str | None,
+            variants: list[tuple[int, bool]]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         state = torch.load(state_file) if state_file else None
-        torch.save(_run(rank, world, steps, state), f"{out_dir}/rank{rank}.pt")
+        torch.save({v: _run(rank, world, steps, state, *v) for v in variants}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, steps: range, where, state: dict | None = None) -> tuple[list[list[dict]], dict]:
-    """``world`` gloo processes over ``steps``; returns each rank's records and rank 0's end state."""
+def _spawn(world: int, steps: range, where, state: dict | None = None,
+           variants: list[tuple[int, bool]] = (PLAIN,)) -> tuple[list[dict], dict]:
+    """``world`` gloo processes over ``steps``; returns, per variant, each rank's records, and rank
+    0's end state of the plain step."""
     where.mkdir(parents=True)
     state_file = None
     if state is not None:
         state_file = str(where / "state.pt")
         torch.save(state, state_file)
-    mp.spawn(_worker, args=(world, str(where / "init"), str(where), steps, state_file), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, str(where / "init"), str(where), steps, state_file, list(variants)),
+             nprocs=world, join=True)
     runs = [torch.load(where / f"rank{r}.pt") for r in range(world)]
-    return [records for records, _ in runs], runs[0][1]
+    per_variant = {v: [run[v][0] for run in runs] for v in variants}
+    return per_variant, runs[0][variants[0]][1]
 
 
-def _single_process() -> list[dict]:
+def _single_process(recon: bool = True) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank (restored: later tests must not inherit it)
     try:
-        return _run(0, 1, range(STEPS))[0]
+        return _run(0, 1, range(STEPS), recon=recon)[0]
     finally:
         torch.set_num_threads(threads)
 
 
-def _assert_equal(reference: list[dict], per_rank: list[list[dict]]) -> None:
+def _assert_equal(reference: list[dict], per_rank: list[list[dict]], what: str = "") -> None:
     assert len(reference) == len(per_rank[0]) == 2 * STEPS
     for i, ref in enumerate(reference):
-        where = f"cluster_on={ref['cluster_on']} step={ref['step']} active={ref['active']}"
+        where = f"{what} cluster_on={ref['cluster_on']} step={ref['step']} active={ref['active']}"
         ranks = [records[i] for records in per_rank]
         r0 = ranks[0]
         assert r0["step"] == ref["step"] and r0["cluster_on"] == ref["cluster_on"], where
@@ -145,25 +162,39 @@ def _assert_equal(reference: list[dict], per_rank: list[list[dict]]) -> None:
         for name, value in ref["terms"].items():
             torch.testing.assert_close(r0["terms"][name], value, **TOL, msg=lambda m: f"{where} {name}: {m}")
         for name, grad in ref["grads"].items():
-            modality = name.split(".")[0].removeprefix("recon_")
+            modality = name.split(".")[1].removeprefix("recon_")  # layers.<modality> / layers.recon_<modality>
             if modality not in ref["active"]:
-                assert all(r["grads"][name] is None for r in ranks), f"{where}: inactive {name} got a gradient"
+                assert grad is None, f"{where}: inactive {name} got a gradient"
+                for r in ranks:  # DDP may hand unused parameters zeros, never a value
+                    assert r["grads"][name] is None or not r["grads"][name].any(), f"{where}: inactive {name}"
                 continue
             for r in ranks:
                 torch.testing.assert_close(r["grads"][name], grad, **TOL, msg=lambda m: f"{where} grad {name}: {m}")
 
 
-def test_two_gloo_ranks_equal_single_process(tmp_path):
-    per_rank, _ = _spawn(2, range(STEPS), tmp_path / "two")
-    assert {tuple(r["shares"]) for r in per_rank[0]} == {(2, 2)}
-    _assert_equal(_single_process(), per_rank)
+def _assert_unequal_rotating_shares(records: list[dict], world: int) -> None:
+    shares = {tuple(r["shares"]) for r in records}
+    assert all(sum(s) == VIDEOS for s in shares), shares
+    for rank in range(world):  # every rank holds ⌊B/N⌋ at some steps and ⌈B/N⌉ at others
+        assert {s[rank] for s in shares} == {VIDEOS // world, VIDEOS // world + 1}, shares
 
 
-def test_three_ranks_with_unequal_shares_equal_single_process(tmp_path):
-    """4 videos over 3 ranks: one rank holds 2 (which one rotates with the step), the others 1."""
-    per_rank, _ = _spawn(3, range(STEPS), tmp_path / "three")
-    assert {tuple(r["shares"]) for r in per_rank[0]} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
-    _assert_equal(_single_process(), per_rank)
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_ranks_with_unequal_shares_equal_single_process_with_and_without_caching(tmp_path, world):
+    """5 videos over 2 ranks (3 + 2) or 3 ranks (2 + 2 + 1), the larger shares rotating; the plain
+    step and gradient caching (chunks of one video; chunks of two, reconstruction off) equal the
+    plain single process, and a cached step all-reduces as often as the plain one."""
+    per_variant, _ = _spawn(world, range(STEPS), tmp_path / f"world{world}", variants=VARIANTS)
+    _assert_unequal_rotating_shares(per_variant[PLAIN][0], world)
+    reference = {recon: _single_process(recon) for recon in (True, False)}
+    plain_calls = [r["allreduce_calls"] for r in per_variant[PLAIN][0]]
+    assert min(plain_calls) >= 1
+    for chunk, recon in VARIANTS:
+        per_rank = per_variant[(chunk, recon)]
+        assert all(("recon_loss" in r["terms"]) == recon for r in per_rank[0])
+        _assert_equal(reference[recon], per_rank, f"world={world} chunk={chunk} recon={recon}")
+        for records in per_rank:  # the gradients are all-reduced once per step, whatever the chunks
+            assert [r["allreduce_calls"] for r in records] == plain_calls, (chunk, recon)
 
 
 def test_resized_between_steps_equals_single_process(tmp_path):
@@ -174,5 +205,5 @@ def test_resized_between_steps_equals_single_process(tmp_path):
     three, state = _spawn(3, range(a, b), tmp_path / "phase2", state)
     one, _ = _run(0, 1, range(b, STEPS), state)
     # per phase, rank 0's records stand for all (the phases' own tests compare every rank)
-    stitched = sorted(two[0] + three[0] + one, key=lambda r: (r["cluster_on"], r["step"]))
+    stitched = sorted(two[PLAIN][0] + three[PLAIN][0] + one, key=lambda r: (r["cluster_on"], r["step"]))
     _assert_equal(_single_process(), [stitched])

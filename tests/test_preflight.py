@@ -35,7 +35,11 @@ CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--config", "{tmp}/unknown_section.yaml"], "unknown section 'optimizer' (did you mean 'optim'?)"),
     (["--set", "data.clips_per_video=32", "--set", "data.batch_size=512", "--set", "model.embed_dim=6144",
       "--set", "data.audio_frames=1000", "--set", "model.audio_channels=[128,128,256,512,1024]"],
-     "Try data.clips_per_video="),
+     "(gradient caching: the same objective"),  # the chunk depends on the conv kernel path (the CPU)
+    (["--set", "scale.num_workers=1", "--set", "data.clips_per_video=32", "--set", "data.batch_size=512",
+      "--set", "model.embed_dim=6144", "--set", "data.audio_frames=1000",
+      "--set", "model.audio_channels=[128,128,256,512,1024]"], "Try data.clips_per_video="),
+    (["--set", "scale.grad_cache_clips=12"], "scale.grad_cache_clips=12 is not a multiple of data.clips_per_video=8"),
 ]
 
 

@@ -53,6 +53,7 @@ class MCNObjective:
         self.queue = FeatureQueue(queue_rows, self.embed_dim, _QUEUE_DTYPES[loss.queue_dtype], self.device)
         self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
         self.active: frozenset[str] | None = None  # modality set of the previous call
+        self.share_weight = 1.0  # the previous call's b·N/B: its terms' weight for this rank's share
 
     # --- state ----------------------------------------------------------------------------------
     def reset_clustering(self) -> None:
@@ -118,6 +119,7 @@ class MCNObjective:
         # the reports average their values; weighted by b·N/B, both are the full-batch mean's
         # (the weight is 1 when the shares are equal).
         weight = b * self.comm.world / clips
+        self.share_weight = weight  # gradient caching weights the reconstruction it runs per chunk alike
         terms: dict[str, torch.Tensor] = {}
 
         # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each

@@ -105,6 +105,15 @@ class MCN(nn.Module):
         """
         return self._run(batch, active, with_recon=True)
 
+    def embed(self, batch: dict[str, Tensor], active: Collection[str]) -> dict[str, Tensor]:
+        """The active modalities' embeddings, no reconstruction heads: {m: (B, embed_dim)}.
+
+        Exactly ``forward``'s embeddings (the heads only read them). For gradient caching's pass
+        without autograd (``raymcn.train.gradcache``), which needs the embeddings of the whole
+        share but computes the per-clip reconstruction term in its chunk pass.
+        """
+        return self._run(batch, active, with_recon=False)
+
     def encode(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """All three embeddings, no reconstruction: {"video", "audio", "text"} -> (B, embed_dim).
 

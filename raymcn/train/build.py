@@ -95,7 +95,8 @@ class EpochHooks:
     Attributes:
         batches: epoch -> (this rank's batches of that epoch, its data counters or None); the
             counters' ``bad_samples`` (if any) is reported, summed over ranks.
-        evaluate: run -> retrieval metrics after each epoch (the Ray worker scores the eval set).
+        evaluate: run -> retrieval metrics after each epoch (the Ray worker scores the eval set,
+            sharded over the ranks); its wall time is reported as ``time_eval_s``.
         after_epoch: (run, the epoch's metrics) -> None: checkpoint and report, Tune report, faults.
         log: progress lines (rank 0 passes print).
     """
@@ -136,7 +137,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         if hooks.evaluate is not None:
             started = time.perf_counter()
             metrics.update(hooks.evaluate(run))
-            metrics["time_eval_s"] = time.perf_counter() - started
+            metrics["time_eval_s"] = time.perf_counter() - started  # the epoch's evaluation, wall seconds
         metrics.update(epoch=float(state.epoch), global_step=float(state.step),
                        budget_epoch=float(plan.budget_epoch(state.epoch)))
         if hooks.log:

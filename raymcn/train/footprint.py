@@ -1,7 +1,8 @@
 """Per-worker memory of one MCN training step: an analytic estimate, a fit check, and two meters.
 
 The preflight (#4) calls :func:`fits` before Ray starts, so a run that cannot fit its device is
-refused with a smaller ``data.clips_per_video`` to try instead of dying with an OOM hours later.
+refused with what to change instead of dying with an OOM hours later: first gradient caching
+(``scale.grad_cache_clips``, the same objective), only then a smaller ``data.clips_per_video``.
 No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
 
 What is counted (spec §2.5, re-derived for this implementation; all sizes in bytes, per worker,
@@ -69,6 +70,20 @@ kmeans_input         refit steps, rank 0: X = N × D × 4 with N = queue_rows + 
 optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
                      largest parameter × 4 on CPU (single-tensor: sqrt, then the division), plus
                      1 MiB for its scalar and small temporaries (measured: 24 KB at paper dims)
+grad_cache           with gradient caching (``scale.grad_cache_clips`` = n, smaller than the share
+                     b; ``train/gradcache.py``): the share's embeddings b × 3 × D × (4 on CPU, 2
+                     under bf16 autocast), held from the pass without autograd to the end of the
+                     step (after the loss's backward their gradients take their place). With
+                     caching, ``activations`` and ``conv_workspace`` are one chunk's (n clips,
+                     whatever b), ``loss_grads`` holds only the embedding gradients and the
+                     reconstruction term's gradients are one chunk's, ``recon_grads`` =
+                     n × (F + F_live) × 4; 0 without caching (they are in ``loss_grads``)
+grad_accumulation    with caching: every chunk's backward after the first computes each
+                     parameter's gradient into a new buffer and adds it into ``.grad`` (the first
+                     backward, like the plain step's, writes ``.grad`` itself): 2 × the largest
+                     parameter × 4, counted twice as Adam's temporaries are (measured: the cached
+                     step's peak falls in a Linear's backward, 98 MB above the estimate without
+                     this term at paper dims, 64 clips, chunks of 32; the largest weight is 151 MB)
 total                persistent + max(step phase, batch + optimizer_workspace), where persistent =
                      params + grads + adam_moments + ddp_buckets + queue + centroids and the step
                      phase = autocast
@@ -76,7 +91,12 @@ total                persistent + max(step phase, batch + optimizer_workspace), 
                      the forward, while every activation is saved); Adam's temporaries come after
                      the activations are freed. The backward needs no term of its own: measured,
                      it frees saved activations faster than it allocates gradient buffers
-                     (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip)
+                     (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip).
+                     With caching the loss and the chunks' forward and backward never overlap:
+                     step phase = autocast weights + batch + grad_cache + max(loss phase, chunk
+                     phase), loss phase = loss_slabs + gathered_embeddings + loss_grads +
+                     kmeans_input, chunk phase = activations + conv_workspace + recon_grads +
+                     grad_accumulation
 ==================== ========================================================================
 
 Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
@@ -93,11 +113,11 @@ for), NCCL buffers, the data loader's host memory.
 from __future__ import annotations
 
 import itertools
-import math
-import os
-from dataclasses import dataclass
 
 from raymcn.config import Config, ModelConfig
+from raymcn.train.convspace import (CONV_PATHS, CUDNN, MARGIN_PATHS, MODELLED_CONV_PATHS, NATIVE, ONEDNN_AVX2,
+                                    ONEDNN_AVX512, UNKNOWN, ConvShape, conv_path, conv_path_note, conv_shapes,
+                                    conv_workspace_bytes)
 
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
@@ -105,7 +125,11 @@ PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue", "centro
 OPTIMIZER_SMALL_TEMPORARIES = 1 << 20  # Adam's scalars and small per-parameter temporaries (allowance)
 COPY_CHUNK_ROWS = 512  # FeatureQueue.copy_into's chunk: queue rows gathered at a time into X
 STEP_PHASE = ("autocast_weights", "batch", "activations", "conv_workspace", "loss_slabs", "gathered_embeddings",
-              "loss_grads", "kmeans_input")
+              "loss_grads", "kmeans_input", "grad_cache", "recon_grads", "grad_accumulation")
+# With gradient caching the step phase is STEP_COMMON + the larger of the other two (module table).
+STEP_COMMON = ("autocast_weights", "batch", "grad_cache")
+LOSS_PHASE = ("loss_slabs", "gathered_embeddings", "loss_grads", "kmeans_input")
+CHUNK_PHASE = ("activations", "conv_workspace", "recon_grads", "grad_accumulation")
 FP32 = 4
 _QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
 MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
@@ -161,131 +185,6 @@ def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
             linear(m.embed_dim, m.recon_hidden)
             linear(m.recon_hidden, target)
     return sizes, 2 * bn_channels
-
-
-@dataclass(frozen=True)
-class ConvShape:
-    """One DAVEnet convolution per clip: channels, kernel area, and input/output positions."""
-
-    cin: int
-    cout: int
-    kernel: int  # kh · kw
-    positions_in: int  # H · W of the input
-    positions_out: int  # H' · W' of the output
-    stride: int = 1
-
-    @property
-    def weight(self) -> int:
-        return self.cout * self.cin * self.kernel
-
-
-def conv_shapes(model_cfg: ModelConfig, audio_frames: int) -> list[ConvShape]:
-    """Every convolution of :class:`raymcn.model.davenet.DAVEnet` for one clip of ``audio_frames``.
-
-    conv1 spans the mel axis, (mel, T) -> (1, T); each layer's first block halves time in its first
-    (1, 9) conv and in its 1×1 projection shortcut; every other conv keeps the length.
-    """
-    c, t = model_cfg.audio_channels, audio_frames
-    shapes = [ConvShape(1, c[0], model_cfg.mel_bins, model_cfg.mel_bins * t, t)]
-    for cin, cout in itertools.pairwise(c):
-        half = _ceil_half(t)
-        shapes += [ConvShape(cin, cout, 9, t, half, 2), ConvShape(cin, cout, 1, t, half, 2),  # conv, shortcut
-                   ConvShape(cout, cout, 9, half, half)]
-        shapes += [ConvShape(cout, cout, 9, half, half)] * (2 * (model_cfg.audio_blocks - 1))
-        t = half
-    return shapes
-
-
-# Kernel paths of the convolutions, each with its own workspace (see the module table).
-ONEDNN_AVX512 = "onednn-avx512"  # x86 with AVX-512 (AMX machines run fp32 convs on these kernels)
-ONEDNN_AVX2 = "onednn-avx2"  # x86 with AVX2 but not AVX-512
-NATIVE = "native"  # oneDNN disabled or not built: im2col + GEMM
-CUDNN = "cudnn"  # GPU: chosen at run time
-UNKNOWN = "unknown"  # another CPU ISA (below AVX2) or architecture: no measured model
-CONV_PATHS = (ONEDNN_AVX512, ONEDNN_AVX2, NATIVE, CUDNN, UNKNOWN)
-MODELLED_CONV_PATHS = (ONEDNN_AVX512, ONEDNN_AVX2, NATIVE)
-# Paths with no measured model borrow a margin from measured ones. cuDNN transforms layouts much as
-# oneDNN reorders (a copy of the input and output, fp32-counted: twice their bf16 size) and torch
-# falls back to an algorithm with a smaller workspace when an allocation fails; an unknown CPU ISA
-# gets the larger of the AVX2 and im2col workspaces.
-MARGIN_PATHS = {CUDNN: (ONEDNN_AVX512,), UNKNOWN: (ONEDNN_AVX2, NATIVE)}
-_CHANNEL_BLOCK = {ONEDNN_AVX512: 1, ONEDNN_AVX2: 8}  # padding of channel blocks, measured per ISA
-
-
-def conv_path(use_gpu: bool = False) -> str:
-    """The convolution kernel path this machine's torch takes for DAVEnet's fp32 convs.
-
-    oneDNN dispatches on the CPU's instruction set, capped by ``ONEDNN_MAX_CPU_ISA`` (or its old
-    name ``DNNL_MAX_CPU_ISA``), which is also how a test or a user reproduces another machine's
-    path. Imports torch (the estimate itself does not).
-    """
-    if use_gpu:
-        return CUDNN
-    import torch
-
-    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
-        return NATIVE
-    cpu = torch.cpu  # 0: below AVX2, 1: AVX2, 2: AVX-512 (and AMX, whose fp32 convs use it)
-    level = 2 if cpu._is_avx512_supported() else 1 if cpu._is_avx2_supported() else 0
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
-    if cap and not any(tag in cap for tag in ("AVX512", "AVX10", "AMX", "DEFAULT", "ALL")):
-        level = min(level, 1 if cap.startswith("AVX2") else 0)
-    return (UNKNOWN, ONEDNN_AVX2, ONEDNN_AVX512)[level]
-
-
-def _padded(channels: int, block: int) -> int:
-    return math.ceil(channels / block) * block
-
-
-# oneDNN's scratchpad grows with the threads (per-thread reduction rows of the small convs):
-# measured ≤ 11 KB per thread at 160 output positions with 1–32 threads; counted as two 16-float
-# vectors per output position per thread, plus a fixed allowance per call for what blocking and
-# scratchpad sizes may vary with the cache sizes and the oneDNN version (64 Ki floats = 256 KiB).
-SCRATCH_ELEMENTS_PER_POSITION_THREAD = 32
-ONEDNN_CALL_ALLOWANCE_ELEMENTS = 1 << 16
-
-
-def _conv_call_elements(s: ConvShape, clips: int, path: str, threads: int) -> int:
-    """fp32 elements one conv call (forward or backward) allocates and frees beyond its outputs."""
-    if path == NATIVE:
-        # im2col columns (the forward's and grad_input's alike); from 16 clips torch may take NNPACK,
-        # measured below this bound
-        return clips * s.cin * s.kernel * s.positions_out
-    block = _CHANNEL_BLOCK[path]
-    cin, cout = _padded(s.cin, block), _padded(s.cout, block)
-    copies = 2 if s.stride > 1 else 1  # the strided convs' backward copies the input twice
-    # weights, input, output, each reordered into the blocked layout (channels padded to the block)
-    scratch = threads * SCRATCH_ELEMENTS_PER_POSITION_THREAD * s.positions_out + ONEDNN_CALL_ALLOWANCE_ELEMENTS
-    return cout * cin * s.kernel + clips * (copies * cin * s.positions_in + cout * s.positions_out) + scratch
-
-
-def conv_workspace_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int, path: str,
-                         threads: int | None = None) -> int:
-    """Bytes the largest DAVEnet conv call allocates and frees on ``path`` with ``clips`` clips.
-
-    ``threads``: intra-op threads of the worker (default: every CPU of this machine, an upper bound).
-
-    Measured per conv call with torch's allocator (``bench/step.py``; forward and backward, paper
-    and tiny dims): oneDNN AVX-512 and AVX2 and the native path stay at or below these formulas.
-    ``cudnn`` and ``unknown`` have no measured model: they get the stated margin of
-    :data:`MARGIN_PATHS` (:func:`conv_path_note` says so).
-    """
-    if path not in CONV_PATHS:
-        raise ValueError(f"conv path {path!r}: expected one of {', '.join(CONV_PATHS)}")
-    paths = MARGIN_PATHS.get(path, (path,))
-    shapes = conv_shapes(model_cfg, audio_frames)
-    threads = threads or os.cpu_count() or 1
-    return FP32 * max(_conv_call_elements(s, clips, p, threads) for s in shapes for p in paths)
-
-
-def conv_path_note(path: str) -> str:
-    """One line for the preflight: which conv workspace model the estimate used."""
-    if path in (CUDNN, UNKNOWN):
-        what = "cuDNN picks its algorithm at run time" if path == CUDNN else "no model for this CPU's ISA"
-        borrowed = " and ".join(MARGIN_PATHS[path])
-        return (f"conv workspace ({path}): not known in advance ({what}); the estimate reserves the largest "
-                f"{borrowed} workspace as a margin")
-    return f"conv workspace ({path}): measured model of this kernel path"
 
 
 def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
@@ -416,9 +315,9 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         preflight prints them and the benchmarks compare them with measurements.
     """
     m, d, lc = cfg.model, cfg.data, cfg.loss
-    # The largest share a worker can hold: with the fewest workers (an elastic group's minimum).
     world = max(1, cfg.scale.min_workers)
-    b = -(-d.batch_size // world) * d.clips_per_video
+    b = largest_share_videos(cfg) * d.clips_per_video
+    n = cached_chunk(cfg)  # clips per chunk with gradient caching, 0 without
     clips = cfg.clips_per_step
     gpu = cfg.scale.use_gpu
     act = activation_bytes or (2 if gpu else FP32)
@@ -426,7 +325,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     conv = conv or conv_path(gpu)
     per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
     f, f_live = recon_dims(m, lc.detach_recon_targets)
-    loss = loss_memory(b, clips, m.embed_dim, world, f, f_live)
+    # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
+    loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live)
     rows = cfg.queue_rows
     est = {
         "params": p * FP32 + 8 * batchnorm_layers(m),
@@ -435,14 +335,17 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
         "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
-        "activations": b * per_clip * act + batchnorm_saved_bytes(m) + (
-            global_batchnorm_extra_bytes(m, d.audio_frames, b) if m.sync_batchnorm and not gpu else 0),
+        "activations": (n or b) * per_clip * act + batchnorm_saved_bytes(m) + (
+            global_batchnorm_extra_bytes(m, d.audio_frames, n or b) if m.sync_batchnorm and not gpu else 0),
         "loss_slabs": loss["loss_slabs"],
         "gathered_embeddings": loss["gathered_embeddings"],
         "loss_grads": loss["loss_grads"],
         "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
         "centroids": lc.num_clusters * m.embed_dim * FP32,
-        "conv_workspace": conv_workspace_bytes(m, d.audio_frames, b, conv, threads),
+        "conv_workspace": conv_workspace_bytes(m, d.audio_frames, n or b, conv, threads),
+        "grad_cache": b * MODALITY_COUNT * m.embed_dim * act if n else 0,
+        "recon_grads": n * (f + f_live) * FP32,
+        "grad_accumulation": 2 * largest * FP32 if n else 0,
         "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, m.embed_dim) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
@@ -450,9 +353,26 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     }
     persistent = sum(est[k] for k in PERSISTENT)
     step = sum(est[k] for k in STEP_PHASE)
+    if n:  # the loss on the share, then the chunks' forwards and backwards: never at once
+        step = sum(est[k] for k in STEP_COMMON) + max(sum(est[k] for k in LOSS_PHASE),
+                                                      sum(est[k] for k in CHUNK_PHASE))
     # Adam runs after the backward has freed the activations; the batch is still held then.
     est["total"] = persistent + max(step, est["batch"] + est["optimizer_workspace"])
     return est
+
+
+def largest_share_videos(cfg: Config) -> int:
+    """Videos of the largest share a worker holds: ⌈B/N⌉ with the fewest workers (an elastic
+    group's minimum; shares rotate, so every rank holds it at some step)."""
+    return -(-cfg.data.batch_size // max(1, cfg.scale.min_workers))
+
+
+def cached_chunk(cfg: Config) -> int:
+    """Clips per chunk rank 0 runs with gradient caching: ``scale.grad_cache_clips`` when it is
+    smaller than the largest share, else 0 (the loop then takes the plain step: nothing to save)."""
+    n = cfg.scale.grad_cache_clips
+    b = largest_share_videos(cfg) * cfg.data.clips_per_video
+    return n if 0 < n < b else 0
 
 
 def _kmeans_bytes(queue_rows: int, clips: int, k: int, d: int) -> int:
@@ -475,54 +395,105 @@ def format_estimate(est: dict[str, int], top: int | None = None) -> str:
 
 
 def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
-         conv: str | None = None) -> tuple[bool, str, int | None]:
+         conv: str | None = None) -> tuple[bool, str, dict[str, int] | None]:
     """Will one worker of ``cfg`` fit a device of ``device_bytes``?
 
     Only ``headroom`` of the device is considered usable (CUDA context, allocator fragmentation).
     ``conv`` is the convolution kernel path (default: this machine's, :func:`conv_path`).
 
     Returns:
-        ``(ok, message, clips_per_video)``. When it fits: the configured clips per video. When it
-        does not: the largest smaller ``data.clips_per_video`` whose estimate fits and whose config
-        is valid (k-means needs ``loss.num_clusters`` clips per step), or None if none does; the
-        message names the largest components, the conv path, and what to change.
+        ``(ok, message, overrides)``. When it fits: ``{}``. When it does not, the dotted settings
+        to change, in this order of preference: (1) gradient caching, ``scale.grad_cache_clips``
+        (the same objective): the fewest chunks that fit, as equal as whole videos allow
+        (:func:`balanced_chunk` of :func:`largest_fitting_chunk`); (2) only when not even one
+        video per chunk fits, the largest smaller ``data.clips_per_video`` that fits, plainly or
+        else with caching as in (1), and whose config is valid (k-means needs
+        ``loss.num_clusters`` clips per step): fewer negatives, another objective; None when
+        nothing fits. The message names the largest components, the conv path, and what to change.
     """
     usable = int(device_bytes * headroom)
     stats = parameter_stats(cfg.model)
     conv = conv or conv_path(cfg.scale.use_gpu)
 
-    def estimate(c: Config) -> dict[str, int]:
-        return estimate_worker_memory(c, params=stats, conv=conv)
+    def total(c: Config) -> int:
+        return estimate_worker_memory(c, params=stats, conv=conv)["total"]
 
-    est = estimate(cfg)
-    cpv = cfg.data.clips_per_video
+    est = estimate_worker_memory(cfg, params=stats, conv=conv)
+    n = cached_chunk(cfg)
+    caching = f" with gradient caching in chunks of {n} clips" if n else ""
     where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)}); {conv_path_note(conv)}"
     if est["total"] <= usable:
-        return True, f"fits: estimated {_gib(est['total'])} per worker {where}", cpv
-    suggestion = None
-    for c in range(cpv - 1, 0, -1):
+        return True, f"fits: estimated {_gib(est['total'])} per worker{caching} {where}", {}
+    msg = f"does not fit: estimated {_gib(est['total'])} per worker{caching} {where}; {format_estimate(est, top=4)}. "
+    largest = largest_fitting_chunk(cfg, usable, total)
+    if largest is not None:
+        chunk = balanced_chunk(cfg, largest)
+        over = {"scale.grad_cache_clips": chunk}
+        b = cfg.data.clips_per_video * largest_share_videos(cfg)
+        return False, msg + (
+            f"Try scale.grad_cache_clips={chunk} (gradient caching: the same objective; the {b} clips of a worker "
+            f"embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the fewest that fit (the "
+            f"largest chunk that fits is {largest} clips); estimated {_gib(total(cfg.replace(over)))}), or more "
+            f"workers (scale.num_workers)."), over
+    over = _fewer_clips(cfg, usable, total)
+    smallest = cfg.replace({"scale.grad_cache_clips": cfg.data.clips_per_video})
+    msg += f"Not even gradient caching with one video per chunk fits (estimated {_gib(total(smallest))}). "
+    if over is None:
+        return False, msg + ("No smaller data.clips_per_video fits either; use more workers (scale.num_workers), a "
+                             "smaller data.batch_size, or a device with more memory."), None
+    settings = " ".join(f"{k}={v}" for k, v in over.items())
+    return False, msg + (f"Try {settings} (fewer clips per video: fewer negatives, another objective; estimated "
+                         f"{_gib(total(cfg.replace(over)))}), more workers (scale.num_workers) or a smaller "
+                         f"data.batch_size."), over
+
+
+def largest_fitting_chunk(cfg: Config, usable: int, total) -> int | None:
+    """The largest ``scale.grad_cache_clips`` (whole videos, smaller than the largest share) whose
+    ``total(config)`` is at most ``usable`` bytes, or None. The estimate grows with the chunk, so a
+    bisection over the number of videos per chunk finds it."""
+    cpv = cfg.data.clips_per_video
+    videos = largest_share_videos(cfg)
+    lo, hi = 0, videos - 1  # videos per chunk: lo fits (0 = none yet), hi is the largest to try
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if total(cfg.replace({"scale.grad_cache_clips": mid * cpv})) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * cpv or None
+
+
+def balanced_chunk(cfg: Config, largest: int) -> int:
+    """The chunk to run when chunks of up to ``largest`` clips fit: the fewest chunks (as many as the
+    largest chunk needs, so as many extra forwards), as equal as whole videos allow. The largest
+    chunk itself may leave a last chunk of one video, whose BatchNorm statistics come from one
+    video's clips only; equal chunks also peak lower."""
+    cpv = cfg.data.clips_per_video
+    videos = largest_share_videos(cfg)
+    chunks = -(-videos // (largest // cpv))
+    return -(-videos // chunks) * cpv
+
+
+def _fewer_clips(cfg: Config, usable: int, total) -> dict[str, int] | None:
+    """The largest smaller ``data.clips_per_video`` that fits, plainly or with the largest fitting chunk."""
+    for c in range(cfg.data.clips_per_video - 1, 0, -1):
         if cfg.data.batch_size * c < cfg.loss.num_clusters:
             break  # fewer clips per step than clusters: no valid smaller setting below this
+        over = {"data.clips_per_video": c, "scale.grad_cache_clips": 0}
         try:
-            smaller = cfg.replace({"data.clips_per_video": c})
+            smaller = cfg.replace(over)
         except ValueError:
             continue
-        if estimate(smaller)["total"] <= usable:
-            suggestion = c
-            break
-    msg = (f"does not fit: estimated {_gib(est['total'])} per worker {where}; "
-           f"{format_estimate(est, top=4)}. ")
-    if suggestion is not None:
-        new = estimate(cfg.replace({"data.clips_per_video": suggestion}))
-        msg += (f"Try data.clips_per_video={suggestion} (estimated {_gib(new['total'])}), more workers "
-                f"(scale.num_workers) or a smaller data.batch_size.")
-    else:
-        msg += ("No smaller data.clips_per_video fits; use more workers (scale.num_workers), a smaller "
-                "data.batch_size, or a device with more memory.")
-    return False, msg, suggestion
+        if total(smaller) <= usable:
+            return over if cfg.scale.grad_cache_clips else {"data.clips_per_video": c}
+        largest = largest_fitting_chunk(smaller, usable, total)
+        if largest is not None:
+            return {"data.clips_per_video": c, "scale.grad_cache_clips": balanced_chunk(smaller, largest)}
+    return None
 
 
-__all__ = ["CONV_PATHS", "ConvShape", "activation_elements_per_clip", "batchnorm_saved_bytes", "conv_path",
-           "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters", "estimate_worker_memory",
-           "fits", "format_estimate", "loss_memory", "parameter_stats",
-           "recon_dims"]
+__all__ = ["CONV_PATHS", "CUDNN", "MARGIN_PATHS", "MODELLED_CONV_PATHS", "NATIVE", "ONEDNN_AVX2", "ONEDNN_AVX512",
+           "UNKNOWN", "ConvShape", "activation_elements_per_clip", "balanced_chunk", "batchnorm_saved_bytes",
+           "cached_chunk", "conv_path", "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters",
+           "estimate_worker_memory", "fits", "format_estimate", "global_batchnorm_extra_bytes",
+           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "parameter_stats", "recon_dims"]

@@ -16,12 +16,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from raymcn.config import Config, PermanentError
+from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
+from raymcn.losses import Collectives
 from raymcn.train import faults
+from raymcn.train.gradcache import cached_step, share_clips
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
 
-TIMING_PHASES = ("data", "forward", "loss", "backward", "optimizer")
+# "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off)
+TIMING_PHASES = ("data", "forward", "loss", "backward", "reforward", "optimizer")
 
 
 class NonFiniteLossError(RuntimeError, PermanentError):
@@ -103,6 +106,9 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
         rank: this process's rank (fault injection picks a rank).
 
+    With ``cfg.scale.grad_cache_clips`` smaller than the share, forward, loss and backward are
+    :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
+
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
     """
@@ -112,7 +118,13 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     steps = clips = skipped = 0
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
+    cache_clips = cfg.scale.grad_cache_clips
     epoch_start = tick = _sync(device)
+
+    def lap(phase: str) -> None:  # the cached step's phases end inside it
+        nonlocal tick
+        tick = _lap(times, phase, tick, device)
+
     for batch in batches:
         batch = to_device(batch, device)
         # Free last step's gradients before the forward: holding them through forward and loss
@@ -122,16 +134,21 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         tick = _lap(times, "data", tick, device)
         if steps == 0:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
             first_batch = times["data"]
-        with autocast(device):
-            out = model(batch, active)
-        tick = _lap(times, "forward", tick, device)
-        terms = objective(out, active, state.step)
-        del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
-        if faults.at_step(state.step, rank):
-            terms["total_loss"] = terms["total_loss"] * float("nan")
-        tick = _lap(times, "loss", tick, device)
-        terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
-        tick = _lap(times, "backward", tick, device)
+        if 0 < cache_clips < share_clips(batch):  # a chunk as large as the share would save nothing
+            terms = cached_step(model, objective, batch, active, state.step, cache_clips,
+                                forward_context=lambda: autocast(device), lap=lap,
+                                poison=faults.at_step(state.step, rank))
+        else:
+            with autocast(device):
+                out = model(batch, active)
+            tick = _lap(times, "forward", tick, device)
+            terms = objective(out, active, state.step)
+            del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
+            if faults.at_step(state.step, rank):
+                terms["total_loss"] = terms["total_loss"] * float("nan")
+            tick = _lap(times, "loss", tick, device)
+            terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
+            tick = _lap(times, "backward", tick, device)
         # Gradients are all-reduced, so every rank sees the same norm and takes the same decision.
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
         if torch.isfinite(norm):
@@ -183,31 +200,47 @@ def _progress_line(state: LoopState, steps: int, total: int | None, values: dict
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256) -> dict[str, float]:
+def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
+             comm: Collectives | None = None) -> dict[str, float]:
     """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
+
+    With ``comm`` of several ranks every rank embeds its contiguous share of the clips (⌈N/world⌉,
+    the last rank fewer), the shares are all-gathered (padded to equal size; gathered in rank
+    order they are the set in order), rank 0 scores the whole set and broadcasts the metrics:
+    each clip is embedded once instead of once per rank, and the metrics are those of one
+    process scoring everything. Every rank must call it (collectives).
 
     Args:
         eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
             ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
         chunk: clips embedded at a time.
+        comm: this rank's collectives (default: one process).
     """
     net = getattr(model, "module", model)  # bypass DDP: evaluation needs no gradient sync
+    comm = comm or Collectives()
     was_training = net.training
     net.eval()
     try:
-        texts, galleries = [], []
         n = eval_set.video.shape[0]
-        for start in range(0, n, chunk):
-            sl = slice(start, start + chunk)
+        share = -(-n // comm.world)
+        start, end = min(n, comm.rank * share), min(n, (comm.rank + 1) * share)
+        rows = torch.zeros(share, 2, net.cfg.embed_dim, dtype=torch.float32, device=device)  # (text, gallery)
+        for s in range(start, end, chunk):
+            sl = slice(s, min(s + chunk, end))
             batch = to_device({k: torch.as_tensor(getattr(eval_set, k)[sl])
                                for k in ("video", "audio", "nframes", "text")}, device)
             with autocast(device):
                 out = net.encode(batch)  # all three branches, no reconstruction heads
-            texts.append(out["text"].float())
-            galleries.append(out["video"].float() + out["audio"].float())
-        ranks = ranks_of_matches(torch.cat(texts), torch.cat(galleries))
-        metrics = retrieval_metrics(ranks, getattr(eval_set, "num_queries_total", None) or n)
-        metrics["eval_size"] = float(getattr(eval_set, "num_queries_total", None) or n)
-        return metrics
+            rows[s - start:sl.stop - start, 0] = out["text"].float()
+            rows[s - start:sl.stop - start, 1] = out["video"].float() + out["audio"].float()
+        everyone = comm.all_gather(rows)[:n]  # (N, 2, D): every clip once, in order
+        total = float(getattr(eval_set, "num_queries_total", None) or n)
+        keys = [*RETRIEVAL_METRICS, "eval_size"]
+        values = torch.zeros(len(keys), dtype=torch.float64, device=device)
+        if comm.rank == 0:
+            metrics = retrieval_metrics(ranks_of_matches(everyone[:, 0], everyone[:, 1]), int(total))
+            metrics["eval_size"] = total
+            values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
+        return dict(zip(keys, comm.broadcast_from_rank0(values).tolist()))
     finally:
         net.train(was_training)

@@ -94,5 +94,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
             say(epoch_line(run.state.epoch, plan.epochs, metrics, workers=world))
         faults.after_epoch(run.state.epoch)
 
-    return run_epochs(run, EpochHooks(batches=stream.epoch, evaluate=lambda r: evaluate(r.model, eval_set, r.device),
+    # The eval set's embedding is sharded over the ranks; rank 0 scores it once and broadcasts.
+    return run_epochs(run, EpochHooks(batches=stream.epoch,
+                                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
                                       after_epoch=checkpoint_and_report, log=log))

@@ -1,0 +1,254 @@
+"""Exact gradient caching for one training step ("GradCache", Gao et al. 2021). No Ray.
+
+A worker's activation memory is that of one chunk of its share, while the objective still sees
+every embedding of the global batch. One step over a share of b clips in chunks of n clips
+(whole videos; ``scale.grad_cache_clips``):
+
+1. **embed**: each chunk's forward without autograd, on the bare module (``MCN.embed``: the
+   reconstruction heads are not run), fills the share's embeddings, (b, D) per active modality.
+2. **loss**: the objective once, on those embeddings as leaves (its queue push and k-means refit
+   happen here, once per step); its backward leaves d total / d embedding, (b, D) per modality:
+   the cached gradients. The leaves are then freed; the gradients are held to the end.
+3. **re-forward**: each chunk's forward again, with autograd and through the DDP wrapper, then one
+   ``torch.autograd.backward`` of [the chunk's embeddings ..., its reconstruction term] with
+   [their rows of the cached gradients ..., 1].
+
+The reconstruction term is per clip (the mean over the share of Σ_m mse_m), so it is not cached:
+step 3 computes each chunk's part, weighted by n_c / b (and by the objective's share weight
+b·N/B when the ranks' shares are unequal), with the heads inside the chunk's graph;
+its gradient reaches the encoders through the heads and, targets not detached, through the
+pooled audio and text activations, as in the plain step. Caching it instead would hold the
+share's predictions and targets and their gradients: at paper size more than the embeddings'
+cache itself (b × 18 432 floats of gradients alone).
+
+What is exact, and how (tests/test_gradcache.py in one process; tests/test_dist_losses.py on 2
+gloo ranks with DDP; all to 1e-5):
+
+* **Loss terms, parameter gradients, queue, centroids** equal those of the plain step on the
+  same share *whose forward runs chunk by chunk* (one autograd graph over the chunks). That is
+  the plain step itself whenever a clip's forward does not depend on the other clips of its
+  batch: with one chunk (n ≥ b), or with BatchNorm in eval mode. MCN's only such dependency is
+  DAVEnet's BatchNorm in training mode, which normalises with the statistics of the batch it
+  sees: with caching, one chunk's, the same in both passes (so the cached gradient is exact for
+  that forward). The effect of chunk instead of share statistics is measured in the README.
+* **BatchNorm running statistics** are updated once per step, not once per chunk and pass:
+  both passes run with the layers' own update off; pass 1 pools each layer's input statistics
+  over the chunks (Chan et al.'s parallel mean/variance, float64), and the step ends with one
+  momentum update by the share's mean and unbiased variance. With one chunk that is PyTorch's
+  own update. SyncBatchNorm is refused (its statistics are a collective per forward).
+* **RNG**: each chunk's re-forward replays the generator state its first forward started from
+  (CPU and the model's CUDA device), and the step leaves the generators as pass 1 left them.
+  MCN draws no random numbers in its forward (no dropout): insurance, tested with a model that does.
+* **DDP**: every chunk's re-forward and backward but the last's run under ``no_sync()``: the
+  gradients accumulate locally and are all-reduced once, in the last chunk's backward. Pass 1
+  bypasses the wrapper (no collective, no reducer bookkeeping), so DDP's buffer broadcast runs
+  once per step, before the first re-forward, as in the plain step before its forward; the
+  running-statistics update comes after it, as in the plain step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from raymcn.config import MODALITIES
+from raymcn.losses.recon import recon_loss
+from raymcn.model.syncbn import GlobalBatchNorm2d
+
+
+def chunk_bounds(clips: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) rows of each chunk of ``chunk`` clips over ``clips`` rows; the last may be shorter."""
+    if chunk < 1:
+        raise ValueError(f"chunk of {chunk} clips")
+    return [(s, min(s + chunk, clips)) for s in range(0, clips, chunk)]
+
+
+def share_clips(batch: dict) -> int:
+    """Clips in ``batch`` (the common first dimension of its tensors)."""
+    sizes = {v.shape[0] for v in batch.values() if isinstance(v, Tensor)}
+    if len(sizes) != 1:
+        raise ValueError(f"batch tensors disagree on the number of clips: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def slice_batch(batch: dict, start: int, end: int) -> dict:
+    """Rows ``start:end`` of every per-clip entry of ``batch`` (tensors and per-clip lists)."""
+    clips = share_clips(batch)
+    return {k: v[start:end] if isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and len(v) == clips) else v
+            for k, v in batch.items()}
+
+
+class ChunkedBatchNorm:
+    """The training-mode BatchNorm layers of ``net`` under gradient caching (see the module doc).
+
+    ``frozen()`` around both passes turns the layers' own running-statistics update off (they still
+    normalise with the statistics of the chunk they see); ``recording()`` around pass 1 pools each
+    layer's input statistics over the chunks; ``commit()`` applies one update per layer.
+    """
+
+    def __init__(self, net: nn.Module):
+        self.layers = [m for m in net.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+        if any(isinstance(m, (nn.SyncBatchNorm, GlobalBatchNorm2d)) for m in self.layers):
+            raise ValueError("scale.grad_cache_clips with model.sync_batchnorm: its statistics are a collective "
+                             "per forward, which chunking changes; not supported")
+        self._stats: dict[nn.Module, tuple[int, Tensor, Tensor]] = {}  # layer -> (count, mean, M2), float64
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        for m in self.layers:
+            m.track_running_stats = False  # training mode: batch statistics, running buffers untouched
+        try:
+            yield
+        finally:
+            for m in self.layers:
+                m.track_running_stats = True
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        handles = [m.register_forward_pre_hook(self._record) for m in self.layers]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _record(self, module: nn.Module, inputs: tuple) -> None:
+        x = inputs[0].detach()  # (N, C, ...): statistics over every axis but the channels
+        dims = [0, *range(2, x.dim())]
+        n = x.numel() // x.shape[1]
+        var, mean = torch.var_mean(x.float(), dim=dims, correction=0)
+        mean, m2 = mean.double(), var.double() * n
+        prev = self._stats.get(module)
+        if prev is not None:  # Chan et al.: combine two (count, mean, M2) without a second pass
+            n0, mean0, m20 = prev
+            total = n0 + n
+            delta = mean - mean0
+            mean, m2 = mean0 + delta * (n / total), m20 + m2 + delta.square() * (n0 * n / total)
+            n = total
+        self._stats[module] = (n, mean, m2)
+
+    @torch.no_grad()
+    def commit(self) -> None:
+        """One running-statistics update per recorded layer, as ``_BatchNorm.forward`` makes it
+        (momentum, or a cumulative average when momentum is None; unbiased variance)."""
+        for m, (n, mean, m2) in self._stats.items():
+            m.num_batches_tracked.add_(1)
+            factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+            var = m2 / max(n - 1, 1)
+            m.running_mean.mul_(1 - factor).add_(mean.to(m.running_mean.dtype), alpha=factor)
+            m.running_var.mul_(1 - factor).add_(var.to(m.running_var.dtype), alpha=factor)
+        self._stats.clear()
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _embeddings(net: nn.Module, batch: dict, active: frozenset[str]) -> dict[str, Tensor]:
+    embed = getattr(net, "embed", None)
+    if embed is not None:
+        return embed(batch, active)
+    return {m: x for m, x in net(batch, active).items() if m in MODALITIES}  # a model without ``embed``
+
+
+def cached_step(model: nn.Module, objective: Callable, batch: dict, active: frozenset[str], step: int,
+                chunk_clips: int, *, forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                lap: Callable[[str], None] | None = None, poison: bool = False) -> dict[str, Tensor]:
+    """Forward, objective and backward of one step with gradient caching; returns the detached terms.
+
+    Afterwards the parameters' ``.grad`` hold what ``objective(model(batch, active), active,
+    step)["total_loss"].backward()`` would leave (see the module doc for what "exact" means under
+    BatchNorm), DDP-averaged when ``model`` is a DDP wrapper; the optimizer step is the caller's.
+
+    Args:
+        model: the trained module (a DDP wrapper or the bare model); ``model(batch, active)``
+            returns ``{m: (c, D)}`` and ``{"recon_m": (pred (c, F_m), target (c, F_m))}`` for c clips.
+        objective: an :class:`~raymcn.losses.MCNObjective` (called once, on the whole share).
+        batch: this rank's share, b clips, video-major (the batch contract of ``train_one_epoch``).
+        chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.clips_per_video``).
+        forward_context: entered around every forward (the loop's autocast).
+        lap: called with a phase name as each phase ends: "forward" (pass 1), "loss",
+            "backward" (the loss's backward, then each chunk's), "reforward" (each chunk's forward).
+        poison: make the loss and every gradient non-finite (the loop's fault injection).
+
+    Returns:
+        the objective's terms, detached, with ``recon_loss`` (when the model has heads) and
+        ``total_loss`` including the reconstruction term as the objective composes it.
+    """
+    lap = lap or (lambda phase: None)
+    net = getattr(model, "module", model)
+    b = share_clips(batch)
+    cpv = getattr(objective, "clips_per_video", 1)
+    if chunk_clips < 1 or chunk_clips % cpv:
+        raise ValueError(f"scale.grad_cache_clips={chunk_clips}: chunks must be whole videos of {cpv} clips")
+    bounds = chunk_bounds(b, chunk_clips)
+    device = next(net.parameters()).device
+    bn = ChunkedBatchNorm(net)
+    weight, detach_targets = objective.loss.recon_weight, objective.loss.detach_recon_targets
+    recon_parts: list[Tensor] = []
+    with bn.frozen():
+        # 1. Embed the share, chunk by chunk, without autograd: only the embeddings are kept.
+        starts, cache = [], {}
+        with torch.no_grad(), bn.recording():
+            for s, e in bounds:
+                starts.append(_rng_state(device))
+                with forward_context():
+                    out = _embeddings(net, slice_batch(batch, s, e), active)
+                for m, x in out.items():
+                    if m not in cache:
+                        cache[m] = x.new_empty((b, *x.shape[1:]))
+                    cache[m][s:e] = x
+                del out
+        after_pass1 = _rng_state(device)
+        lap("forward")
+
+        # 2. The objective once, on the whole share; its backward fills the cache's gradients.
+        leaves = {m: x.requires_grad_() for m, x in cache.items()}
+        terms = objective(leaves, active, step)
+        share_weight = objective.share_weight  # b·N/B: 1 unless the shares are unequal
+        if poison:
+            terms["total_loss"] = terms["total_loss"] * float("nan")
+        total = terms["total_loss"]
+        lap("loss")
+        total.backward()
+        grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}  # (b, D) each
+        terms = {k: v.detach() for k, v in terms.items()}  # drops the graph, so the leaves can go
+        del leaves, cache, total
+        lap("backward")
+
+        # 3. Re-forward each chunk with autograd and push its rows of the cached gradients through it.
+        no_sync = getattr(model, "no_sync", None)
+        for i, (s, e) in enumerate(bounds):
+            last = i == len(bounds) - 1
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                _set_rng_state(starts[i], device)
+                with forward_context():
+                    out = model(slice_batch(batch, s, e), active)
+                lap("reforward")
+                outputs = [out[m] for m in grads]
+                seeds = [g[s:e] for g in grads.values()]
+                pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
+                if pairs:
+                    part = recon_loss(pairs, detach_targets) * ((e - s) / b * share_weight)
+                    recon_parts.append(part.detach())
+                    outputs.append(weight * part * float("nan") if poison else weight * part)
+                    seeds.append(torch.ones_like(outputs[-1]))
+                torch.autograd.backward(outputs, seeds)
+                del out, outputs, seeds, pairs
+            lap("backward")
+        _set_rng_state(after_pass1, device)
+    bn.commit()
+    if recon_parts:
+        terms["recon_loss"] = torch.stack(recon_parts).sum()
+        terms["total_loss"] = terms["total_loss"] + weight * terms["recon_loss"]
+    return terms
