@@ -8,6 +8,7 @@ from raymcn.cli import main, preset_path
 from raymcn.config import load_config
 from raymcn.train import checkpoint, launch
 from raymcn.train.loop import lr_factor
+from raymcn.train.plan import warmup_steps
 
 from conftest import TINY
 
@@ -48,4 +49,6 @@ def test_resume_after_crash_continues_the_run(ray_local, tmp_path, monkeypatch):
     # queue and centroids, so it ends where the uninterrupted run ends.
     for key in ("total_loss", "cluster_loss", "recon_loss", "text_to_video_R@10", "text_to_video_MedR"):
         assert resumed.metrics[key] == pytest.approx(full.metrics[key], rel=1e-5, abs=1e-5), key
-    assert resumed.metrics["lr"] == pytest.approx(cfg.optim.lr * lr_factor(total, cfg.optim.warmup_steps, total))
+    # the curve at the last step (the preset's warm-up of 256 videos outlasts this 12-step run: a
+    # warm-up restarted by the resume would end lower)
+    assert resumed.metrics["lr"] == pytest.approx(cfg.optim.lr * lr_factor(total, warmup_steps(cfg), total))

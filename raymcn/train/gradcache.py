@@ -35,7 +35,7 @@ gloo ranks with DDP; all to 1e-5):
   both passes run with the layers' own update off; pass 1 pools each layer's input statistics
   over the chunks (Chan et al.'s parallel mean/variance, float64), and the step ends with one
   momentum update by the share's mean and unbiased variance. With one chunk that is PyTorch's
-  own update. SyncBatchNorm is refused (its statistics are a collective per forward).
+  own update. ``model.sync_batchnorm`` is refused (its statistics are a collective per forward).
 * **RNG**: each chunk's re-forward replays the generator state its first forward started from
   (CPU and the model's CUDA device), and the step leaves the generators as pass 1 left them.
   MCN draws no random numbers in its forward (no dropout): insurance, tested with a model that does.
