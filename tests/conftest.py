@@ -1,6 +1,7 @@
 """Shared fixtures: a private cache and results folder per session, and one Ray instance per module."""
 
 import contextlib
+import importlib.util
 import os
 import socket
 import threading
@@ -185,3 +186,12 @@ def linear_mcn(in_dim: int, dim: int, recon: bool = True, dropout: float = 0.0, 
             return out
 
     return LinearMCN()
+
+
+def load_bench(name: str):
+    """The module ``bench/<name>.py`` (benchmarks are scripts, not a package)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,21 +3,16 @@ through the run assembly under both arms (the warm-up in steps before, in videos
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "rung_correlation.py"
+from conftest import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rung_correlation", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("rung_correlation")
 
 
 def test_spearman_interval(bench):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_bench
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "sweep_efficiency.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("sweep_efficiency", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("sweep_efficiency")
 
 
 def test_epochs_to_reach(bench):

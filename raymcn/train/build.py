@@ -111,8 +111,9 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
     """Train from ``run.state.epoch`` to the plan's last epoch; returns the last epoch's metrics.
 
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
-    ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the evaluation's metrics, ``epoch`` (completed), ``global_step``
-    and ``budget_epoch`` (the sweep schedulers' clock).
+    ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the
+    evaluation's metrics with ``time_eval_s``, ``epoch`` (completed), ``global_step`` and
+    ``budget_epoch`` (the sweep schedulers' clock).
     """
     plan, state = run.plan, run.state
     metrics: dict[str, float] = {}

@@ -1,0 +1,102 @@
+"""Evaluation once instead of once per rank: the epoch's evaluation time, unsharded vs sharded.
+
+    python bench/eval_sharding.py                      # paper dims, 256 clips, 2 gloo ranks (~3 min)
+    python bench/eval_sharding.py --clips 64 --quick   # the preset's tiny MCN
+    python bench/eval_sharding.py --json               # the table, then one JSON line
+
+Before, every rank embedded and scored the whole eval set after each epoch (``worker.py``); now
+each rank embeds its contiguous share (⌈N/world⌉ clips), the shares are gathered and rank 0 scores
+once (``raymcn.train.loop.evaluate`` with ``comm``). Both run here on ``--world`` gloo processes
+(1 torch thread each, the model at initialisation in eval mode, random inputs of the eval set's
+shapes, 1000 audio frames at paper dims), ``--repeats`` times each, alternating; the figure is the
+slowest rank's wall time (the epoch waits for it), median over repeats. Both must give the same
+metrics (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from raymcn.config import ModelConfig
+from raymcn.losses import Collectives
+from raymcn.model import MCN
+from raymcn.results.render import render_table
+from raymcn.train.loop import evaluate
+
+TINY = ModelConfig(embed_dim=128, audio_channels=(16, 16, 32, 32, 64), recon_hidden=64)
+
+
+def _eval_set(clips: int, model: ModelConfig, frames: int, words: int = 20) -> SimpleNamespace:
+    rng = np.random.default_rng(0)
+    return SimpleNamespace(video=rng.standard_normal((clips, model.video_dim)).astype(np.float32),
+                           audio=rng.standard_normal((clips, model.mel_bins, frames)).astype(np.float16),
+                           nframes=np.full(clips, frames, dtype=np.int32),
+                           text=rng.standard_normal((clips, words, model.word_dim)).astype(np.float32),
+                           num_queries_total=clips)
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model_cfg = TINY if args["quick"] else ModelConfig()
+        torch.manual_seed(0)
+        model = MCN(model_cfg)
+        eval_set = _eval_set(args["clips"], model_cfg, 128 if args["quick"] else 1000)
+        device, comm = torch.device("cpu"), Collectives(rank, world)
+        times = {"every rank, whole set (before)": [], "sharded, scored once (now)": []}
+        metrics = {}
+        for _ in range(args["repeats"]):
+            for name, c in zip(times, (None, comm)):
+                dist.barrier()
+                started = time.perf_counter()
+                metrics[name] = evaluate(model, eval_set, device, comm=c)
+                times[name].append(time.perf_counter() - started)
+        torch.save({"times": times, "metrics": metrics}, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clips", type=int, default=256, help="eval clips (default 256)")
+    ap.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed evaluations of each kind (default 3)")
+    ap.add_argument("--quick", action="store_true", help="the preset's tiny MCN instead of paper dims")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(args.world, f"{tmp}/init", tmp, vars(args)), nprocs=args.world, join=True)
+        ranks = [torch.load(f"{tmp}/rank{r}.pt") for r in range(args.world)]
+    names = list(ranks[0]["times"])
+    slowest = {n: [max(r["times"][n][i] for r in ranks) for i in range(args.repeats)] for n in names}
+    median = {n: statistics.median(v) for n, v in slowest.items()}
+    same = all(r["metrics"][names[0]] == r["metrics"][names[1]] for r in ranks)
+    base = median[names[0]]
+    rows = [{"evaluation": n, "slowest rank s (median)": f"{median[n]:.2f}", "vs before": f"{median[n] / base:.2f}"}
+            for n in names]
+    print(f"bench/eval_sharding.py: {'tiny' if args.quick else 'paper-dim'} MCN, {args.clips} clips, "
+          f"{args.world} gloo ranks x 1 thread, {args.repeats} repeats")
+    print(render_table(rows))
+    print(f"same metrics both ways on every rank: {same}")
+    if args.json:
+        print(json.dumps({"settings": vars(args), "slowest_rank_s": slowest, "median_s": median, "same": same}))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
