@@ -128,7 +128,8 @@ def test_progress_status_table_and_errors(progress, tmp_path):
     assert rows[1].split()[:5] == ["joint-seed1-x_00001", "done", "2", "41.50", "41.50"]
     assert p.status_table([a, b, c], 130.0) == []  # nothing changed: no table
     p.on_trial_result(0, [a, b, c], a, {"epoch": 1, "text_to_video_R@10": 5.0})
-    head, _, *rows = p.status_table([a, b, c], 135.0)
+    head, *rows = p.status_table([a, b, c], 135.0)  # the column names only head the first table
+    assert head.startswith("status after 2m15s: ")
     assert [r.split()[:4] for r in rows] == [["AV_T-seed1-x_00000", "running", "1", "5.00"]]  # done: shown once
     # a permanent error ends a trial "normally" in Tune: the progress still says so, on stderr
     (tmp_path / TRIAL_ERRORS_DIR).mkdir()

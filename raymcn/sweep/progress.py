@@ -52,6 +52,7 @@ class SweepProgress(tune.Callback):
         self._start_time: dict[str, float] = {}
         self._finished_shown: set[str] = set()
         self._shown_state: tuple = ()
+        self._columns_shown = False  # the column names head the first table only: no line twice
         self._t0 = self._last_status = time.monotonic()
 
     # --- per trial ----------------------------------------------------------------------------------
@@ -110,8 +111,9 @@ class SweepProgress(tune.Callback):
         """The status since the last table, or nothing when nothing changed: a header with the
         elapsed time, the counts per status and the best R@10 so far; then a row (trial, status,
         epoch, R@10, best R@10, time since it started) for every running or paused trial and for
-        every trial that finished since the last table. A finished trial is listed once and
-        pending ones are only counted, so no row repeats itself from table to table."""
+        every trial that finished since the last table, under the column names in the first table
+        only. A finished trial is listed once and pending ones are only counted, so no line repeats
+        itself from table to table."""
         now = time.monotonic()
         state = tuple((t.trial_id, t.status, self._last.get(t.trial_id, {}).get("epoch", 0)) for t in trials)
         if state == self._shown_state:
@@ -140,7 +142,9 @@ class SweepProgress(tune.Callback):
         header = ("trial", "status", "epoch", "R@10", "best", "for")
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         fmt = "  " + "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
-        return [head, fmt.format(*header), *(fmt.format(*r) for r in rows)]
+        columns = [] if self._columns_shown else [fmt.format(*header)]
+        self._columns_shown = True
+        return [head, *columns, *(fmt.format(*r) for r in rows)]
 
     def _say(self, line: str, err: bool = False) -> None:
         if self.console is not None:
