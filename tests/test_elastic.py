@@ -10,7 +10,7 @@ policy restarts it from the last checkpoint on what can be placed and, every
 checkpoint). With ``model.sync_batchnorm`` the step's arithmetic does not depend on the world size
 (``tests/test_dist_losses.py``, ``tests/test_syncbn.py``: equal to 1e-5); what a resize may change
 is which videos Ray Data's split puts together in a step, so the final metrics are compared within
-a tolerance, the one the killed-worker test states (README, "Surviving crashes").
+a stated tolerance (``ELASTIC_TOLERANCE``; README, "Surviving crashes").
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 
-from conftest import (RESTART_TOLERANCE, TINY, event_log_callback, in_background, multinode_cluster, read_events,
-                      train_worker_nodes, wait_for)
+from conftest import (TINY, event_log_callback, in_background, multinode_cluster, read_events, train_worker_nodes,
+                      wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -32,6 +32,15 @@ ray = pytest.importorskip("ray")
 SERVER = {"num_cpus": 2}  # room for one worker (scale.cpus_per_worker=2), nothing left
 EPOCHS = 6
 VIDEOS = 64  # TINY's corpus: every epoch reads each of them once, whatever the world
+# The stated tolerance for a resized run against the uninterrupted one. A resize regroups the
+# videos of every later step (Ray Data's split for the new world), a larger change than a
+# restarted worker's (conftest's restart tolerance). Measured (README, fault table): loss 0.2 % and
+# 1.1 %, cluster loss 3.0 % and 1.3 %, R@10 3.1 points (2 of 64 queries) both times, on the
+# AVX-512 and the AVX2 kernel path; the uninterrupted runs of the two paths differ by 0.5 % in
+# loss themselves. A run that lost its schedule or its state would be off by far more (epoch 1's
+# loss is ~58 against ~33 at epoch 6).
+ELASTIC_TOLERANCE = {"total_loss": dict(rel=0.03), "cluster_loss": dict(rel=0.10),
+                     "text_to_video_R@10": dict(abs=8.0), "text_to_video_MedR": dict(rel=0.25)}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +108,7 @@ def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_resu
     assert all(e["videos_read"] == VIDEOS for e in events), [(e["epoch"], e["videos_read"]) for e in events]
 
     a, b = out["value"].metrics, steady.metrics
-    print("elastic vs uninterrupted:", {k: (a[k], b[k]) for k in RESTART_TOLERANCE})
+    print("elastic vs uninterrupted:", {k: (a[k], b[k]) for k in ELASTIC_TOLERANCE})
     assert a["epoch"] == b["epoch"] == EPOCHS and a["global_step"] == b["global_step"]  # the schedule did not move
-    for key, tol in RESTART_TOLERANCE.items():
+    for key, tol in ELASTIC_TOLERANCE.items():
         assert a[key] == pytest.approx(b[key], **tol), f"{key}: elastic {a[key]} vs uninterrupted {b[key]}"
