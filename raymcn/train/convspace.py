@@ -15,7 +15,8 @@ from raymcn.config import ModelConfig
 FP32 = 4
 
 
-def _ceil_half(n: int) -> int:
+def ceil_half(n: int) -> int:
+    """Length after a stride-2 layer (DAVEnet's time axis): ⌈n/2⌉."""
     return (n + 1) // 2
 
 
@@ -44,7 +45,7 @@ def conv_shapes(model_cfg: ModelConfig, audio_frames: int) -> list[ConvShape]:
     c, t = model_cfg.audio_channels, audio_frames
     shapes = [ConvShape(1, c[0], model_cfg.mel_bins, model_cfg.mel_bins * t, t)]
     for cin, cout in itertools.pairwise(c):
-        half = _ceil_half(t)
+        half = ceil_half(t)
         shapes += [ConvShape(cin, cout, 9, t, half, 2), ConvShape(cin, cout, 1, t, half, 2),  # conv, shortcut
                    ConvShape(cout, cout, 9, half, half)]
         shapes += [ConvShape(cout, cout, 9, half, half)] * (2 * (model_cfg.audio_blocks - 1))

@@ -116,8 +116,8 @@ import itertools
 
 from raymcn.config import Config, ModelConfig
 from raymcn.train.convspace import (CONV_PATHS, CUDNN, MARGIN_PATHS, MODELLED_CONV_PATHS, NATIVE, ONEDNN_AVX2,
-                                    ONEDNN_AVX512, UNKNOWN, ConvShape, conv_path, conv_path_note, conv_shapes,
-                                    conv_workspace_bytes)
+                                    ONEDNN_AVX512, UNKNOWN, ConvShape, ceil_half, conv_path, conv_path_note,
+                                    conv_shapes, conv_workspace_bytes)
 
 GIB = 1 << 30
 # How the components combine into the peak (see the module docstring).
@@ -137,10 +137,6 @@ PAIR_COUNT = 3  # tv, at, av
 LIVE_SLABS_PER_PAIR = 2  # margin-shifted row and column slabs, saved for backward
 LIVE_SLABS_TRANSIENT = 3  # backward: the two exp terms of one slab's gradient, plus small D-wide temporaries
 EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
-
-
-def _ceil_half(n: int) -> int:
-    return (n + 1) // 2
 
 
 def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
@@ -215,7 +211,7 @@ def batchnorm_input_elements_per_clip(model_cfg: ModelConfig, audio_frames: int)
     c, t = model_cfg.audio_channels, audio_frames
     n = c[0] * t
     for width in c[1:]:
-        t = _ceil_half(t)
+        t = ceil_half(t)
         n += (3 + 2 * (model_cfg.audio_blocks - 1)) * width * t
     return n
 
@@ -253,7 +249,7 @@ def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
         t = audio_frames
         n = model_cfg.mel_bins * t + 2 * c[0] * t
         for width in c[1:]:
-            t = _ceil_half(t)
+            t = ceil_half(t)
             n += (5 + 4 * (model_cfg.audio_blocks - 1)) * width * t
         n += t + 1 + 4 * c[-1] + d + ((h + c[-1]) if model_cfg.recon else 0)
         out["audio"] = n
