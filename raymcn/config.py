@@ -206,6 +206,11 @@ class ScaleConfig:
     # Exact gradient caching: each worker embeds its share in chunks of this many clips (whole videos)
     # and re-runs each chunk's forward with the loss's cached gradient (train/gradcache.py); 0 = off.
     grad_cache_clips: int = setting(0, ge=0)
+    # Score the contrastive pairs against the other workers' embeddings one worker's at a time,
+    # passed around a ring (losses/ring.py), instead of all-gathering them: the same loss, 1·B·D
+    # instead of 3·B·D gathered floats per worker (288 -> 96 MiB at B = 4096, D = 6144), twice the
+    # traffic of the gather and the loss's similarity products computed twice.
+    ring_contrastive: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ restarting from its checkpoint would).
 
 The same holds with gradient caching (``raymcn.train.gradcache.cached_step``, chunks of one video
 and uneven chunks, reconstruction on and off): the chunked ranks equal the plain single process,
-and DDP all-reduces once per step (counted with a comm hook), not once per chunk.
+and DDP all-reduces once per step (counted with a comm hook), not once per chunk. And with the
+ring contrastive loss (``scale.ring_contrastive``: the rows passed around the ranks instead of
+gathered), alone and with gradient caching.
 """
 
 from __future__ import annotations
@@ -40,14 +42,14 @@ STEPS_PER_SET = 3  # with refresh_every=2 every set sees a refit, a non-refresh 
 STEPS = len(ACTIVE_SETS) * STEPS_PER_SET
 LR = 0.05
 TOL = {"rtol": 1e-5, "atol": 1e-5}
-# (chunk clips, reconstruction heads): the plain step, then cached steps with chunks of one video
-# and uneven chunks (a share of 3 videos: 2 + 1)
-PLAIN = (0, True)
-VARIANTS = [PLAIN, (CLIPS, True), (2 * CLIPS, False)]
+# (chunk clips, reconstruction heads, ring contrastive): the plain step, cached steps with chunks of
+# one video and uneven chunks (a share of 3 videos: 2 + 1), the ring alone and with caching
+PLAIN = (0, True, False)
+VARIANTS = [PLAIN, (CLIPS, True, False), (2 * CLIPS, False, False), (0, True, True), (2 * CLIPS, True, True)]
 
 
-def _cfg(cluster_on: str) -> Config:
-    return Config().replace({
+def _cfg(cluster_on: str, ring: bool = False) -> Config:
+    return Config().replace({"scale.ring_contrastive": ring,
         "data.batch_size": VIDEOS, "data.clips_per_video": CLIPS, "scale.num_workers": 3,
         "loss.num_clusters": 3, "loss.refresh_every": 2, "loss.queue_steps": 2, "loss.queue_clip_fraction": 0.5,
         "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.margin": 0.1, "loss.cluster_on": cluster_on,
@@ -63,15 +65,15 @@ def _counting_allreduce(calls: list, bucket):
 
 
 def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: int = 0,
-         recon: bool = True) -> tuple[list[dict], dict]:
+         recon: bool = True, ring: bool = False) -> tuple[list[dict], dict]:
     """Per step: rank-mean term values, DDP-averaged grads, centroids, queue and the all-reduce calls
     (single process: world=1, no DDP); and the state at the end (per cluster_on: model and
     objective), from which a resized world continues. ``chunk`` > 0: gradient caching with chunks
-    of that many clips."""
+    of that many clips; ``ring``: the ring contrastive loss."""
     records, end = [], {}
     for cluster_on in ("modalities", "fused"):
         net = linear_mcn(IN_DIM, DIM, recon=recon)
-        objective = objective_for(_cfg(cluster_on), comm=Collectives(rank, world))
+        objective = objective_for(_cfg(cluster_on, ring), comm=Collectives(rank, world))
         if state is not None:
             net.load_state_dict(state[cluster_on]["model"])
             objective.load_state_dict(state[cluster_on]["objective"])
@@ -109,7 +111,7 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: 
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: range, state_file: str | None,
-            variants: list[tuple[int, bool]]) -> None:
+            variants: list[tuple[int, bool, bool]]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -120,7 +122,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: range, s
 
 
 def _spawn(world: int, steps: range, where, state: dict | None = None,
-           variants: list[tuple[int, bool]] = (PLAIN,)) -> tuple[list[dict], dict]:
+           variants: list[tuple[int, bool, bool]] = (PLAIN,)) -> tuple[list[dict], dict]:
     """``world`` gloo processes over ``steps``; returns, per variant, each rank's records, and rank
     0's end state of the plain step."""
     where.mkdir(parents=True)
@@ -182,19 +184,20 @@ def _assert_unequal_rotating_shares(records: list[dict], world: int) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_gloo_ranks_with_unequal_shares_equal_single_process_with_and_without_caching(tmp_path, world):
     """5 videos over 2 ranks (3 + 2) or 3 ranks (2 + 2 + 1), the larger shares rotating; the plain
-    step and gradient caching (chunks of one video; chunks of two, reconstruction off) equal the
-    plain single process, and a cached step all-reduces as often as the plain one."""
+    step, gradient caching (chunks of one video; chunks of two, reconstruction off) and the ring
+    contrastive loss (alone; with chunks of two videos) equal the plain single process with the
+    gathered loss, and every variant all-reduces as often as the plain step."""
     per_variant, _ = _spawn(world, range(STEPS), tmp_path / f"world{world}", variants=VARIANTS)
     _assert_unequal_rotating_shares(per_variant[PLAIN][0], world)
     reference = {recon: _single_process(recon) for recon in (True, False)}
     plain_calls = [r["allreduce_calls"] for r in per_variant[PLAIN][0]]
     assert min(plain_calls) >= 1
-    for chunk, recon in VARIANTS:
-        per_rank = per_variant[(chunk, recon)]
+    for chunk, recon, ring in VARIANTS:
+        per_rank = per_variant[(chunk, recon, ring)]
         assert all(("recon_loss" in r["terms"]) == recon for r in per_rank[0])
-        _assert_equal(reference[recon], per_rank, f"world={world} chunk={chunk} recon={recon}")
+        _assert_equal(reference[recon], per_rank, f"world={world} chunk={chunk} recon={recon} ring={ring}")
         for records in per_rank:  # the gradients are all-reduced once per step, whatever the chunks
-            assert [r["allreduce_calls"] for r in records] == plain_calls, (chunk, recon)
+            assert [r["allreduce_calls"] for r in records] == plain_calls, (chunk, recon, ring)
 
 
 def test_resized_between_steps_equals_single_process(tmp_path):

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from raymcn.config import Config
-from raymcn.losses import (FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans, mms_loss,
+from raymcn.losses import (Collectives, FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans, mms_loss,
                            recon_loss, world_info)
+from raymcn.losses.ring import ring_mms_loss
 
 from conftest import objective_for
 
@@ -89,6 +90,59 @@ def test_mms_gradient_matches_reference():
     _mms_reference(x, y, 0.1).backward()
     torch.testing.assert_close(gx, x.grad.float(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gy, y.grad.float(), rtol=1e-5, atol=1e-6)
+
+
+RING_PAIRS = [("text", "video"), ("audio", "text"), ("audio", "video")]
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.3])
+def test_ring_mms_in_one_process_is_the_sum_of_the_pairs(margin):
+    """World 1: the ring holds only this rank's rows; the sum and each pair equal the direct formula,
+    the gradient is the sum's, the per-pair values carry none (tests/test_dist_losses.py: N ranks)."""
+    g = torch.Generator().manual_seed(4)
+    emb = {m: torch.randn(6, 5, generator=g, requires_grad=True) for m in ("text", "video", "audio")}
+    total, per_pair = ring_mms_loss(emb, RING_PAIRS, margin, Collectives(), [6])
+    assert not per_pair.requires_grad and per_pair.shape == (3,)
+    references = [_mms_reference(emb[x], emb[y], margin) for x, y in RING_PAIRS]
+    torch.testing.assert_close(per_pair.double(), torch.stack(references), rtol=1e-5, atol=1e-6)
+    total.backward()
+    got = {m: e.grad.clone() for m, e in emb.items()}
+    for e in emb.values():
+        e.grad = None
+    sum(references).backward()
+    for m, e in emb.items():
+        torch.testing.assert_close(got[m], e.grad.float(), rtol=1e-5, atol=1e-6, msg=m)
+
+
+def test_ring_mms_without_gradient_computes_none_and_refuses_ragged_rows():
+    emb = {m: torch.randn(4, 3) for m in ("text", "video")}
+    total, _ = ring_mms_loss(emb, [("text", "video")], 0.1, Collectives(), [4])
+    assert not total.requires_grad
+    with pytest.raises(ValueError, match=r"rank 0's rows .*'video': \(3, 3\).* b = 4"):
+        ring_mms_loss({"text": emb["text"], "video": emb["video"][:3]}, [("text", "video")], 0.1, Collectives(), [4])
+    with pytest.raises(ValueError, match="rank 0 passes 4 rows around the ring, its size says 5"):
+        next(Collectives().ring((emb["text"],), [5]))
+
+
+def test_objective_with_ring_equals_gathered_in_one_process():
+    """``scale.ring_contrastive`` changes how the negatives travel, not the loss: every term and the
+    embeddings' gradients as the gathered objective's."""
+    g = torch.Generator().manual_seed(5)
+    rows = {m: torch.randn(24, 8, generator=g) for m in ("video", "audio", "text")}
+    results = []
+    for ring in (False, True):
+        objective = objective_for(_cfg(**{"scale.ring_contrastive": ring}))
+        assert objective.ring is ring
+        out = {m: r.clone().requires_grad_() for m, r in rows.items()}
+        terms = objective(out, frozenset(rows), step=0)
+        terms["total_loss"].backward()
+        results.append(({k: v.detach() for k, v in terms.items()}, {m: e.grad for m, e in out.items()}))
+    (terms, grads), (ring_terms, ring_grads) = results
+    assert set(terms) == set(ring_terms)
+    for name, value in terms.items():
+        torch.testing.assert_close(ring_terms[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for m, grad in grads.items():
+        torch.testing.assert_close(ring_grads[m], grad, rtol=1e-5, atol=1e-6, msg=m)
 
 
 # --- cluster CE -----------------------------------------------------------------------------------

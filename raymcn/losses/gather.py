@@ -7,11 +7,13 @@ and :meth:`Collectives.all_gather` given them gathers unequal parts. With world 
 method is the identity / a no-op, so the losses run unchanged in a single process.
 
 No gradient crosses ranks here: the contrastive loss computes each rank's full gradient locally
-(see contrastive.py), so the backward pass runs no collective of the losses' own; DDP's gradient
-all-reduce is the only one.
+(see contrastive.py and ring.py), so the backward pass runs no collective of the losses' own; DDP's
+gradient all-reduce is the only one.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -71,6 +73,49 @@ class Collectives:
         out = x.new_empty((self.world * most, *x.shape[1:]))
         self._gather_into(out, padded)
         return torch.cat([out[r * most:r * most + n] for r, n in enumerate(sizes)])
+
+    @torch.no_grad()
+    def ring(self, parts: tuple[torch.Tensor, ...], sizes: list[int]) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+        """Every rank's ``parts`` in turn, one rank's at a time, passed around a ring.
+
+        Yields ``(r, rank r's parts)`` for every rank r: this rank's own first (the tensors given,
+        no copy), then rank − 1's, rank − 2's, ... Between two yields each rank sends the parts it
+        holds to rank + 1 and receives rank − 1's; the transfer runs while the caller works on the
+        yielded parts (which it must not modify). So at most two ranks' parts are held at a time
+        (the ones in use and the ones arriving), never the gathered whole.
+
+        Args:
+            parts: tensors (b_r, ...) with this rank's rows (detached: nothing goes back).
+            sizes: every rank's b_r (:meth:`sizes`).
+
+        Collective: every rank must run the generator to its end.
+        """
+        parts = tuple(p.detach().contiguous() for p in parts)
+        if parts[0].shape[0] != sizes[self.rank]:
+            raise ValueError(f"rank {self.rank} passes {parts[0].shape[0]} rows around the ring, its size says "
+                             f"{sizes[self.rank]}")
+        held, owner = parts, self.rank
+        for hop in range(self.world):
+            wait = None
+            if hop + 1 < self.world:
+                sender = (owner - 1) % self.world  # whose parts arrive next
+                arriving = tuple(p.new_empty((sizes[sender], *p.shape[1:])) for p in parts)
+                wait = self._pass_on(held, arriving)
+            yield owner, held
+            if wait is not None:
+                wait()
+                held, owner = arriving, sender
+
+    def _pass_on(self, held: tuple[torch.Tensor, ...], arriving: tuple[torch.Tensor, ...]) -> Callable[[], None]:
+        """Start sending ``held`` to rank + 1 and receiving rank − 1's into ``arriving``; returns the wait."""
+        after, before = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        ops = [dist.P2POp(dist.isend, t, after) for t in held] + [dist.P2POp(dist.irecv, t, before) for t in arriving]
+        requests = dist.batch_isend_irecv(ops)
+
+        def wait() -> None:
+            for request in requests:
+                request.wait()
+        return wait
 
     def _gather_into(self, out: torch.Tensor, x: torch.Tensor) -> None:
         # torch 2.13 names the single-tensor all-gather all_gather_single (all_gather_into_tensor

@@ -23,6 +23,7 @@ from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cos
 from raymcn.losses.contrastive import PAIRS, mms_loss
 from raymcn.losses.gather import Collectives
 from raymcn.losses.recon import recon_loss
+from raymcn.losses.ring import ring_mms_loss
 
 _QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KMEANS_REFIT = "raymcn.kmeans_refit"  # profiler label of the refit (building X and Lloyd's iterations)
@@ -39,17 +40,22 @@ class MCNObjective:
         seed: the run's seed (k-means initialisation, with the step).
         device: where the queue and centroids live (the worker's device).
         comm: this rank's collectives (default: one process).
+        ring: score the contrastive pairs against the other ranks' rows one rank's at a time,
+            passed around a ring (ring.py), instead of gathering every rank's rows: the same loss,
+            with 1·B·D instead of 3·B·D gathered floats per rank (the cluster term still gathers the
+            fused rows) and twice the traffic.
     """
 
     def __init__(self, loss: LossConfig, *, embed_dim: int, clips_per_video: int, queue_rows: int,
                  queue_clips_per_video: int, seed: int, device: torch.device | str,
-                 comm: Collectives | None = None):
+                 comm: Collectives | None = None, ring: bool = False):
         self.loss = loss
         self.embed_dim = int(embed_dim)
         self.clips_per_video, self.queue_clips_per_video = int(clips_per_video), int(queue_clips_per_video)
         self.seed = int(seed)
         self.device = torch.device(device)
         self.comm = comm or Collectives()
+        self.ring = bool(ring)
         self.queue = FeatureQueue(queue_rows, self.embed_dim, _QUEUE_DTYPES[loss.queue_dtype], self.device)
         self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
         self.active: frozenset[str] | None = None  # modality set of the previous call
@@ -87,8 +93,8 @@ class MCNObjective:
             step: global optimizer step (drives the centroid refresh period and the k-means seed).
 
         Returns:
-            scalar tensors: ``<pair>_contrastive_loss`` for each active pair (tv, at, av),
-            ``contrastive_loss``, ``cluster_loss``, ``recon_loss`` (only when ``out`` has a recon
+            scalar tensors: ``<pair>_contrastive_loss`` for each active pair (tv, at, av; without
+            gradient with ``ring``: the gradient flows through their sum), ``contrastive_loss``, ``cluster_loss``, ``recon_loss`` (only when ``out`` has a recon
             entry for an active modality; unweighted) and ``total_loss``.
         """
         active = frozenset(active)
@@ -122,21 +128,28 @@ class MCNObjective:
         self.share_weight = weight  # gradient caching weights the reconstruction it runs per chunk alike
         terms: dict[str, torch.Tensor] = {}
 
-        # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
-        # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
-        # runs first: its (B, D) temporaries are gone before the contrastive slabs are allocated.
-        in_pairs = [m for m in MODALITIES if any(m in (x, y) and x in active and y in active for x, y, _ in PAIRS)]
-        gathered = {m: gather(emb[m].float()) for m in in_pairs}
-        cluster = self._cluster_loss(emb, gathered, b, offset, step, gather)
-
-        contrastive = []
-        for x, y, name in PAIRS:
-            if x in active and y in active:
+        pairs = [(x, y, name) for x, y, name in PAIRS if x in active and y in active]
+        zero = torch.zeros((), device=ref.device)
+        if self.ring:
+            # The cluster term gathers the fused rows (and frees them) before the ring allocates anything.
+            cluster = self._cluster_loss(emb, {}, b, offset, step, gather)
+            summed, per_pair = (ring_mms_loss(emb, [(x, y) for x, y, _ in pairs], lc.margin, self.comm, sizes)
+                                if pairs else (zero, []))
+            terms.update({f"{name}_contrastive_loss": weight * v for (_, _, name), v in zip(pairs, per_pair)})
+            terms["contrastive_loss"] = weight * summed
+        else:
+            # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
+            # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
+            # runs first: its (B, D) temporaries are gone before the contrastive slabs are allocated.
+            in_pairs = [m for m in MODALITIES if any(m in (x, y) for x, y, _ in pairs)]
+            gathered = {m: gather(emb[m].float()) for m in in_pairs}
+            cluster = self._cluster_loss(emb, gathered, b, offset, step, gather)
+            contrastive = []
+            for x, y, name in pairs:
                 loss = weight * mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin, gather=gather)
                 terms[f"{name}_contrastive_loss"] = loss
                 contrastive.append(loss)
-        terms["contrastive_loss"] = (torch.stack(contrastive).sum() if contrastive
-                                     else torch.zeros((), device=ref.device))
+            terms["contrastive_loss"] = torch.stack(contrastive).sum() if contrastive else zero
 
         terms["cluster_loss"] = weight * cluster
 

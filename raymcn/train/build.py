@@ -58,7 +58,7 @@ def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
     """The objective of a run: its loss settings and the quantities the plan fixed."""
     return MCNObjective(cfg.loss, embed_dim=cfg.model.embed_dim, clips_per_video=plan.clips_per_video,
                         queue_rows=plan.queue_rows, queue_clips_per_video=plan.queue_clips_per_video,
-                        seed=cfg.run.seed, device=device, comm=comm)
+                        seed=cfg.run.seed, device=device, comm=comm, ring=cfg.scale.ring_contrastive)
 
 
 def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", comm: Collectives | None = None,
