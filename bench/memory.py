@@ -1,11 +1,13 @@
-"""Peak memory of the MCN loss per rank: raymcn's gathered-slab objective vs the DataParallel original.
+"""Peak memory of the MCN loss per rank, gathered and ring negatives, vs the DataParallel original.
 
-    python bench/memory.py            # B in 512 1024 2048 4096, N in 1 2 4 (~5 min on 2 quiet cores)
-    python bench/memory.py --quick    # B in 512 1024 (~1 min)
+    python bench/memory.py            # B in 512 1024 2048 4096, N in 1 2 4 8, both (~10 min on 2 quiet cores)
+    python bench/memory.py --quick    # B in 512 1024 (~2 min)
     python bench/memory.py --json     # the tables, then one JSON line with every figure and ratio
+    python bench/memory.py --negatives ring      # only the ring loss (scale.ring_contrastive)
     python bench/memory.py --dim 64 --no-recon --no-refit   # only the b×B slabs matter (~15 s)
 
 Peak RSS of the process: ~5.3 GB (at B = 4096), ~2.4 GB with --quick.
+Measured figures: docs/measurements/memory.json (README, Performance).
 
 What is measured: the loss computation of one training step, forward + backward, starting from the
 embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, on CPU in fp32:
@@ -14,10 +16,12 @@ embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, 
   pairs, cluster CE against fixed centroids on a non-refresh step, reconstruction, queue push),
   as rank 0 of N. One process plays rank 0: the objective is built with the collectives of rank 0
   of N (``Rank0Of``: a ``Collectives`` whose gather fills the other ranks' rows with copies of rank
-  0's and whose mean / broadcast do nothing). So every allocation of the real code path is made
-  (the gathered ``(B, D)`` tensors, the normalisers, the ``b×B`` row and column slabs and their
-  gradients); only the wire is missing (gloo's internal buffers are not counted). The rank holds
-  b = B/N clips.
+  0's, whose ring hands every arriving block a copy of the one passed on, and whose mean /
+  broadcast do nothing). So every allocation of the real code path is made (the gathered
+  ``(B, D)`` tensors or the ring's blocks, the normalisers, the ``b×B`` row and column slabs or the
+  ring's ``b×b`` tiles, and the gradients); only the wire is missing (gloo's internal buffers are
+  not counted). The rank holds b = B/N clips. Two modes per (B, N): ``gathered`` (the default
+  loss) and ``ring`` (``scale.ring_contrastive``, losses/ring.py).
 * **DataParallel (the original)**: everything on one device, as ``train_tri_kmeans.py`` did on
   GPU 0 after DataParallel gathered the B embeddings: ``MMS_loss`` as written in the original
   ``loss.py`` (dense ``th.eye(B)`` margin, ``S − δI``, ``log_softmax`` on S and on Sᵀ, NLL), the
@@ -40,10 +44,12 @@ allocator would have to provide, minus its rounding.
 
 The estimate column is ``footprint.loss_memory`` (the preflight's accounting) plus the inputs;
 the slabs and gathered columns are its b×B and B×D terms, which explain the ratio: at D = 6144 the
-per-rank floor is the gathered, detached (B, D) embeddings (3·B·D·4 bytes, whatever N), which a
-rank needs to score its rows against all B columns, so the ratio stays above 1/N; with
+gathered loss's per-rank floor is the gathered, detached (B, D) embeddings (3·B·D·4 bytes, whatever
+N), which a rank needs to score its rows against all B columns, so its ratio stays above 1/N; with
 ``--dim 64 --no-recon`` the b×B slabs dominate and the ratio is below 1/N (no identity, no
-S − δI copy, no B×B matrix).
+S − δI copy, no B×B matrix). The ring's floor is the cluster term's gathered fused rows (B·D·4
+bytes and the queue's half of them) or two ranks' blocks, whichever is larger; the target column
+``1/N + 0.1`` is the issue's (the ring must stay at or below it at every B).
 
 Before/after of the change that stopped sending gradients back through the gather (the loss now
 computes each rank's full gradient locally from the gathered row/column normalisers): run this
@@ -89,7 +95,9 @@ MARGIN = 0.001
 class Rank0Of(Collectives):
     """Rank 0 of ``world``, played in one process: the objective's collectives with only the
     transport missing. ``all_gather`` allocates the (world·b, ...) result as the real one does and
-    fills every rank's part with rank 0's rows; the mean and the broadcast leave the tensor as is."""
+    fills every rank's part with rank 0's rows; the ring allocates every arriving block as the real
+    one does (two ranks' blocks held from the second hop on) and fills it with the block passed on;
+    the mean and the broadcast leave the tensor as is."""
 
     def __init__(self, world: int):
         super().__init__(0, world)
@@ -97,6 +105,11 @@ class Rank0Of(Collectives):
     def _gather_into(self, out: torch.Tensor, x: torch.Tensor) -> None:
         for part in out.view(self.world, *x.shape):
             part.copy_(x)
+
+    def _pass_on(self, held, arriving):
+        for a, h in zip(arriving, held):
+            a.copy_(h)
+        return lambda: None
 
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().clone()
@@ -139,9 +152,11 @@ def _inputs(src: dict) -> dict:
     return out
 
 
-def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True) -> tuple[int, float]:
-    """Peak bytes and seconds of rank 0's objective forward + backward (b = clips / world)."""
-    cfg = loss_config(clips, world, dim=dim)
+def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True,
+                ring: bool = False) -> tuple[int, float]:
+    """Peak bytes and seconds of rank 0's objective forward + backward (b = clips / world); ``ring``:
+    the ring contrastive loss instead of the gathered one."""
+    cfg = loss_config(clips, world, dim=dim).replace({"scale.ring_contrastive": ring})
     b = clips // world
     src = _sources(b, dim, recon)
     objective = build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), "cpu", comm=Rank0Of(world))
@@ -207,12 +222,14 @@ def dataparallel_peak(clips: int, dim: int = EMBED_DIM, recon: bool = True) -> t
     return peak, time.perf_counter() - t0
 
 
-def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True) -> dict[str, int]:
+def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True,
+                  ring: bool = False) -> dict[str, int]:
     """The preflight's loss accounting (footprint.loss_memory) for rank 0, plus its inputs."""
     cfg = loss_config(clips, world)
     model = ModelConfig(embed_dim=dim, recon=recon)
     f, f_live = footprint.recon_dims(model, cfg.loss.detach_recon_targets)
-    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live)
+    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring, largest_share=clips // world,
+                                queued_fraction=cfg.queue_clips_per_video / cfg.data.clips_per_video)
     est["total"] = sum(est.values())
     return est
 
@@ -275,14 +292,15 @@ def _mib(n: float) -> str:
 
 
 def loss_table(rows: list[dict]) -> str:
-    head = ("B", "N", "b", "raymcn/rank MiB", "DataParallel MiB", "ratio", "1/N", "estimate MiB", "est/meas",
-            "slabs MiB", "gathered MiB", "raymcn s", "DP s")
+    head = ("B", "N", "b", "negatives", "raymcn/rank MiB", "DataParallel MiB", "ratio", "1/N + 0.1", "estimate MiB",
+            "est/meas", "slabs MiB", "gathered MiB", "raymcn s", "DP s")
     table = []
     for r in rows:
         e = r["estimate"]
-        cells = (r["B"], r["N"], r["b"], _mib(r["raymcn_peak"]), _mib(r["dataparallel_peak"]), f"{r['ratio']:.3f}",
-                 f"{1 / r['N']:.3f}", _mib(e["total"]), f"{r['estimate_over_measured']:.2f}", _mib(e["loss_slabs"]),
-                 _mib(e["gathered_embeddings"]), f"{r['raymcn_s']:.1f}", f"{r['dataparallel_s']:.1f}")
+        cells = (r["B"], r["N"], r["b"], r["negatives"], _mib(r["raymcn_peak"]), _mib(r["dataparallel_peak"]),
+                 f"{r['ratio']:.3f}", f"{r['target']:.3f}", _mib(e["total"]), f"{r['estimate_over_measured']:.2f}",
+                 _mib(e["loss_slabs"]), _mib(e["gathered_embeddings"]), f"{r['raymcn_s']:.1f}",
+                 f"{r['dataparallel_s']:.1f}")
         table.append(dict(zip(head, cells)))
     return render_table(table, right=head)
 
@@ -299,7 +317,7 @@ def refit_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, nargs="+", help="global batch sizes B (default 512 1024 2048 4096)")
-    ap.add_argument("--world", type=int, nargs="+", default=[1, 2, 4], help="world sizes N (default 1 2 4)")
+    ap.add_argument("--world", type=int, nargs="+", default=[1, 2, 4, 8], help="world sizes N (default 1 2 4 8)")
     ap.add_argument("--quick", action="store_true", help="B in 512 1024 only")
     ap.add_argument("--no-refit", dest="refit", action="store_false", help="skip the k-means refit table")
     ap.add_argument("--dim", type=int, default=EMBED_DIM,
@@ -307,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                          "--no-recon isolates the b×B slabs")
     ap.add_argument("--no-recon", dest="recon", action="store_false",
                     help="leave the reconstruction term out of the loss table (both sides)")
+    ap.add_argument("--negatives", nargs="+", choices=("gathered", "ring"), default=["gathered", "ring"],
+                    help="how a rank gets the other ranks' rows: all-gathered, or passed around a ring "
+                         "(scale.ring_contrastive); default both")
     ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
     args = ap.parse_args(argv)
     sizes = args.clips or ([512, 1024] if args.quick else [512, 1024, 2048, 4096])
@@ -321,12 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     for clips in sizes:
         dp, dp_s = dataparallel_peak(clips, args.dim, args.recon)
         for world in args.world:
-            peak, s = raymcn_peak(clips, world, args.dim, args.recon)
-            est = loss_estimate(clips, world, args.dim, args.recon)
-            rows.append({"B": clips, "N": world, "b": clips // world, "raymcn_peak": peak, "dataparallel_peak": dp,
-                         "ratio": peak / dp, "estimate": est, "estimate_over_measured": est["total"] / peak,
-                         "raymcn_s": s, "dataparallel_s": dp_s})
-            print(f"  B={clips} N={world}: raymcn {_mib(peak)} MiB, DataParallel {_mib(dp)} MiB", flush=True)
+            for negatives in args.negatives:
+                ring = negatives == "ring"
+                peak, s = raymcn_peak(clips, world, args.dim, args.recon, ring)
+                est = loss_estimate(clips, world, args.dim, args.recon, ring)
+                rows.append({"B": clips, "N": world, "b": clips // world, "negatives": negatives, "raymcn_peak": peak,
+                             "dataparallel_peak": dp, "ratio": peak / dp, "target": 1 / world + 0.1, "estimate": est,
+                             "estimate_over_measured": est["total"] / peak, "raymcn_s": s, "dataparallel_s": dp_s})
+                print(f"  B={clips} N={world} {negatives}: raymcn {_mib(peak)} MiB, DataParallel {_mib(dp)} MiB",
+                      flush=True)
     print()
     print(loss_table(rows))
 

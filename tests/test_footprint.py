@@ -71,8 +71,22 @@ def test_gathered_embeddings_only_with_several_workers(paper_params):
     one = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
     four = estimate_worker_memory(_cfg(**{"scale.num_workers": 4}), params=paper_params)
     assert one["gathered_embeddings"] == 0 and one["ddp_buckets"] == 0
-    assert four["gathered_embeddings"] == 3 * 4096 * 6144 * 4  # detached: no gradient copy
+    # v, a, t detached (no gradient copy), the fused rows and the queue's half of them
+    assert four["gathered_embeddings"] == (3 + 1 + 0.5) * 4096 * 6144 * 4
     assert four["ddp_buckets"] == four["params"] - 8 * footprint.batchnorm_layers(ModelConfig())
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_ring_keeps_two_shares_or_the_fused_rows_not_three_gathered_modalities(paper_params, workers):
+    gathered = estimate_worker_memory(_cfg(**{"scale.num_workers": workers}), params=paper_params)
+    ring = estimate_worker_memory(_cfg(**{"scale.num_workers": workers, "scale.ring_contrastive": True}),
+                                  params=paper_params)
+    b = 4096 // workers
+    blocks = min(workers - 1, 2) * b * 3 * 6144 * 4  # the block in use and the one arriving
+    fused = 1.5 * 4096 * 6144 * 4  # the cluster term's fused rows and the queue's half of them
+    assert ring["gathered_embeddings"] == max(blocks, fused) < gathered["gathered_embeddings"]
+    assert ring["loss_slabs"] == 3 * b * b * 4 < gathered["loss_slabs"]  # b×b tiles, nothing b×B
+    assert ring["total"] < gathered["total"]
 
 
 @pytest.mark.parametrize("steps", [1, 5, 20])
@@ -195,6 +209,35 @@ def test_fewer_clips_only_when_no_chunk_fits():
     assert estimate_worker_memory(cfg.replace({"scale.grad_cache_clips": 32}))["total"] > 0.9 * device
     assert estimate_worker_memory(cfg.replace(over))["total"] <= 0.9 * device
     assert "Try data.clips_per_video=" in msg and "another objective" in msg
+
+
+def _device_between(low: Config, high: Config) -> int:
+    """Device bytes whose usable 90 % lies halfway between the two configs' estimates (low < high)."""
+    a, b = estimate_worker_memory(low)["total"], estimate_worker_memory(high)["total"]
+    assert a < b
+    return int((a + b) / 2 / 0.9)
+
+
+def test_ring_is_offered_first_when_it_alone_fits():
+    """With several workers the ring (no second forward) comes before gradient caching."""
+    cfg = _cfg(**{"scale.num_workers": 4, "scale.use_gpu": True})
+    ok, msg, over = fits(cfg, _device_between(cfg.replace({"scale.ring_contrastive": True}), cfg))
+    assert not ok and over == {"scale.ring_contrastive": True}
+    assert "Try scale.ring_contrastive=true (the same objective" in msg
+    single = _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True})  # one worker: nothing to pass around
+    assert "scale.ring_contrastive" not in fits(single, 24 * GIB)[2]
+
+
+def test_ring_with_caching_before_fewer_clips():
+    """When not even one video per chunk fits with the gathered loss but does with the ring, the
+    advice is both (the objective unchanged), not fewer clips."""
+    cfg = _cfg(**{"scale.num_workers": 2, "scale.use_gpu": True})
+    one_video = {"scale.grad_cache_clips": 32}
+    device = _device_between(cfg.replace({**one_video, "scale.ring_contrastive": True}), cfg.replace(one_video))
+    ok, msg, over = fits(cfg, device)
+    assert not ok and over["scale.ring_contrastive"] is True and over["scale.grad_cache_clips"] % 32 == 0
+    assert "Try scale.ring_contrastive=true scale.grad_cache_clips=" in msg and "same objective" in msg
+    assert fits(cfg.replace(over), device)[0]
 
 
 def test_fits_says_so_when_nothing_helps():

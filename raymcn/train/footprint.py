@@ -51,13 +51,23 @@ loss_slabs           (2·3 + 3) × b × B × 4: each pair's margin-shifted row a
                      (b × B fp32) are saved for the backward, which builds two more at a time (the
                      two exp terms of one slab's gradient); the ninth slab covers the D-wide
                      temporaries beside them (measured: 8.25 slabs where slabs dominate, D = 64,
-                     N = 1, inputs included). No B × B tensor exists on any worker
-gathered_embeddings  3 × B × D × 4 when world > 1: the all-gathered v, a, t, detached and saved
+                     N = 1, inputs included). No B × B tensor exists on any worker.
+                     With ``scale.ring_contrastive`` (losses/ring.py) nothing b × B is kept: 3 ×
+                     b × b_max × 4, the tile in use and its gradient's two exp terms, b_max the
+                     largest share
+gathered_embeddings  when world > 1: 3 × B × D × 4, the all-gathered v, a, t, detached and saved
                      for the backward (no gradient goes back through the gather: each rank computes
-                     the full gradient of its own rows, see ``losses/contrastive.py``); 0 with one
-                     worker (the local rows are the global rows)
+                     the full gradient of its own rows, see ``losses/contrastive.py``), plus the
+                     cluster term's global fused rows and the copy of the queue's share of them it
+                     pushes, (1 + q / clips_per_video) × B × D × 4 (found at 8 workers, where b is
+                     small: without this term the estimate was 4–15 % below the measured peak); 0
+                     with one worker (the local rows are the global rows). With
+                     ``scale.ring_contrastive`` the larger of the ring's blocks, min(world − 1, 2) ×
+                     b_max × 3 × D × 4 (the block in use and the one arriving), and the fused rows
+                     (freed before the ring starts)
 loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands to the model (embedding
-                     grads from the row/column/cluster terms accumulate through 2 live buffers;
+                     grads from the row/column/cluster terms accumulate through 2 live buffers; the
+                     ring loss's gradient, computed in its forward, is one of them (measured);
                      recon grads for the F = video_dim + C4 + D predictions and the F_live
                      non-detached targets). They wait in autograd until the model's backward runs
 queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
@@ -103,7 +113,8 @@ Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_b
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
 over-estimate the measured loss peak by 2–27 % for B = 512–4096, N = 1–4, both at D = 6144 and at
-D = 64 without reconstruction, where the slabs dominate (``bench/memory.py``);
+D = 64 without reconstruction, where the slabs dominate, and by 1–25 % with the ring loss
+(``bench/memory.py``);
 ``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
 estimate / measured ratio of every term and of the whole step on the CPU it runs on.
 Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
@@ -137,6 +148,7 @@ PAIR_COUNT = 3  # tv, at, av
 LIVE_SLABS_PER_PAIR = 2  # margin-shifted row and column slabs, saved for backward
 LIVE_SLABS_TRANSIENT = 3  # backward: the two exp terms of one slab's gradient, plus small D-wide temporaries
 EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
+RING_TILES = 3  # ring loss: live b × b_p tiles (the block, its gradient's two exp terms)
 
 
 def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
@@ -271,22 +283,35 @@ def recon_dims(model_cfg: ModelConfig, detach_targets: bool) -> tuple[int, int]:
 
 def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int = 0,
                 recon_live_width: int = 0, pairs: int = PAIR_COUNT,
-                modalities: int = MODALITY_COUNT) -> dict[str, int]:
+                modalities: int = MODALITY_COUNT, ring: bool = False, largest_share: int | None = None,
+                queued_fraction: float = 1.0) -> dict[str, int]:
     """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs).
 
     Args:
         b: local clips; clips: B, global clips; embed_dim: D; world: number of workers.
         recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
+        ring: the ring contrastive loss (``scale.ring_contrastive``) instead of the gathered one.
+        largest_share: the most clips any worker holds (the ring's blocks); default ``b``.
+        queued_fraction: the share of the B current rows the queue takes per step
+            (``queue_clips_per_video / clips_per_video``; default 1, an upper bound).
 
     Returns:
         ``loss_slabs``, ``gathered_embeddings``, ``loss_grads`` (see the module table) and
         ``loss_inputs``: the embeddings and reconstruction (prediction, target) pairs themselves,
         which a training step already counts among the activations.
     """
-    slabs = (LIVE_SLABS_PER_PAIR * pairs + LIVE_SLABS_TRANSIENT) * b * clips * FP32 if pairs else 0
-    gathered = modalities * clips * embed_dim * FP32 if world > 1 and pairs else 0
     grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
     inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
+    # the cluster term's global fused rows (B, D) and the copy of the queue's share of them it pushes
+    fused = int((1 + queued_fraction) * clips) * embed_dim * FP32 if world > 1 else 0
+    if ring:
+        peer = b if largest_share is None else largest_share
+        slabs = RING_TILES * b * peer * FP32 if pairs else 0
+        blocks = min(world - 1, 2) * peer * modalities * embed_dim * FP32 if pairs else 0
+        gathered = max(blocks, fused)  # the fused rows are freed before the ring starts
+    else:
+        slabs = (LIVE_SLABS_PER_PAIR * pairs + LIVE_SLABS_TRANSIENT) * b * clips * FP32 if pairs else 0
+        gathered = (modalities * clips * embed_dim * FP32 if pairs else 0) + fused if world > 1 else 0
     return {"loss_slabs": slabs, "gathered_embeddings": gathered, "loss_grads": grads, "loss_inputs": inputs}
 
 
@@ -322,7 +347,9 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
     f, f_live = recon_dims(m, lc.detach_recon_targets)
     # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
-    loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live)
+    loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live,
+                       ring=cfg.scale.ring_contrastive, largest_share=b,
+                       queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
     rows = cfg.queue_rows
     est = {
         "params": p * FP32 + 8 * batchnorm_layers(m),
@@ -399,10 +426,13 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
 
     Returns:
         ``(ok, message, overrides)``. When it fits: ``{}``. When it does not, the dotted settings
-        to change, in this order of preference: (1) gradient caching, ``scale.grad_cache_clips``
-        (the same objective): the fewest chunks that fit, as equal as whole videos allow
-        (:func:`balanced_chunk` of :func:`largest_fitting_chunk`); (2) only when not even one
-        video per chunk fits, the largest smaller ``data.clips_per_video`` that fits, plainly or
+        to change, in this order of preference, each the same objective until (4): (1) with
+        several workers, the ring contrastive loss (``scale.ring_contrastive``) when that alone
+        fits (no second forward); (2) gradient caching, ``scale.grad_cache_clips``: the fewest
+        chunks that fit, as equal as whole videos allow (:func:`balanced_chunk` of
+        :func:`largest_fitting_chunk`); (3) with several workers, caching and the ring together;
+        (4) only when not even one video per chunk fits, the largest smaller
+        ``data.clips_per_video`` that fits, plainly or
         else with caching as in (1), and whose config is valid (k-means needs
         ``loss.num_clusters`` clips per step): fewer negatives, another objective; None when
         nothing fits. The message names the largest components, the conv path, and what to change.
@@ -421,16 +451,27 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
     if est["total"] <= usable:
         return True, f"fits: estimated {_gib(est['total'])} per worker{caching} {where}", {}
     msg = f"does not fit: estimated {_gib(est['total'])} per worker{caching} {where}; {format_estimate(est, top=4)}. "
-    largest = largest_fitting_chunk(cfg, usable, total)
-    if largest is not None:
-        chunk = balanced_chunk(cfg, largest)
-        over = {"scale.grad_cache_clips": chunk}
-        b = cfg.data.clips_per_video * largest_share_videos(cfg)
+    b = cfg.data.clips_per_video * largest_share_videos(cfg)
+    ring = {"scale.ring_contrastive": True} if cfg.scale.min_workers > 1 and not cfg.scale.ring_contrastive else {}
+    if ring and not n and total(cfg.replace(ring)) <= usable:
         return False, msg + (
-            f"Try scale.grad_cache_clips={chunk} (gradient caching: the same objective; the {b} clips of a worker "
-            f"embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the fewest that fit (the "
-            f"largest chunk that fits is {largest} clips); estimated {_gib(total(cfg.replace(over)))}), or more "
-            f"workers (scale.num_workers)."), over
+            f"Try scale.ring_contrastive=true (the same objective; the other workers' embeddings passed around a "
+            f"ring instead of gathered: 1·B·D instead of 3·B·D floats per worker, twice the traffic; estimated "
+            f"{_gib(total(cfg.replace(ring)))}), or more workers (scale.num_workers)."), ring
+    for extra in ({}, ring) if ring else ({},):
+        base = cfg.replace(extra)
+        largest = largest_fitting_chunk(base, usable, total)
+        if largest is not None:
+            chunk = balanced_chunk(base, largest)
+            over = {**extra, "scale.grad_cache_clips": chunk}
+            also = (" with the ring contrastive loss (scale.ring_contrastive=true: the other workers' embeddings "
+                    "passed around a ring instead of gathered)") if extra else ""
+            settings = " ".join(f"{k}={str(v).lower()}" for k, v in over.items())
+            return False, msg + (
+                f"Try {settings} (gradient caching{also}: the same objective; the {b} clips of a worker "
+                f"embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the fewest that fit (the "
+                f"largest chunk that fits is {largest} clips); estimated {_gib(total(cfg.replace(over)))}), or more "
+                f"workers (scale.num_workers)."), over
     over = _fewer_clips(cfg, usable, total)
     smallest = cfg.replace({"scale.grad_cache_clips": cfg.data.clips_per_video})
     msg += f"Not even gradient caching with one video per chunk fits (estimated {_gib(total(smallest))}). "
