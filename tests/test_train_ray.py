@@ -1,6 +1,7 @@
 """Training on a real local Ray instance with gloo workers: CLI smoke run, crash + resume."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,19 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path):
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_MedR", "total_loss", "cluster_loss",
                 "recon_loss", "contrastive_loss", "run_dir"):
         assert key in summary
+
+
+def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_path):
+    """The ring passes rows point to point inside the process group Ray Train sets up: the user's
+    command with the ring on trains 2 workers to the end and learns (its equality with one process
+    is tests/test_dist_losses.py's)."""
+    code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
+                 "--set", "scale.ring_contrastive=true", "--set", f"run.storage_path={tmp_path}"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["epochs"] == 4
+    assert summary["text_to_video_R@10"] > 3 * 100 * 10 / summary["eval_size"]
+    assert "ring_contrastive: true" in (Path(summary["run_dir"]) / "raymcn_config.yaml").read_text()
 
 
 def test_resume_after_crash_continues_the_run(ray_local, tmp_path, monkeypatch):
