@@ -207,9 +207,9 @@ class ScaleConfig:
     # and re-runs each chunk's forward with the loss's cached gradient (train/gradcache.py); 0 = off.
     grad_cache_clips: int = setting(0, ge=0)
     # Score the contrastive pairs against the other workers' embeddings one worker's at a time,
-    # passed around a ring (losses/ring.py), instead of all-gathering them: the same loss, 1·B·D
-    # instead of 3·B·D gathered floats per worker (288 -> 96 MiB at B = 4096, D = 6144), twice the
-    # traffic of the gather and the loss's similarity products computed twice.
+    # passed around a ring (losses/ring.py), instead of all-gathering them: the same loss; a worker
+    # holds at most two workers' embeddings and the cluster term's gathered fused rows (1·B·D floats)
+    # instead of 3·B·D gathered ones; twice the traffic, the similarity products computed twice.
     ring_contrastive: bool = False
 
 

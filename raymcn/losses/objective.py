@@ -94,8 +94,9 @@ class MCNObjective:
 
         Returns:
             scalar tensors: ``<pair>_contrastive_loss`` for each active pair (tv, at, av; without
-            gradient with ``ring``: the gradient flows through their sum), ``contrastive_loss``, ``cluster_loss``, ``recon_loss`` (only when ``out`` has a recon
-            entry for an active modality; unweighted) and ``total_loss``.
+            gradient with ``ring``, whose gradient flows through their sum), ``contrastive_loss``,
+            ``cluster_loss``, ``recon_loss`` (only when ``out`` has a recon entry for an active
+            modality; unweighted) and ``total_loss``.
         """
         active = frozenset(active)
         if not active or not active <= set(MODALITIES):

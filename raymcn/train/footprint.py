@@ -112,9 +112,8 @@ total                persistent + max(step phase, batch + optimizer_workspace), 
 Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
-over-estimate the measured loss peak by 2–27 % for B = 512–4096, N = 1–4, both at D = 6144 and at
-D = 64 without reconstruction, where the slabs dominate, and by 1–25 % with the ring loss
-(``bench/memory.py``);
+over-estimate the measured loss peak by 9–36 % (gathered) and 1–25 % (ring) for B = 512–4096,
+N = 1–8 at D = 6144, never below it (``bench/memory.py``, docs/measurements/memory.json);
 ``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
 estimate / measured ratio of every term and of the whole step on the CPU it runs on.
 Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
@@ -433,7 +432,7 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
         :func:`largest_fitting_chunk`); (3) with several workers, caching and the ring together;
         (4) only when not even one video per chunk fits, the largest smaller
         ``data.clips_per_video`` that fits, plainly or
-        else with caching as in (1), and whose config is valid (k-means needs
+        else with caching as in (2), and whose config is valid (k-means needs
         ``loss.num_clusters`` clips per step): fewer negatives, another objective; None when
         nothing fits. The message names the largest components, the conv path, and what to change.
     """
@@ -458,7 +457,7 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
             f"Try scale.ring_contrastive=true (the same objective; the other workers' embeddings passed around a "
             f"ring instead of gathered: 1·B·D instead of 3·B·D floats per worker, twice the traffic; estimated "
             f"{_gib(total(cfg.replace(ring)))}), or more workers (scale.num_workers)."), ring
-    for extra in ({}, ring) if ring else ({},):
+    for extra in ([{}, ring] if ring else [{}]):  # caching alone first, then with the ring
         base = cfg.replace(extra)
         largest = largest_fitting_chunk(base, usable, total)
         if largest is not None:
