@@ -54,7 +54,7 @@ class _RingMMS(torch.autograd.Function):
         b, rank, n_pairs = emb[0].shape[0], comm.rank, len(pairs)
         r = emb[0].new_full((n_pairs, b), -float("inf"))  # row log-sum-exps, built up tile by tile
         c = torch.full_like(r, -float("inf"))  # column log-sum-exps
-        targets = torch.zeros(n_pairs, 2, b, dtype=emb[0].dtype, device=emb[0].device)  # S̃_ii via rows, via columns
+        targets = emb[0].new_zeros((n_pairs, 2, b))  # S̃_ii via rows, via columns
         for owner, peer in comm.ring(emb, sizes):
             own = owner == rank
             for p, (i, j) in enumerate(pairs):

@@ -205,8 +205,8 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
     """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
 
     With ``comm`` of several ranks every rank embeds its contiguous share of the clips (⌈N/world⌉,
-    the last rank fewer), the shares are all-gathered (padded to equal size; gathered in rank
-    order they are the set in order), rank 0 scores the whole set and broadcasts the metrics:
+    the last rank fewer), the shares are all-gathered (in rank order they are the set in order),
+    rank 0 scores the whole set and broadcasts the metrics:
     each clip is embedded once instead of once per rank, and the metrics are those of one
     process scoring everything. Every rank must call it (collectives).
 
@@ -223,8 +223,9 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
     try:
         n = eval_set.video.shape[0]
         share = -(-n // comm.world)
-        start, end = min(n, comm.rank * share), min(n, (comm.rank + 1) * share)
-        rows = torch.zeros(share, 2, net.cfg.embed_dim, dtype=torch.float32, device=device)  # (text, gallery)
+        bounds = [(min(n, r * share), min(n, (r + 1) * share)) for r in range(comm.world)]
+        start, end = bounds[comm.rank]
+        rows = torch.empty(end - start, 2, net.cfg.embed_dim, dtype=torch.float32, device=device)  # (text, gallery)
         for s in range(start, end, chunk):
             sl = slice(s, min(s + chunk, end))
             batch = to_device({k: torch.as_tensor(getattr(eval_set, k)[sl])
@@ -233,7 +234,7 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
                 out = net.encode(batch)  # all three branches, no reconstruction heads
             rows[s - start:sl.stop - start, 0] = out["text"].float()
             rows[s - start:sl.stop - start, 1] = out["video"].float() + out["audio"].float()
-        everyone = comm.all_gather(rows)[:n]  # (N, 2, D): every clip once, in order
+        everyone = comm.all_gather(rows, sizes=[e - s for s, e in bounds])  # (N, 2, D): every clip once, in order
         total = float(getattr(eval_set, "num_queries_total", None) or n)
         keys = [*RETRIEVAL_METRICS, "eval_size"]
         values = torch.zeros(len(keys), dtype=torch.float64, device=device)
