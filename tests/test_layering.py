@@ -102,7 +102,7 @@ def test_the_checker_can_fail():
     assert problems_of("raymcn.losses.objective", {"raymcn.config.Config"})
     assert problems_of("raymcn.train.preflight", {"ray.train"})
     assert problems_of("raymcn.results.table", {"torch"})
-    assert problems_of("raymcn.data.shards", {"raymcn.data.reader.build_dataset"})
+    assert problems_of("raymcn.data.shards", {"raymcn.data.reader.rank_dataset"})
     assert not problems_of("raymcn.train.worker", {"raymcn.data.reader.RankStream", "ray.train"})
 
 

@@ -49,9 +49,9 @@ def lose_a_worker_node(cluster, back_after: float = 5.0) -> str:
 
 
 def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_epoch(cluster, tmp_path):
-    from ray.util.state import list_actors, list_tasks
+    """(No mid-epoch checkpoint here: the default run.checkpoint_every is longer than this run.)"""
+    from ray.util.state import list_tasks
 
-    from raymcn.data import reader
     from raymcn.train import launch
 
     epochs = 6
@@ -62,12 +62,10 @@ def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_
     wait_for("the first checkpoint", lambda: any(e.get("epoch") for e in read_events(log)))
     nodes = set(train_worker_nodes().values())
     assert len(nodes) == 2, f"the two workers share a node: {nodes}"
-    head = cluster.head_node.node_id
-    clock = list_actors(filters=[("name", "=", reader.clock_name("lost-node")), ("state", "=", "ALIVE")])
-    assert clock and clock[0].node_id == head and head not in nodes  # the epoch travels between nodes through Ray
-    reads = [t for t in list_tasks(filters=[("state", "=", "FINISHED")], limit=10_000) if "ReadRaymcnShards" in t.name]
+    reads = [t for t in list_tasks(filters=[("state", "=", "FINISHED")], limit=10_000) if "ReadRaymcnSteps" in t.name]
     assert reads, "no Ray Data read task was recorded"
-    assert not {t.node_id for t in reads} & nodes, "read tasks ran on a Train worker's node"
+    # A rank's read tasks prefer its own node, but a full node sends them elsewhere (the fallback)
+    assert not {t.node_id for t in reads} & nodes, "read tasks ran on a Train worker's full node"
 
     lost = lose_a_worker_node(cluster)
     thread.join(timeout=600)
@@ -82,7 +80,6 @@ def test_workers_on_two_nodes_reads_elsewhere_and_a_lost_node_costs_one_partial_
     assert reported == list(range(1, epochs + 1)), reported  # every epoch once: nothing lost but the partial one
     assert result.metrics["epoch"] == epochs and result.metrics["text_to_video_R@10"] >= 0
     assert lost not in set(train_worker_nodes().values())
-    reader.stop_epoch_clock("lost-node")
 
 
 def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path):

@@ -205,7 +205,7 @@ def test_interrupted_write_leaves_no_partial_shard(corpus, tmp_path, monkeypatch
         calls["n"] += 1
         if calls["n"] == 7:
             raise KeyboardInterrupt
-        real(out, key, members)
+        return real(out, key, members)
 
     monkeypatch.setattr(shards, "write_sample", crash_on_7th)
     with pytest.raises(KeyboardInterrupt):

@@ -1,22 +1,23 @@
-"""The Ray-free stream: read-task tables -> records, the in-memory and shard paths through one batching
-function, and the import boundaries of the data path (no Ray here)."""
+"""The Ray-free data path: the data order (a function of seed, epoch and step at every world size),
+the read tasks' step rows, the in-memory and shard paths giving the same batches, damage, and the
+import boundaries of the data path (no Ray here)."""
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import shards, stream, synthetic, tarfmt
-from raymcn.train.plan import make_plan
-from raymcn.data.features import collate, sample_clips
+from raymcn.data import order, shards, stream, synthetic, tarfmt
+from raymcn.data.sample import decode_sample_bytes
 from raymcn.data.words import load_vocab
+from raymcn.train.plan import make_plan
 
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))
@@ -59,108 +60,155 @@ def same_arrays(a, b) -> bool:
                for n in ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets"))
 
 
-# --- read-task tables -> records ------------------------------------------------------------------
-def test_read_task_tables_give_the_records_of_the_sequential_reader(shard_dir):
-    manifest = shards.load_manifest(shard_dir)
-    reference = shard_records(shard_dir)
-    tables = [t for s in manifest["shards"]
-              for t in stream.read_shard_blocks(str(shard_dir / s["name"]), s["name"], s["videos"], 1 << 16)]
-    assert len(tables) > len(manifest["shards"])  # several pieces per shard at 64 KB
-    assert all(t.schema == stream.SCHEMA for t in tables)
-    stats = stream.EpochStats()
-    # one table of many chunks, as Ray Data may hand a block over
-    records = list(stream.records_from_tables([pa.concat_tables(tables)], stats, log=None, epoch=0))
-    assert [r.video_id for r in records] == [v for s in manifest["shards"] for v in s["videos"]]
-    assert all(same_arrays(r, reference[r.video_id]) for r in records)
-    assert (stats.videos, stats.bad_samples) == (12, 0)
-    assert stats.bytes == sum(t.column("sample").chunks[0].buffers()[2].size for t in tables)
-    with pytest.raises(stream.DataEpochError, match="epoch 1 received shards ordered for epoch 0"):
-        next(stream.records_from_tables(tables, epoch=1))
+# --- the data order: a function of (seed, epoch, step) alone ----------------------------------------
+def index_of(shard_dir):
+    return order.build_index(shard_dir, shards.load_manifest(shard_dir))
 
 
-def test_bad_samples_travel_as_rows_and_are_counted_by_shard(shard_dir, tmp_path):
-    manifest = shards.load_manifest(shard_dir)
-    first, second = manifest["shards"][:2]
-    raw = (shard_dir / first["name"]).read_bytes()
-    spans = list(tarfmt.scan_tar(raw))
-    truncated = tmp_path / first["name"]
-    truncated.write_bytes(raw[:spans[3].members["2d.npy"][0] + 10])  # samples 3 and 4 lost
-    jobs = [(str(truncated), first["name"], first["videos"]),
-            (str(tmp_path / "absent.tar"), second["name"], second["videos"])]
-    logs: list[str] = []
-    stats = stream.EpochStats()
-    records = list(stream.records_from_tables(stream.read_shards_blocks(jobs, 1 << 20), stats, log=logs.append))
-    assert [r.video_id for r in records] == first["videos"][:3]
-    assert stats.bad_by_shard == {first["name"]: 2, second["name"]: 5} and stats.bad_samples == 7
-    assert len(logs) == 7 and sum("shard unreadable" in line for line in logs) == 5
-    assert stats.as_metrics()["bad_samples"] == 7.0
-
-
-# --- one batching function for the in-memory and the shard path ---------------------------------------
-def in_memory_batches_before_the_split(tv, cfg, epoch, rank, world, steps):
-    """``raymcn.data.memory.TrainVideos.batches`` as it was (its own loop), as numpy batches."""
-    order = np.random.default_rng([cfg.run.seed, epoch]).permutation(len(tv.records))
-    mine = order[rank::world]
-    per_rank = cfg.data.batch_size // world
-    rng = np.random.default_rng([cfg.run.seed, epoch, rank])
-    d = cfg.data
-    for step in range(steps):
-        chosen = [tv.records[i] for i in mine[step * per_rank:(step + 1) * per_rank]]
-        clips = [sample_clips(r, d.clips_per_video, d.min_time, d.audio_frames, d.max_words, rng,
-                              tv.vocab_matrix) for r in chosen]
-        yield collate(clips, [r.video_id for r in chosen])
+def rank_rows(shard_dir, index, cfg, epoch, rank, world, steps, start=0):
+    jobs = stream.step_jobs(index, order.rank_steps(cfg.run.seed, epoch, len(index), cfg.data.batch_size, steps,
+                                                    rank, world, start))
+    return list(stream.step_rows(stream.read_steps(str(shard_dir), jobs, cfg, epoch)))
 
 
 def assert_same_batches(got: list[dict], want: list[dict]) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        assert g["key"] == w["key"]
+        assert list(g["key"]) == list(w["key"])
         for k in stream.TENSOR_KEYS:
             a = g[k].numpy() if hasattr(g[k], "numpy") else g[k]
             b = w[k].numpy() if hasattr(w[k], "numpy") else w[k]
             assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), k
 
 
-@pytest.mark.parametrize("epoch,rank,world", [(0, 0, 1), (3, 1, 2)])
-def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg, epoch, rank, world):
+def test_a_step_holds_the_same_videos_and_clips_at_every_world_size(shard_dir, cfg):
+    """The batch of a global step is a function of (seed, epoch, step): 1, 2 or 3 ranks together
+    read exactly the world-1 batch, bitwise, each rank its rotating share."""
+    index = index_of(shard_dir)
+    steps = make_plan(cfg, len(index)).steps_per_epoch
+    whole = [b for b, _ in rank_rows(shard_dir, index, cfg, 2, 0, 1, steps)]
+    for world in (2, 3):
+        parts = [rank_rows(shard_dir, index, cfg, 2, r, world, steps) for r in range(world)]
+        for k in range(steps):
+            shares = [len(parts[r][k][0]["key"]) // cfg.data.clips_per_video for r in range(world)]
+            assert shares == [order.share(cfg.data.batch_size, r, world, 2 * steps + k) for r in range(world)]
+            joined = {key: np.concatenate([parts[r][k][0][key] for r in range(world)]) for key in stream.TENSOR_KEYS}
+            joined["key"] = [x for r in range(world) for x in parts[r][k][0]["key"]]
+            assert_same_batches([joined], [whole[k]])
+
+
+def test_the_order_changes_with_the_epoch_and_the_seed_and_a_resume_reads_the_tail(shard_dir, cfg):
+    index = index_of(shard_dir)
+    steps = make_plan(cfg, len(index)).steps_per_epoch
+    epoch0 = rank_rows(shard_dir, index, cfg, 0, 0, 1, steps)
+    videos = [tuple(b["key"]) for b, _ in epoch0]
+    assert videos != [tuple(b["key"]) for b, _ in rank_rows(shard_dir, index, cfg, 1, 0, 1, steps)]
+    assert videos != [tuple(b["key"]) for b, _ in rank_rows(shard_dir, index, cfg.replace({"run.seed": 6}), 0, 0, 1,
+                                                             steps)]
+    tail = rank_rows(shard_dir, index, cfg, 0, 0, 1, steps, start=2)  # a run resumed after step 2
+    assert [info.step for _, info in tail] == [2]
+    assert_same_batches([b for b, _ in tail], [b for b, _ in epoch0[2:]])
+    seen = [k.split("#")[0] for b, _ in epoch0 for k in b["key"][::cfg.data.clips_per_video]]
+    assert len(seen) == len(set(seen)) == steps * cfg.data.batch_size  # an epoch reads a video at most once
+
+
+@pytest.mark.parametrize("epoch,rank,world,start", [(0, 0, 1, 0), (3, 1, 2, 1)])
+def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg, epoch, rank, world, start):
     tv = stream.TrainVideos.from_layout(corpus, cfg.data.max_words)
+    index = index_of(shard_dir)
+    assert [r.video_id for r in tv.records] == list(index.ids)  # both sorted by id, whatever the sharding
     steps = make_plan(cfg, len(tv.records)).steps_per_epoch
-    assert steps == make_plan(cfg, shards.load_manifest(shard_dir)["counts"]["videos"]).steps_per_epoch == 3
-    videos = cfg.data.batch_size // world
-    in_memory = list(tv.batches(cfg, epoch, rank, world, videos, steps))
-    assert in_memory[0]["video"].shape == (cfg.data.batch_size // world * cfg.data.clips_per_video, 4096)
-    # behaviour kept: the batches of the in-memory path's former loop
-    assert_same_batches(in_memory, list(in_memory_batches_before_the_split(tv, cfg, epoch, rank, world, steps)))
-    # the shard path through the same function, fed the same videos in the same order
-    decoded = shard_records(shard_dir)
-    order = np.random.default_rng([cfg.run.seed, epoch]).permutation(len(tv.records))
-    mine = iter([decoded[tv.records[i].video_id] for i in order[rank::world]])
-    stats = stream.EpochStats()
-    from_shards = list(stream.batches_from_records(mine, cfg, epoch, rank, videos, steps, load_vocab(shard_dir),
-                                                   stats=stats, shuffle_buffer=1))
+    assert steps == 3
+    in_memory = list(tv.batches(cfg, epoch, rank, world, steps, start))
+    from_shards = [b for b, _ in rank_rows(shard_dir, index, cfg, epoch, rank, world, steps, start)]
+    assert len(in_memory) == steps - start
     assert_same_batches(from_shards, in_memory)
-    assert stats.unused == len(tv.records[rank::world]) - steps * cfg.data.batch_size // world
 
 
-def test_a_short_stream_is_refilled_and_counted(shard_dir, cfg):
-    records = list(shard_records(shard_dir).values())[:5]
+def test_the_index_from_tar_headers_equals_the_manifests_spans(shard_dir):
+    manifest = shards.load_manifest(shard_dir)
+    assert all(len(s["spans"]) == len(s["videos"]) for s in manifest["shards"])
+    without = {**manifest, "shards": [{k: v for k, v in s.items() if k != "spans"} for s in manifest["shards"]]}
+    a, b = order.build_index(shard_dir, manifest), order.build_index(shard_dir, without)
+    assert list(a.ids) == list(b.ids) == sorted(a.ids)
+    assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end) and np.array_equal(a.shard, b.shard)
+    for vid, shard, start, end in zip(a.ids, a.shard, a.start, a.end):  # each range decodes to its video alone
+        blob = (shard_dir / a.shard_names[shard]).read_bytes()[start:end]
+        assert decode_sample_bytes(blob, vid, verify=True).video_id == vid
+
+
+def test_read_ranges_returns_each_range_whatever_the_order_and_gaps(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, 1 << 18, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    ranges = [(5000, 9000), (10, 20), (8000, 200_000), (200_100, 300_000), (262_000, 262_200)]
+    for gap in (0, 1 << 16):
+        got = tarfmt.read_ranges(tmp_path / "f", ranges, merge_gap=gap)
+        for (a, b), g in zip(ranges, got):
+            assert np.array_equal(g, data[a:min(b, len(data))])  # the last one runs past the end: short
+
+
+# --- damage ----------------------------------------------------------------------------------------------
+def damaged_copy(shard_dir, dst):
+    """Copy the shards; truncate the first (its last 2 samples lost), flip a byte in one sample of
+    the second, delete the third. Returns {shard: bad videos}."""
+    shutil.copytree(shard_dir, dst)
+    manifest = shards.load_manifest(dst)
+    a, b, c = manifest["shards"][:3]
+    raw = (dst / a["name"]).read_bytes()
+    spans = list(tarfmt.scan_tar(raw))
+    (dst / a["name"]).write_bytes(raw[:spans[3].members["2d.npy"][0] + 10])
+    raw = bytearray((dst / b["name"]).read_bytes())
+    spans = list(tarfmt.scan_tar(bytes(raw)))
+    raw[spans[1].members["spec.npy"][0] + 100] ^= 0xFF
+    (dst / b["name"]).write_bytes(bytes(raw))
+    (dst / c["name"]).unlink()
+    return {a["name"]: set(a["videos"][3:]), b["name"]: {b["videos"][1]}, c["name"]: set(c["videos"])}
+
+
+def test_bad_samples_are_counted_by_shard_and_refilled_from_their_step(shard_dir, cfg, tmp_path):
+    bad = damaged_copy(shard_dir, tmp_path / "damaged")
+    index = index_of(tmp_path / "damaged")
+    steps = make_plan(cfg, len(index)).steps_per_epoch
+    logs: list[str] = []
     stats = stream.EpochStats()
-    batches = list(stream.batches_from_records(iter(records), cfg, 0, 0, cfg.data.batch_size, 3, load_vocab(shard_dir),
-                                               stats=stats))
-    assert len(batches) == 3 and stats.reused == 3 * cfg.data.batch_size - 5
-    with pytest.raises(RuntimeError, match="no readable video"):
-        next(stream.batches_from_records(iter([]), cfg, 0, 0, cfg.data.batch_size, 1, load_vocab(shard_dir)))
+    batches = []
+    for batch, info in rank_rows(tmp_path / "damaged", index, cfg, 0, 0, 1, steps):
+        stats.add_step(info, log=logs.append)
+        batches.append(batch)
+    read = {k.split("#")[0] for b in batches for k in b["key"]}
+    expected_bad = {v for vs in bad.values() for v in vs} & set(
+        str(index.ids[v]) for s in order.rank_steps(cfg.run.seed, 0, len(index), cfg.data.batch_size, steps, 0, 1)
+        for v in s.videos)
+    assert stats.bad_samples == len(expected_bad) > 0
+    assert stats.bad_by_shard == {s: len(vs & expected_bad) for s, vs in bad.items() if vs & expected_bad}
+    assert not read & expected_bad  # a bad video never reaches a batch
+    assert all(len(b["key"]) == cfg.data.batch_size * cfg.data.clips_per_video for b in batches)  # slots refilled
+    assert stats.videos == steps * cfg.data.batch_size - len(expected_bad)
+    assert len(logs) == len(expected_bad) and all(" in shard " in line for line in logs)
+    assert any("CRC-32" in line for line in logs) and any("unreadable" in line for line in logs)
+    assert stats.as_metrics() == {"bad_samples": float(len(expected_bad)), "videos_read": float(stats.videos)}
+
+
+def test_a_step_without_a_readable_video_takes_the_previous_steps_or_fails_naming_them(shard_dir, cfg):
+    records = list(shard_records(shard_dir).values())
+    vocab = load_vocab(shard_dir).matrix
+    slots = [stream.SlotRecord("x", "shard-000009.tar", None, "shard unreadable: gone")] * 2
+    batch, used = stream.assemble_step(slots, 0, cfg, 0, vocab, fallback=records[:1])
+    assert [r.video_id for r in used] == [records[0].video_id] * 2
+    with pytest.raises(RuntimeError, match="no readable video.*x in shard-000009.tar: shard unreadable"):
+        stream.assemble_step(slots, 0, cfg, 0, vocab)
 
 
 # --- import boundaries ------------------------------------------------------------------------------
 # raymcn modules each data-path module may import (at module level); everything points one way:
-# tarfmt <- sample <- shards / stream <- reader, synthetic -> shards.
+# tarfmt <- sample <- shards / order <- stream <- reader, synthetic -> shards.
 ALLOWED = {
     "tarfmt": set(),
     "sample": {"features", "tarfmt"},
+    "order": {"tarfmt"},
     "shards": {"config", "features", "files", "sample", "words"},
-    "stream": {"config", "features", "sample", "tarfmt", "words"},
-    "reader": {"config", "features", "shards", "stream", "words"},
+    "stream": {"config", "features", "order", "sample", "tarfmt", "words"},
+    "reader": {"config", "order", "stream"},
     "synthetic": {"features", "files", "shards", "words"},
 }
 
@@ -178,7 +226,7 @@ def test_data_path_imports_point_one_way(module):
     assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "reader" else {"numpy", "pyarrow", "tqdm"})
 
 
-@pytest.mark.parametrize("module", ["tarfmt", "sample", "shards", "stream", "synthetic", "reader"])
+@pytest.mark.parametrize("module", ["tarfmt", "sample", "order", "shards", "stream", "synthetic", "reader"])
 def test_importing_the_data_path_loads_no_torch(module):
     """The read tasks import stream (and reader's module); torch is for the workers' batches only."""
     code = (f"import sys, raymcn.data.{module}; "

@@ -14,7 +14,7 @@ Output directory::
 
     shard-000000.tar ...     the shards
     vocab.npy, vocab.txt     (V+1, D) float32 matrix (row 0 = padding), memory-mapped by readers; V words
-    manifest.json            per shard: name, videos, bytes, sha256; counts; skipped videos with reasons
+    manifest.json            per shard: name, videos, their byte spans, bytes, sha256; counts; skipped videos
     plan.json                the video -> shard assignment (deterministic from the seed)
     .done/<shard>.json       one marker per finished shard (what makes a rerun resumable)
 
@@ -189,16 +189,20 @@ class _HashingFile:
         return self.bytes
 
 
-def write_sample(tar: tarfile.TarFile, key: str, members: list[tuple[str, bytes]]) -> None:
-    """Append one sample's members (``sample.encode_record``) as ``<key>.<suffix>`` regular files.
+def write_sample(tar: tarfile.TarFile, key: str, members: list[tuple[str, bytes]]) -> tuple[int, int]:
+    """Append one sample's members (``sample.encode_record``) as ``<key>.<suffix>`` regular files;
+    returns the sample's byte range in the tar (its first header up to the end of its last
+    member's data), which the manifest records so a reader can read this video alone.
 
     TarInfo's defaults are the fixed metadata that make shards reproducible: mtime 0, uid/gid 0,
     mode 0644, no user or group name.
     """
+    start = tar.offset
     for suffix, data in members:
         info = tarfile.TarInfo(f"{key}.{suffix}")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
+    return start, tar.offset - (-len(members[-1][1]) % tarfile.BLOCKSIZE)
 
 
 def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
@@ -207,7 +211,7 @@ def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
     w = _WORK
     out: Path = w["out"]
     t0 = time.perf_counter()
-    videos, skipped = [], []
+    videos, spans, skipped = [], [], []
     final = out / name
     tmp = out / f".{name}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -227,12 +231,12 @@ def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
                 except FeatureFileError as e:
                     skipped.append([vid, str(e)])
                     continue
-                write_sample(tar, vid, encode_record(rec))
+                spans.append(list(write_sample(tar, vid, encode_record(rec))))  # JSON: a list
                 videos.append(vid)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    marker = {"name": name, "index": index, "plan": w["plan"], "videos": videos, "skipped": skipped,
+    marker = {"name": name, "index": index, "plan": w["plan"], "videos": videos, "spans": spans, "skipped": skipped,
               "bytes": hf.bytes, "sha256": hf.sha.hexdigest(), "seconds": round(time.perf_counter() - t0, 3)}
     write_text_atomic(out / DONE_DIR / f"{name}.json", json.dumps(marker))
     return marker
@@ -303,8 +307,10 @@ def _ensure_vocab(out: Path, plan: dict, src: LayoutSources, captions) -> Vocab:
 
 def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSources, settings: dict) -> dict:
     vocab_meta = json.loads((out / DONE_DIR / VOCAB_MARKER).read_text())
-    shards = [{"name": m["name"], "videos": m["videos"], "bytes": m["bytes"], "sha256": m["sha256"]}
-              for m in sorted(markers, key=lambda m: m["index"])]
+    # "spans": each video's byte range in its shard, so a rank reads its videos alone (order.py);
+    # markers of an earlier writer have none, and the reader then finds them from the tar headers.
+    shards = [{"name": m["name"], "videos": m["videos"], **({"spans": m["spans"]} if "spans" in m else {}),
+               "bytes": m["bytes"], "sha256": m["sha256"]} for m in sorted(markers, key=lambda m: m["index"])]
     skipped = [{"video": v, "reason": r, "shard": None} for v, r in plan["duplicates"]]
     for m in sorted(markers, key=lambda m: m["index"]):
         skipped.extend({"video": v, "reason": r, "shard": m["name"]} for v, r in m["skipped"])

@@ -1,19 +1,23 @@
-"""Ray-free data stream: shard files -> checked records -> per-rank batches, with bad-sample accounting.
+"""Ray-free data stream: the bytes of one rank's videos of a step -> that rank's batch, with bad-sample accounting.
 
-The stages, each a plain function (``reader.py`` only puts Ray Data between the second and third)::
+What a global step reads is fixed by ``order.py`` (a function of seed, epoch and step). The stages
+here, each a plain function (``reader.py`` only runs :func:`read_steps` as Ray Data read tasks)::
 
-    iter_shard_chunks(path, expected)        a shard in 64 MB pieces, each checked (ShardScan)
-    read_shard_blocks(path, name, expected)  -> Arrow tables of sample bytes   (a Ray read task's body)
-    records_from_tables(tables, stats)       -> VideoRecord views              (each rank, after Ray Data)
-    batches_from_records(records, ...)       -> exactly `steps` torch batches  (each rank)
+    read_step_records(shards_dir, job)   the step's videos of one rank, read by byte range and checked
+    assemble_step(records, job, ...)     clips drawn per video position -> the batch (numpy), bad slots refilled
+    read_steps(shards_dir, jobs, ...)    -> one Arrow row per step: the batch's arrays as bytes (a read task)
+    step_rows(tables)                    -> (batch, StepInfo) per step, zero-copy     (each rank)
 
-Without Ray: :func:`iter_shard_records` reads shards in one process (tests, ``bench/loader.py``'s
-reference row), and :class:`TrainVideos` holds a corpus in memory (benchmarks that need the data
-without Ray) and feeds the same :func:`batches_from_records`. Bad samples are never dropped
-silently: they travel as rows with an ``error`` and are counted (:class:`EpochStats`) and logged.
+Without Ray: :class:`TrainVideos` holds a corpus in memory (benchmarks that need the data without
+Ray) and builds its batches with the same :func:`assemble_step` in the same order, so both paths
+give the same batches; :func:`iter_shard_records` reads whole shards in one process (the writer's
+tests, ``bench/loader.py``'s reference row). Bad samples are never dropped silently: each is
+counted (:class:`EpochStats`), logged with its shard, and its slot refilled by a good video of
+the same step.
 
-Imports: numpy, pyarrow, ``config``, ``features``, ``words``, ``sample``, ``tarfmt``; torch only
-inside :func:`to_tensors` (worker side), so the read tasks importing this module never load it.
+Imports: numpy, pyarrow, ``config``, ``features``, ``words``, ``order``, ``sample``, ``tarfmt``;
+torch only inside :func:`to_tensors` (worker side), so the read tasks importing this module never
+load it.
 """
 
 from __future__ import annotations
@@ -23,32 +27,40 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
 
 from raymcn.config import Config
-from raymcn.data.features import VideoRecord, collate, load_captions, read_video_paths, read_videos, sample_clips
-from raymcn.data.sample import LAYOUT_WIDTH, SampleError, ShardChecker, ShardScan, decode_layout, span_layout
-from raymcn.data.tarfmt import read_pieces
-from raymcn.data.words import Vocab, build_vocab, read_word2vec_bin
+from raymcn.data.features import (FEATURE_DIM, MEL_BINS, VideoRecord, collate, load_captions, read_video_paths,
+                                  read_videos, sample_clips)
+from raymcn.data.order import StepSlice, VideoIndex, clip_rng, rank_steps
+from raymcn.data.sample import SampleError, ShardChecker, ShardScan, decode_sample_bytes
+from raymcn.data.tarfmt import read_pieces, read_ranges
+from raymcn.data.words import build_vocab, load_vocab, read_word2vec_bin
 
 if TYPE_CHECKING:
     from raymcn.data.synthetic import CorpusPaths
 
-DEFAULT_CHUNK_BYTES = 64 << 20  # the same pieces as the Ray read tasks (reader.DEFAULT_BLOCK_MB)
-SCHEMA = pa.schema([("key", pa.string()), ("shard", pa.string()), ("sample", pa.large_binary()),
-                    ("layout", pa.list_(pa.int64(), LAYOUT_WIDTH)), ("error", pa.string()),
-                    ("epoch", pa.int32())])  # the epoch whose shard order the read task was planned for
+DEFAULT_CHUNK_BYTES = 64 << 20  # pieces of the sequential whole-shard reader
 TENSOR_KEYS = ("video", "audio", "nframes", "text")
+_DTYPES = {"video": np.float32, "audio": np.float16, "nframes": np.int32, "text": np.float32}
+STEP_SCHEMA = pa.schema([
+    ("step", pa.int64()),  # global step
+    ("in_epoch", pa.int64()),
+    *((k, pa.large_binary()) for k in TENSOR_KEYS),  # the batch's arrays, C order, dtypes _DTYPES
+    ("dims", pa.list_(pa.int64())),  # [clips b, audio frames, words, word dim]: the arrays' shapes
+    ("key", pa.list_(pa.string())),  # b keys "<video id>#<clip>"
+    ("bad", pa.list_(pa.string())),  # "<video> in <shard>: <reason>" per bad sample of this step
+    ("bad_shards", pa.list_(pa.string())),
+    ("videos", pa.int64()),  # readable videos read for this step
+    ("bytes", pa.int64()),  # their sample bytes
+    ("read_s", pa.float64()),  # the read task's seconds reading / building this step
+    ("build_s", pa.float64()),
+])
 _LOG_LIMIT = 20  # bad samples logged one by one per epoch and rank; the rest are summarised
-
-
-class DataEpochError(RuntimeError):
-    """The shard order of an epoch could not be planned from the trainer's epoch: no epoch was
-    announced, or the plan Ray Data executed belongs to another epoch than the one being read."""
 
 
 def log_stderr(msg: str) -> None:
@@ -109,274 +121,237 @@ def iter_shard_records(path: str | os.PathLike, expected: Sequence[str] | None =
                 yield k, None, f"shard unreadable: {e}"
 
 
-# =====================================================================================================
-# Checked samples -> Arrow blocks (the read tasks) -> records (each rank)
-# =====================================================================================================
-def _block_table(key, shard, data, offsets, layout, errors, epoch: int) -> pa.Table:
-    n = len(key)
-    sample = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n,
-                                              [None, pa.py_buffer(np.asarray(offsets, np.int64)), data])
-    flat = pa.array(np.asarray(layout, np.int64).reshape(-1), pa.int64())
-    return pa.Table.from_arrays([pa.array(key, pa.string()), pa.array([shard] * n, pa.string()), sample,
-                                 pa.FixedSizeListArray.from_arrays(flat, LAYOUT_WIDTH),
-                                 pa.array(errors, pa.string()), pa.array(np.full(n, epoch, np.int32))],
-                                schema=SCHEMA)
-
-
-def _bad_table(name: str, bad: Sequence[tuple[str, str]], epoch: int) -> pa.Table:
-    n = len(bad)
-    return _block_table([k for k, _ in bad], name, pa.py_buffer(b""), np.zeros(n + 1, np.int64),
-                        np.zeros((n, LAYOUT_WIDTH), np.int64), [r for _, r in bad], epoch)
-
-
-def read_shard_blocks(path: str, name: str, expected: Sequence[str], block_bytes: int,
-                      verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
-    """The read task of one shard: Arrow tables (:data:`SCHEMA`) of ~block_bytes, bad samples as rows of their own.
-
-    The shard is read sequentially in pieces (:func:`iter_shard_chunks`), so tables leave before
-    the whole shard is read and memory stays at about one piece. Each sample is checked here
-    (members present, CRC-32 of every member); the ``.npy`` headers are parsed once, in the
-    consumer. Good row: ``sample`` = the shard bytes from this video's first tar header up to the
-    next video's (a zero-copy slice of the piece buffer), ``layout`` = (offset, size) of each
-    ``.npy`` member in it. Bad row: empty ``sample``, ``error`` = the reason. Every row carries
-    the ``epoch`` the read was planned for, which the consumer checks (:func:`records_from_tables`).
-    """
-    emitted: set[str] = set()
-    try:
-        for buf, scan in iter_shard_chunks(path, expected, chunk_bytes=block_bytes, verify=verify, decode=False):
-            good = scan.good
-            if good:
-                s0 = good[0].start
-                offsets = [g.start - s0 for g in good] + [good[-1].end - s0]  # value k runs to the next sample
-                yield _block_table([g.key for g in good], name, pa.py_buffer(buf).slice(s0, good[-1].end - s0),
-                                   offsets, [span_layout(g) for g in good], [None] * len(good), epoch)
-                emitted.update(g.key for g in good)
-            if scan.bad:
-                yield _bad_table(name, scan.bad, epoch)
-                emitted.update(k for k, _ in scan.bad)
-    except OSError as e:
-        bad = [(k, f"shard unreadable: {e}") for k in expected if k not in emitted]
-        if bad:
-            yield _bad_table(name, bad, epoch)
-
-
-def read_shards_blocks(jobs: Sequence[tuple[str, str, Sequence[str]]], block_bytes: int,
-                       verify: bool = True, epoch: int = 0) -> Iterator[pa.Table]:
-    """One read task of ``epoch``: the shards ``jobs`` = [(path, name, expected ids)] one after the other."""
-    for path, name, expected in jobs:
-        yield from read_shard_blocks(path, name, expected, block_bytes, verify, epoch)
-
-
 @dataclass
 class EpochStats:
-    """What one rank saw in one epoch; ``as_metrics()`` gives the numbers to report.
+    """What one rank read in one epoch; ``as_metrics()`` gives the numbers to report.
 
     Attributes:
-        videos: readable videos received.
+        videos: readable videos read (bad slots refilled from their step are not counted).
         bad_samples: samples skipped (undecodable or missing member, bad CRC, wrong shape, missing
-            from a truncated shard); ``bad_by_shard`` splits them by shard name.
-        reused: batch slots filled with a video this rank had already used this epoch (only when
-            bad samples left the rank short of videos, so every rank still runs the same steps).
-        unused: readable videos received but not put in a batch (the epoch's remainder).
-        wait_seconds: time spent waiting for the tables; decode_seconds: time decoding samples.
+            from a truncated shard, an unreadable shard file); ``bad_by_shard`` splits them by shard.
         bytes: sample bytes of the readable videos.
+        read_seconds, build_seconds: the read tasks' time reading and checking the bytes, and
+            drawing the clips (spent in the read tasks' processes, not on the training path).
     """
 
     videos: int = 0
     bad_samples: int = 0
     bad_by_shard: dict[str, int] = field(default_factory=dict)
-    reused: int = 0
-    unused: int = 0
-    wait_seconds: float = 0.0
-    decode_seconds: float = 0.0
     bytes: int = 0
+    read_seconds: float = 0.0
+    build_seconds: float = 0.0
 
-    def add_bad(self, shard: str) -> None:
-        self.bad_samples += 1
-        self.bad_by_shard[shard] = self.bad_by_shard.get(shard, 0) + 1
+    def add_step(self, info: StepInfo, log: Callable[[str], None] | None = log_stderr) -> None:
+        """Count one step row; its bad samples are logged (the first few per epoch, then summarised)."""
+        self.videos += info.videos
+        self.bytes += info.bytes
+        self.read_seconds += info.read_s
+        self.build_seconds += info.build_s
+        for message, shard in zip(info.bad, info.bad_shards):
+            if log is not None and self.bad_samples < _LOG_LIMIT:
+                log(f"warning: skipped bad sample {message}")
+            self.bad_samples += 1
+            self.bad_by_shard[shard] = self.bad_by_shard.get(shard, 0) + 1
+
+    def summarise(self, log: Callable[[str], None] | None = log_stderr) -> None:
+        """Log the bad samples beyond the first few (call at the end of the epoch)."""
+        if log is not None and self.bad_samples > _LOG_LIMIT:
+            log(f"warning: ... {self.bad_samples - _LOG_LIMIT} more bad samples not shown "
+                f"(by shard: {dict(sorted(self.bad_by_shard.items()))})")
 
     def as_metrics(self) -> dict[str, float]:
-        return {"bad_samples": float(self.bad_samples), "reused_videos": float(self.reused),
-                "data_wait_s": float(self.wait_seconds)}
+        return {"bad_samples": float(self.bad_samples), "videos_read": float(self.videos)}
 
 
-def records_from_tables(tables: Iterable[pa.Table], stats: EpochStats | None = None, *,
-                        log: Callable[[str], None] | None = log_stderr,
-                        epoch: int | None = None) -> Iterator[VideoRecord]:
-    """Readable videos from the read tasks' tables (:data:`SCHEMA`), in order; ``tables`` is closed at the end.
 
-    Records are zero-copy views into the tables' buffers (read-only arrays). Bad samples are
-    skipped, counted in ``stats`` and logged with their shard name (the first few, then a summary).
+# =====================================================================================================
+# One rank's part of a step: read by byte range, checked, turned into its batch
+# =====================================================================================================
+@dataclass(frozen=True)
+class StepJob:
+    """What a read task needs for one rank's part of one step (:class:`order.StepSlice` located).
+
+    Attributes:
+        step, in_epoch, first: as :class:`order.StepSlice`.
+        videos: (video id, shard file name, start, end) per slot, in slot order.
+    """
+
+    step: int
+    in_epoch: int
+    first: int
+    videos: tuple[tuple[str, str, int, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(end - start for _, _, start, end in self.videos)
+
+
+def step_jobs(index: VideoIndex, slices: Sequence[StepSlice]) -> list[StepJob]:
+    """Locate each slice's videos in the shards."""
+    return [StepJob(s.step, s.in_epoch, s.first, tuple(
+        (str(index.ids[v]), index.shard_names[int(index.shard[v])], int(index.start[v]), int(index.end[v]))
+        for v in s.videos)) for s in slices]
+
+
+@dataclass
+class SlotRecord:
+    """One slot of a step as read: its record, or the reason it is unusable."""
+
+    video_id: str
+    shard: str
+    record: VideoRecord | None
+    error: str | None = None
+
+
+def read_step_records(shards_dir: str | os.PathLike, job: StepJob, verify: bool = True) -> list[SlotRecord]:
+    """The videos of ``job`` read from their shards (each shard opened once, its ranges read front
+    to back), each checked (members, with ``verify`` the CRC-32 of every member, .npy headers,
+    shapes) and decoded to zero-copy views. Unreadable ones carry the reason, never raise."""
+    by_shard: dict[str, list[int]] = {}
+    for slot, (_, shard, _, _) in enumerate(job.videos):
+        by_shard.setdefault(shard, []).append(slot)
+    out: list[SlotRecord | None] = [None] * len(job.videos)
+    for shard, slots in by_shard.items():
+        ranges = [(job.videos[i][2], job.videos[i][3]) for i in slots]
+        try:
+            blobs = read_ranges(Path(shards_dir) / shard, ranges)
+        except OSError as e:
+            for i in slots:
+                out[i] = SlotRecord(job.videos[i][0], shard, None, f"shard unreadable: {e}")
+            continue
+        for i, blob in zip(slots, blobs):
+            vid, _, start, end = job.videos[i]
+            if end <= start:
+                out[i] = SlotRecord(vid, shard, None, ShardChecker.MISSING)
+                continue
+            if len(blob) < end - start:
+                out[i] = SlotRecord(vid, shard, None, f"shard truncated: {len(blob)} of {end - start} bytes present")
+                continue
+            try:
+                out[i] = SlotRecord(vid, shard, decode_sample_bytes(blob, vid, verify=verify))
+            except SampleError as e:
+                out[i] = SlotRecord(vid, shard, None, str(e))
+    return out  # type: ignore[return-value]
+
+
+def assemble_step(slots: Sequence[SlotRecord], first: int, cfg: Config, epoch: int, vocab_matrix: np.ndarray,
+                  fallback: Sequence[VideoRecord] = ()) -> tuple[dict, list[VideoRecord]]:
+    """The batch of one rank's part of a step (numpy arrays of the batch contract, video-major).
+
+    Slot j's clips are drawn with :func:`order.clip_rng` of its epoch position ``first + j``,
+    whoever reads it. A bad slot is refilled with the next good video of the same slots (cyclic),
+    its clips still drawn with the bad slot's generator; with no good video at all, with the
+    ``fallback`` videos (the rank's previous step).
+
+    Returns:
+        (batch, the records used per slot).
 
     Raises:
-        DataEpochError: ``epoch`` is given and a table was planned for another epoch (its shard
-            order announced late, or not at all for this epoch).
+        RuntimeError: no slot is readable and there is no fallback.
     """
-    stats = stats if stats is not None else EpochStats()
-    logged = 0
-    t_wait = time.perf_counter()
+    good = [i for i, s in enumerate(slots) if s.record is not None]
+    used: list[VideoRecord] = []
+    for j, s in enumerate(slots):
+        if s.record is not None:
+            used.append(s.record)
+        elif good:
+            used.append(slots[next((i for i in good if i > j), good[0])].record)  # type: ignore[arg-type]
+        elif fallback:
+            used.append(fallback[j % len(fallback)])
+        else:
+            raise RuntimeError(f"no readable video in a step of epoch {epoch} (positions {first}.."
+                               f"{first + len(slots) - 1}): " + "; ".join(f"{s.video_id} in {s.shard}: {s.error}"
+                                                                          for s in slots))
+    d = cfg.data
+    clips = [sample_clips(rec, d.clips_per_video, d.min_time, d.audio_frames, d.max_words,
+                          clip_rng(cfg.run.seed, epoch, first + j), vocab_matrix) for j, rec in enumerate(used)]
+    return collate(clips, [r.video_id for r in used]), used
+
+
+def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
+    """One Arrow row holding one step's batch (zero-copy: the arrays' memory is the row's)."""
+    arrays = {k: np.ascontiguousarray(batch[k], dtype=_DTYPES[k]) for k in TENSOR_KEYS}
+    b, _, frames = arrays["audio"].shape
+    _, words, dim = arrays["text"].shape
+    bad = [s for s in slots if s.record is None]
+    cols = {"step": [job.step], "in_epoch": [job.in_epoch],
+            **{k: pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [
+                None, pa.py_buffer(np.array([0, a.nbytes], np.int64)), pa.py_buffer(a)]) for k, a in arrays.items()},
+            "dims": [[b, frames, words, dim]], "key": [list(batch["key"])],
+            "bad": [[f"{s.video_id} in shard {s.shard}: {s.error}" for s in bad]], "bad_shards": [[s.shard for s in bad]],
+            "videos": [len(slots) - len(bad)],
+            "bytes": [sum(end - start for (_, _, start, end), s in zip(job.videos, slots) if s.record is not None)],
+            "read_s": [read_s], "build_s": [build_s]}
+    return pa.Table.from_pydict(cols, schema=STEP_SCHEMA)
+
+
+def read_steps(shards_dir: str, jobs: Sequence[StepJob], cfg: Config, epoch: int, verify: bool = True) -> Iterator[pa.Table]:
+    """A read task: one row (:func:`step_row`) per job, in order, each leaving as soon as it is built."""
+    vocab = load_vocab(shards_dir).matrix  # memory-mapped: each task maps it, nothing is copied
+    previous: list[VideoRecord] = []
+    for job in jobs:
+        t0 = time.perf_counter()
+        slots = read_step_records(shards_dir, job, verify)
+        t1 = time.perf_counter()
+        batch, previous = assemble_step(slots, job.first, cfg, epoch, vocab, previous)
+        yield step_row(job, batch, slots, t1 - t0, time.perf_counter() - t1)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a step row says besides its batch."""
+
+    step: int
+    in_epoch: int
+    bad: list[str]
+    bad_shards: list[str]
+    videos: int
+    bytes: int
+    read_s: float
+    build_s: float
+
+
+def _blob(column: pa.ChunkedArray, row: int, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Row ``row``'s bytes of a large_binary column as an array (a read-only view, no copy)."""
+    for chunk in column.chunks:
+        if row < len(chunk):
+            bufs = chunk.buffers()
+            offsets = np.frombuffer(bufs[1], np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+            count = int(np.prod(shape))
+            return np.frombuffer(bufs[2], dtype, count, int(offsets[row])).reshape(shape)
+        row -= len(chunk)
+    raise IndexError(row)
+
+
+def step_rows(tables: Iterable[pa.Table]) -> Iterator[tuple[dict, StepInfo]]:
+    """(numpy batch, :class:`StepInfo`) of every row of ``tables`` (:data:`STEP_SCHEMA`), in order;
+    the arrays are read-only views of the tables' memory. ``tables`` is closed at the end."""
     try:
         for table in tables:
-            stats.wait_seconds += time.perf_counter() - t_wait
-            if epoch is not None and len(table):
-                planned = pa.compute.min_max(table.column("epoch")).as_py()
-                if planned != {"min": epoch, "max": epoch}:
-                    raise DataEpochError(f"epoch {epoch} received shards ordered for epoch {planned['min']} "
-                                         "(the epoch was announced after Ray Data had planned it)")
-            keys = table.column("key").to_pylist()
-            shard_names = table.column("shard").to_pylist()
-            errors = table.column("error").to_pylist()
-            layout = table.column("layout")
-            row = 0
-            for chunk, lay in zip(table.column("sample").chunks, _rechunk(layout, table.column("sample"))):
-                bufs = chunk.buffers()
-                offs = np.frombuffer(bufs[1], np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
-                mv = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
-                lay = lay.flatten().to_numpy().reshape(-1, LAYOUT_WIDTH)
-                for k in range(len(chunk)):
-                    key, shard, err = keys[row], shard_names[row], errors[row]
-                    row += 1
-                    rec = None
-                    if err is None:
-                        t0 = time.perf_counter()
-                        try:
-                            rec = decode_layout(mv[offs[k]:offs[k + 1]], key, lay[k])
-                        except SampleError as e:
-                            err = str(e)
-                        stats.decode_seconds += time.perf_counter() - t0
-                    if rec is None:
-                        stats.add_bad(shard)
-                        if log is not None and logged < _LOG_LIMIT:
-                            log(f"warning: skipped bad sample {key} in shard {shard}: {err}")
-                        logged += 1
-                        continue
-                    stats.videos += 1
-                    stats.bytes += int(offs[k + 1] - offs[k])
-                    yield rec
-            t_wait = time.perf_counter()
+            meta = table.drop_columns(list(TENSOR_KEYS)).to_pylist()
+            for row, m in enumerate(meta):
+                b, frames, words, dim = m["dims"]
+                shapes = {"video": (b, 2 * FEATURE_DIM), "audio": (b, MEL_BINS, frames), "nframes": (b,),
+                          "text": (b, words, dim)}
+                batch = {k: _blob(table.column(k), row, _DTYPES[k], shapes[k]) for k in TENSOR_KEYS}
+                batch["key"] = m["key"]
+                yield batch, StepInfo(m["step"], m["in_epoch"], m["bad"], m["bad_shards"], m["videos"], m["bytes"],
+                                      m["read_s"], m["build_s"])
     finally:
-        if log is not None and logged > _LOG_LIMIT:
-            log(f"warning: ... {logged - _LOG_LIMIT} more bad samples not shown "
-                f"(by shard: {dict(sorted(stats.bad_by_shard.items()))})")
         close = getattr(tables, "close", None)
         if close is not None:
             close()
 
 
-def _rechunk(column: pa.ChunkedArray, like: pa.ChunkedArray) -> list[pa.Array]:
-    """``column`` cut into the same chunk lengths as ``like`` (both columns of one table)."""
-    if [len(c) for c in column.chunks] == [len(c) for c in like.chunks]:
-        return list(column.chunks)
-    out, start = [], 0
-    for c in like.chunks:
-        out.append(column.slice(start, len(c)).combine_chunks())
-        start += len(c)
-    return out
-
-
-# =====================================================================================================
-# Records -> per-rank batches
-# =====================================================================================================
-def batches_from_records(records: Iterator[VideoRecord], cfg: Config, epoch: int, rank: int,
-                         videos: int | Callable[[int], int], steps: int, vocab: Vocab | np.ndarray, *,
-                         stats: EpochStats | None = None, shuffle_buffer: int | None = None, drain: bool = True,
-                         on_drained: Callable[[], None] | None = None) -> Iterator[dict]:
-    """Exactly ``steps`` batches from one epoch's ``records``, of ``videos`` videos each: this rank's
-    share of a step from the run plan, a number or a function of the step's index in the epoch
-    (shares rotate between ranks when the batch does not divide evenly).
-
-    Each batch is ``{video (B, 4096) f32, audio (B, 40, audio_frames) f16, nframes (B,) i32,
-    text (B, max_words, D) f32, key: B strings "<id>#<clip>"}`` (torch tensors) with
-    B = videos · clips_per_video, video-major. Clips are drawn with
-    ``np.random.default_rng([seed, epoch, rank])``; videos pass through a shuffle buffer
-    (``default_rng([seed, epoch, rank, 1])``, ``shuffle_buffer`` videos, default 2 batches' worth;
-    1 keeps the stream's order) so that a batch mixes shards. If bad samples leave the rank short,
-    the missing slots are filled with videos it already used this epoch (``stats.reused``) so every
-    rank runs ``steps`` steps. Before the last batch is yielded, the rest of the epoch's stream is
-    read and dropped (``drain``; ``stats.unused``), so ``stats`` covers the whole epoch when the
-    loop ends, and ``on_drained`` is called (the stream is finished: the next epoch may be requested).
-
-    Args:
-        records: this rank's readable videos of the epoch; closed at the end if it is a generator.
-        vocab: the Vocab (its memory-mapped matrix) or the (V+1, D) matrix itself.
-        stats: the epoch's counters (the ones ``records`` fills); ``reused`` and ``unused`` are added here.
-
-    Raises:
-        RuntimeError: if the rank receives no readable video at all.
-    """
-    d = cfg.data
-    per_step = videos if callable(videos) else (lambda k: videos)
-    if min(per_step(k) for k in range(steps)) < 1:
-        raise ValueError(f"rank {rank} was given no video for a step of epoch {epoch}")
-    matrix = vocab.matrix if isinstance(vocab, Vocab) else vocab
-    stats = stats if stats is not None else EpochStats()
-    rng = np.random.default_rng([cfg.run.seed, epoch, rank])
-    pick = np.random.default_rng([cfg.run.seed, epoch, rank, 1])
-    capacity = max(1, shuffle_buffer if shuffle_buffer is not None else 2 * per_step(0))
-    buffer: list[VideoRecord] = []
-    exhausted = False
-    used: list[VideoRecord] = []
-
-    def next_record() -> VideoRecord | None:
-        nonlocal exhausted
-        while not exhausted and len(buffer) < capacity:
-            try:
-                buffer.append(next(records))
-            except StopIteration:
-                exhausted = True
-        if not buffer:
-            return None
-        i = int(pick.integers(len(buffer)))
-        buffer[i], buffer[-1] = buffer[-1], buffer[i]
-        return buffer.pop()
-
-    def finish() -> None:
-        # Reading the rest of the epoch (at most a batch's worth of videos plus what the read-ahead
-        # holds, unless schedule.steps_per_epoch cuts the epoch short) lets Ray Data finish the
-        # execution; stopping early leaves read tasks to cancel, and the next epoch then started
-        # ~2 s late (measured). It also counts the bad samples of the whole epoch.
-        nonlocal exhausted
-        stats.unused += len(buffer)
-        buffer.clear()
-        if drain and not exhausted:
-            for _ in records:
-                stats.unused += 1
-            exhausted = True
-        if exhausted and on_drained is not None:
-            on_drained()
-
-    try:
-        for step in range(steps):
-            chosen: list[VideoRecord] = []
-            while len(chosen) < per_step(step):
-                rec = next_record()
-                if rec is None:
-                    pool = used or chosen
-                    if not pool:
-                        raise RuntimeError(f"rank {rank} received no readable video in epoch {epoch} "
-                                           f"({stats.bad_samples} bad samples)")
-                    rec = pool[int(pick.integers(len(pool)))]
-                    stats.reused += 1
-                chosen.append(rec)
-            clips = [sample_clips(r, d.clips_per_video, d.min_time, d.audio_frames, d.max_words, rng, matrix)
-                     for r in chosen]
-            batch = to_tensors(collate(clips, [r.video_id for r in chosen]))
-            used = chosen
-            if step == steps - 1:
-                finish()  # before the last yield: the stats are complete when the loop ends
-            yield batch
-    finally:
-        buffer.clear()
-        close = getattr(records, "close", None)
-        if close is not None:
-            close()
-
-
 def to_tensors(batch: dict) -> dict:
-    """numpy batch -> torch tensors (zero-copy) for the model's keys; ``key`` stays a list."""
+    """numpy batch -> torch tensors for the model's keys (no copy; ``key`` stays a list)."""
+    import warnings
+
     import torch  # here, not at the top: the read tasks import this module and must not load torch
 
-    out = {k: torch.from_numpy(np.ascontiguousarray(batch[k])) for k in TENSOR_KEYS}
+    with warnings.catch_warnings():  # read-only views of Ray's object store: the model never writes its input
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        out = {k: torch.from_numpy(np.ascontiguousarray(batch[k])) for k in TENSOR_KEYS}
     out["key"] = batch["key"]
     return out
 
@@ -388,14 +363,12 @@ def to_tensors(batch: dict) -> dict:
 class TrainVideos:
     """The training corpus held in memory, read from the original per-video layout (no shards, no Ray).
 
-    For the benchmarks that need the same data without Ray. Each epoch the video order is reshuffled
-    with (seed, epoch); rank r takes every world_size-th video of that order, so ranks never share a
-    video within an epoch and together cover ``steps × batch_size`` of them. The batches come from
-    :func:`batches_from_records` in that order (shuffle buffer 1), so clips, shapes and keys follow
-    the shard path's contract, and a resumed run draws exactly the clips of the uninterrupted one.
+    For the benchmarks that need the same data without Ray. The videos are indexed by sorted id,
+    as the shard path's :class:`order.VideoIndex` is, so the epoch order, each rank's share of a
+    step and every clip are those of the shard path: both give the same batches.
     """
 
-    records: list[VideoRecord]
+    records: list[VideoRecord]  # sorted by video id
     vocab_matrix: np.ndarray  # (V+1, word_dim), row 0 = padding
     skipped: list[tuple[str, str]]  # (video_id, reason) of unreadable videos
 
@@ -411,7 +384,7 @@ class TrainVideos:
             print(f"warning: skipped video {vid}: {reason}", file=sys.stderr)
         if len(skipped) > 10:
             print(f"warning: ... and {len(skipped) - 10} more skipped videos", file=sys.stderr)
-        return cls(records, np.asarray(vocab.matrix, dtype=np.float32), skipped)
+        return cls(sorted(records, key=lambda r: r.video_id), np.asarray(vocab.matrix, dtype=np.float32), skipped)
 
     @classmethod
     def load(cls, cfg: Config) -> TrainVideos:
@@ -420,9 +393,12 @@ class TrainVideos:
 
         return cls.from_layout(CorpusPaths(ensure_corpus(cfg)), cfg.data.max_words)
 
-    def batches(self, cfg: Config, epoch: int, rank: int, world_size: int, videos: int | Callable[[int], int],
-                steps: int) -> Iterator[dict]:
-        """This rank's ``steps`` batches of epoch ``epoch``, ``videos`` per step (:func:`batches_from_records`)."""
-        order = np.random.default_rng([cfg.run.seed, epoch]).permutation(len(self.records))
-        mine = (self.records[i] for i in order[rank::world_size])
-        return batches_from_records(mine, cfg, epoch, rank, videos, steps, self.vocab_matrix, shuffle_buffer=1)
+    def batches(self, cfg: Config, epoch: int, rank: int, world: int, steps: int, start: int = 0) -> Iterator[dict]:
+        """This rank's batches (torch tensors) of epoch ``epoch``, steps ``start .. steps - 1``
+        (``steps`` = the epoch's steps; the plan's rotating shares of ``data.batch_size``)."""
+        slices = rank_steps(cfg.run.seed, epoch, len(self.records), cfg.data.batch_size, steps, rank, world, start)
+        previous: list[VideoRecord] = []
+        for s in slices:
+            slots = [SlotRecord(self.records[v].video_id, "", self.records[v]) for v in s.videos]
+            batch, previous = assemble_step(slots, s.first, cfg, epoch, self.vocab_matrix, previous)
+            yield to_tensors(batch)

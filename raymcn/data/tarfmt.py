@@ -238,6 +238,78 @@ def read_pieces(path: str | os.PathLike, chunk_bytes: int,
             got = _fill(f, buf, 0)
 
 
+def scan_file_spans(path: str | os.PathLike) -> list[SampleSpan]:
+    """The samples of a tar file found by reading its headers only (one 512-byte read per member,
+    a seek over each member's data): where each sample's bytes lie, without reading them. Offsets
+    are absolute in the file. The scan stops at the end of the archive or at the first damaged
+    header; what lies beyond is not found (the reader reports such samples as missing).
+
+    Raises:
+        OSError: if the file cannot be opened or read.
+    """
+    spans: list[SampleSpan] = []
+    current: SampleSpan | None = None
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        pos = 0
+        while pos + BLOCK <= size:
+            f.seek(pos)
+            hdr = f.read(BLOCK)
+            if len(hdr) < BLOCK or hdr == ZERO_BLOCK or not _checksum_ok(hdr):
+                break
+            try:
+                length = _parse_octal(hdr[124:136])
+            except ValueError:
+                break
+            data = pos + BLOCK
+            if data + length > size:
+                break
+            key, suffix = _split_name(_member_name(hdr)) if hdr[156:157] == b"0" else (None, None)
+            if key is not None:
+                if current is None or key != current.key:
+                    if current is not None:
+                        spans.append(current)
+                    current = SampleSpan(key, pos, data + length)
+                current.members[suffix] = (data, length)
+                current.end = data + length
+            pos = data + length + (-length % BLOCK)
+    if current is not None:
+        spans.append(current)
+    return spans
+
+
+def read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], merge_gap: int = 1 << 16) -> list[np.ndarray]:
+    """The bytes of each ``[start, end)`` of ``ranges`` in one file, in the order given.
+
+    The file is opened once and read front to back: ranges are read in offset order, and ranges
+    closer than ``merge_gap`` bytes are read with one call (the gap is read and dropped), so
+    neighbouring samples cost one read. Each result is a view into its own read buffer; a range
+    past the end of the file comes back short.
+
+    Raises:
+        OSError: if the file cannot be opened or read.
+    """
+    out: list[np.ndarray | None] = [None] * len(ranges)
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    with open(path, "rb", buffering=0) as f:
+        i = 0
+        while i < len(order):
+            group = [order[i]]
+            lo, hi = ranges[order[i]]
+            while i + 1 < len(order) and ranges[order[i + 1]][0] - hi <= merge_gap:
+                i += 1
+                group.append(order[i])
+                hi = max(hi, ranges[order[i]][1])
+            f.seek(lo)
+            buf = np.empty(max(0, hi - lo), np.uint8)
+            got = _fill(f, buf, 0)
+            for j in group:
+                a, b = ranges[j]
+                out[j] = buf[min(a - lo, got):min(b - lo, got)]
+            i += 1
+    return out  # type: ignore[return-value]
+
+
 def _advise(f, what: str) -> None:
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:

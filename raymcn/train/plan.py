@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raymcn.config import Config, ConfigError
+from raymcn.data.order import share
 from raymcn.train.stages import budget_offset, switch_step
 
 
@@ -88,18 +89,6 @@ class RunPlan:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunPlan:
         return cls(**raw)
-
-
-def share(batch: int, rank: int, world: int, step: int) -> int:
-    """Videos of a ``batch``-video global step that ``rank`` of ``world`` holds at global ``step``.
-
-    ⌊batch/world⌋ each, and the ``batch % world`` extra videos go to ranks that rotate with the
-    step (rank r takes one at steps where (r - step) mod world < batch % world), so over any
-    ``world`` consecutive steps every rank holds the same number of videos: each rank consumes
-    ~1/world of an epoch, as Ray Data's equal split hands it, whatever the remainder.
-    """
-    base, extra = divmod(batch, world)
-    return base + ((rank - step) % world < extra)
 
 
 def warmup_steps(cfg: Config) -> int:
