@@ -82,10 +82,12 @@ def console_log(where: str, cfg: Config | None = None) -> Path:
 
 
 def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
-    """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs, eval_size."""
+    """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs,
+    global_step, eval_size."""
     out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
     out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
     out["epochs"] = int(metrics.get("epoch", 0))
+    out["global_step"] = int(metrics.get("global_step", 0))
     out["eval_size"] = int(metrics.get("eval_size", 0))
     out["run_dir"] = str(run_dir)
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}

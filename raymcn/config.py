@@ -34,6 +34,8 @@ RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's che
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's folder
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
+PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/progress.py)
+MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 
 
 class PermanentError(Exception):
@@ -89,6 +91,33 @@ def _five_widths(v: tuple[int, ...]) -> bool:
 
 
 Workers = int | tuple[int, int]  # a fixed count, or an elastic (min, max) range
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_interval(text: str) -> tuple[str, float] | None:
+    """``run.checkpoint_every``: ``"500"`` -> ("steps", 500), ``"30m"`` -> ("seconds", 1800), ``"2h"``,
+    ``"90s"``; ``"0"`` or ``""`` -> None (checkpoints at epoch ends only). Raises ValueError."""
+    text = str(text).strip().lower()
+    if text in ("", "0"):
+        return None
+    if text[-1] in _DURATION_UNITS:
+        value = float(text[:-1])
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(text)
+        return "seconds", value * _DURATION_UNITS[text[-1]]
+    steps = int(text)
+    if steps < 0:
+        raise ValueError(text)
+    return ("steps", float(steps)) if steps else None
+
+
+def _interval_ok(text: str) -> bool:
+    try:
+        parse_interval(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _workers_ok(v: Workers) -> bool:
@@ -218,8 +247,14 @@ class RunSection:
     name: str = ""  # "" = a unique name per fresh run (a reused name silently resumes)
     storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results; a folder or a bucket URI
     seed: int = 1
-    checkpoints_to_keep: int = setting(2, ge=1)
-    log_every: int = setting(10, ge=1)  # steps between progress lines
+    checkpoints_to_keep: int = setting(2, ge=1)  # the best by R@10 among epoch ends; the latest is always kept too
+    # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
+    # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
+    # servers rebooted about an hour into runs: a reboot then costs at most this much training.
+    checkpoint_every: str = setting("15m", check=_interval_ok,
+                                    why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
+    log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
+    progress_every: float = setting(120.0, ge=0)  # seconds between in-epoch lines on the terminal; 0 = none
     # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.

@@ -8,15 +8,15 @@ from raymcn.cli import preset_path
 from raymcn.config import load_config
 from raymcn.train import launch
 
-from conftest import RESTART_TOLERANCE, TINY, event_log_callback, read_events
+from conftest import TINY, event_log_callback, read_events
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-TOLERANCE = RESTART_TOLERANCE
-
 
 def test_killed_worker_restarts_from_checkpoint_and_matches(ray_local, tmp_path, monkeypatch):
-    """With the default config (no scale.max_failures set): a lost process must not end the run."""
+    """With the default config (no scale.max_failures set): a lost process must not end the run, and
+    the restarted run ends exactly where the uninterrupted one does (the data order is a function of
+    seed, epoch and step, so the replayed steps see the same videos and clips)."""
     cfg = load_config(preset_path(), ["scale.num_workers=2", "scale.cpus_per_worker=0.5", *TINY])
     assert cfg.scale.max_failures > 0
     reference = launch.fit(cfg, name="reference", storage_path=tmp_path)
@@ -27,8 +27,8 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(ray_local, tmp_path,
     killed = launch.fit(cfg, name="killed", storage_path=tmp_path)
     assert (tmp_path / "fault-markers" / "fired-kill_at_step").exists()  # the kill did happen
     assert killed.metrics["epoch"] == 3 and killed.metrics["global_step"] == reference.metrics["global_step"]
-    for key, tol in TOLERANCE.items():
-        assert killed.metrics[key] == pytest.approx(reference.metrics[key], **tol), key
+    for key in ("total_loss", "cluster_loss", "recon_loss", "text_to_video_R@10", "text_to_video_MedR", "videos_read"):
+        assert killed.metrics[key] == reference.metrics[key], key
 
 
 def test_a_permanent_error_fails_at_once_instead_of_being_retried(ray_local, tmp_path, monkeypatch):

@@ -18,10 +18,10 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError,
-                           default_cache_dir, default_storage_path, load_config_text, permanent_cause)
+from raymcn.config import (MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config,
+                           ConfigError, default_cache_dir, default_storage_path, load_config_text, permanent_cause)
 from raymcn.data import storage
-from raymcn.sweep.names import trial_dirname_creator
+from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.console import Console
@@ -51,18 +51,34 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) 
     would fail the same way again: it ends here, its error written to ``TRIAL_ERRORS_DIR``, which
     the results table shows as its status, instead of being retried.
     """
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     cfg = Config.from_dict(base).replace(plain(config))
     trial_id = tune.get_context().get_trial_id()
     try:
-        run_trainer(cfg, f"train-{trial_id}", storage.join(experiment_dir, "train"), callbacks=[TuneReportCallback()])
+        run_trainer(cfg, f"train-{trial_id}", storage.join(experiment_dir, "train"),
+                    callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:
             raise
         storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
                            f"{type(cause).__name__}: {cause}\n")
+
+
+@functools.cache
+def _epoch_report_callback():
+    """Ray's ``TuneReportCallback`` that forwards epoch results only (built on first use: it needs a
+    Tune session). A mid-epoch checkpoint's report (``MID_EPOCH_KEY``) stays Train's: the schedulers
+    see one result per epoch whatever ``run.checkpoint_every`` is, and a paused or restored trial
+    still resumes from its newest checkpoint, which its Train run finds by name."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    class EpochReportCallback(TuneReportCallback):
+        def after_report(self, run_context, metrics, checkpoint) -> None:
+            if metrics and metrics[0].get(MID_EPOCH_KEY):
+                return
+            super().after_report(run_context, metrics, checkpoint)
+
+    return EpochReportCallback
 
 
 def budget(cfg: Config) -> int:

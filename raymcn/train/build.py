@@ -22,7 +22,7 @@ from raymcn.config import Config
 from raymcn.losses import Collectives, MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
-from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+from raymcn.train.loop import EpochProgress, LoopState, build_optimizer, build_scheduler, train_one_epoch
 from raymcn.train.plan import RunPlan
 
 
@@ -93,22 +93,26 @@ class EpochHooks:
     """What a caller plugs into :func:`run_epochs`.
 
     Attributes:
-        batches: epoch -> (this rank's batches of that epoch, its data counters or None); the
-            counters' ``bad_samples`` (if any) is reported, summed over ranks.
+        batches: (epoch, first in-epoch step) -> (this rank's batches of that epoch from that step
+            on, its data counters or None); the counters' ``as_metrics()`` (``bad_samples``,
+            ``videos_read``) are reported, summed over ranks.
         evaluate: run -> retrieval metrics after each epoch (the Ray worker scores the eval set,
             sharded over the ranks); its wall time is reported as ``time_eval_s``.
         after_epoch: (run, the epoch's metrics) -> None: checkpoint and report, Tune report, faults.
+        after_step: run -> None after every step (mid-epoch checkpoints, progress lines).
         log: progress lines (rank 0 passes print).
     """
 
-    batches: Callable[[int], tuple[Iterable[dict], Any]]
+    batches: Callable[[int, int], tuple[Iterable[dict], Any]]
     evaluate: Callable[[Run], dict[str, float]] | None = None
     after_epoch: Callable[[Run, dict[str, float]], None] | None = None
+    after_step: Callable[[Run], None] | None = None
     log: Callable[[str], None] | None = None
 
 
 def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
-    """Train from ``run.state.epoch`` to the plan's last epoch; returns the last epoch's metrics.
+    """Train from ``run.state`` (an epoch boundary, or inside an epoch after a mid-epoch
+    checkpoint) to the plan's last epoch; returns the last epoch's metrics.
 
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
     ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the
@@ -117,23 +121,17 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
     """
     plan, state = run.plan, run.state
     metrics: dict[str, float] = {}
+    after_step = (lambda _: hooks.after_step(run)) if hooks.after_step is not None else None
     for epoch in range(state.epoch, plan.epochs):
         state.epoch = epoch
-        batches, stats = hooks.batches(epoch)
-        train = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=run.cfg,
-                                state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
-                                total_steps=plan.total_steps, rank=run.comm.rank)
+        start = state.step_in_epoch(plan.steps_per_epoch)  # > 0 only when resumed inside this epoch
+        batches, stats = hooks.batches(epoch, start)
+        metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=run.cfg,
+                                  state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
+                                  total_steps=plan.total_steps, rank=run.comm.rank, comm=run.comm,
+                                  data_stats=stats if hasattr(stats, "as_metrics") else None, after_step=after_step)
         state.epoch = epoch + 1
-        summed = {"bad_samples": float(getattr(stats, "bad_samples", 0))}
-        if hasattr(stats, "videos"):  # the shard path: every video of the epoch read once, whatever the world
-            summed["videos_read"] = float(stats.videos)
-        train.update(summed)
-        keys = sorted(train)  # every rank reports every key, so the means line up by key
-        means = run.comm.all_reduce_mean(torch.tensor([train[k] for k in keys], dtype=torch.float64,
-                                                      device=run.device))
-        metrics = dict(zip(keys, means.tolist()))
-        for k in summed:  # counts over all ranks (skipped samples: never a silent drop)
-            metrics[k] = float(round(metrics[k] * run.comm.world))
+        state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch
         if hooks.evaluate is not None:
             started = time.perf_counter()

@@ -29,6 +29,8 @@ from raymcn.config import PRIMARY_METRIC
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
+# prefix of rank 0's in-epoch progress lines (train/progress.py): shown in runs and in sweeps alike
+PROGRESS_TAG = "[raymcn progress] "
 
 
 def tagged(line: str) -> str:
@@ -155,8 +157,8 @@ class Console:
                     self._write_log(line)
                     if self.verbose:
                         self._write_tty(line)
-                    elif self.show_tagged and TAG in line:
-                        shown = line.split(TAG, 1)[1].rstrip("\n")
+                    elif (self.show_tagged and TAG in line) or PROGRESS_TAG in line:
+                        shown = line.split(TAG if TAG in line else PROGRESS_TAG, 1)[1].rstrip("\n")
                         if shown not in self._shown:  # Ray Train's print patch may forward a line twice
                             self._shown.add(shown)
                             self._write_tty(shown + "\n")

@@ -4,12 +4,18 @@ Kinds: ``raise_after_epoch=N`` (raise once epoch N is checkpointed), ``kill_at_s
 this worker process at global step S; rank ``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S``
 (make the loss of step S non-finite), ``hold_after_epoch=N`` (after epoch N and every later one is
 reported, wait while the file ``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between
-epochs, e.g. until a node it added has joined). A fault fires once per run directory: a marker file
+epochs, e.g. until a node it added has joined), ``hold_at_step=S`` (the same, every rank, before
+global step S: a test kills the whole machine at a known step). A fault fires once per run directory: a marker file
 in ``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again. Inert when the variable is unset.
+
+``RAYMCN_TRACE=DIR`` (tests): every rank appends each step's loss terms and what its batch held to
+``DIR/rank<r>.jsonl`` (``{"step": s, "total_loss": ..., "keys": [...], "inputs": {...}}``), so a test
+compares the per-step data and losses of two runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -46,15 +52,36 @@ def after_epoch(epoch: int) -> None:
     if spec.get("raise_after_epoch") == epoch and _first_time("raise_after_epoch"):
         raise InjectedFault(f"injected fault after epoch {epoch} (RAYMCN_FAULT)")
     if "hold_after_epoch" in spec and epoch >= spec["hold_after_epoch"]:
-        hold = Path(os.environ.get("RAYMCN_FAULT_DIR", ".")) / "hold"
-        while hold.exists():
-            time.sleep(0.2)
+        _hold()
+
+
+def _hold() -> None:
+    hold = Path(os.environ.get("RAYMCN_FAULT_DIR", ".")) / "hold"
+    while hold.exists():
+        time.sleep(0.2)
 
 
 def at_step(step: int, rank: int) -> bool:
     """Called before each step; kills this process or returns True when the loss must be made NaN."""
     spec = _spec()
+    if spec.get("hold_at_step") == step:
+        _hold()
     if spec.get("kill_at_step") == step and rank == int(os.environ.get("RAYMCN_FAULT_RANK", "1")) \
             and _first_time("kill_at_step"):
         os.kill(os.getpid(), signal.SIGKILL)
     return spec.get("nan_at_step") == step
+
+
+def trace(step: int, rank: int, values: dict[str, float], batch: dict | None = None) -> None:
+    """Append step ``step``'s loss terms to ``$RAYMCN_TRACE/rank<rank>.jsonl`` (when set), with
+    what the rank's batch held: its clips' video ids (``keys``) and the float64 sum of each input
+    (``inputs``; sums add up over ranks, so a test compares a step's data across world sizes)."""
+    where = os.environ.get("RAYMCN_TRACE")
+    if where:
+        row = {"step": step, **values}
+        if batch is not None:
+            row["keys"] = list(batch["key"])
+            row["inputs"] = {k: float(batch[k].double().sum()) for k in ("video", "audio", "text")}
+        Path(where).mkdir(parents=True, exist_ok=True)
+        with open(Path(where) / f"rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")

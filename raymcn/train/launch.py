@@ -9,7 +9,6 @@ may be a local/NFS folder or a bucket URI (``data/storage.py``); run locations a
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import secrets
 from dataclasses import dataclass
@@ -101,20 +100,16 @@ class FailFastOnPermanentErrors(UserCallback):
                                         "(a restart from the last checkpoint cannot cure this; not retried)")
 
 
-def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None) -> TorchTrainer:
+def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None,
+                  label: str = "") -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``storage_path/name``; its plan (shard
-    folder, counts, shares) is made here, once, and handed to every worker."""
-    from raymcn.data import reader
+    folder, counts, shares) and the shards' video index are made here, once, and handed to every
+    worker. ``label`` names the run's in-epoch progress lines (a sweep's trial name)."""
+    from raymcn.data.order import build_index
 
     plan, manifest = plan_run(cfg)  # the synthetic default is generated and sharded once
-    # The shard order of each epoch follows the epoch rank 0 announces on the run's clock (an actor
-    # on this node), so a resumed run or a restarted worker group reads the order the uninterrupted
-    # run would have read, whatever node plans it.
-    reader.start_epoch_clock(name)
-    clock = reader.clock_name(name)
-    dataset = reader.build_dataset(plan.shards_dir, cfg, manifest=manifest, num_cpus=data_cpus(cfg),
-                                   epoch_fn=functools.partial(reader.announced_epoch, clock))
-    dataset.context.enable_progress_bars = False  # the loop prints its own progress lines
+    # Where every video's bytes lie: each rank reads exactly its part of each step (data/order.py).
+    index = build_index(plan.shards_dir, manifest)
     # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
     resources = {"CPU": cfg.scale.cpus_per_worker}
@@ -122,14 +117,17 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "epoch_clock": clock},
-        datasets={"train": dataset},
+        train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "index": index,
+                           "read_cpus": data_cpus(cfg), "run_dir": storage.join(storage_path, name), "label": label},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources,
                                                elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage.normalize(storage_path),
+            # Ray keeps the latest checkpoint and the best run.checkpoints_to_keep by R@10: the
+            # epoch ends compete; a mid-epoch checkpoint reports the worst score, so it stays on
+            # disk only while it is the latest (what a resume needs).
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
@@ -141,15 +139,9 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
     )
 
 
-def run_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None):
-    """Build and fit the TorchTrainer of ``cfg`` (:func:`build_trainer`); returns Ray's Result. The
-    run's epoch clock lives exactly as long as the run."""
-    from raymcn.data import reader
-
-    try:
-        return build_trainer(cfg, name, storage_path, callbacks).fit()
-    finally:
-        reader.stop_epoch_clock(name)
+def run_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None, label: str = ""):
+    """Build and fit the TorchTrainer of ``cfg`` (:func:`build_trainer`); returns Ray's Result."""
+    return build_trainer(cfg, name, storage_path, callbacks, label).fit()
 
 
 def fit(cfg: Config, name: str | None = None, storage_path: str | None = None,

@@ -11,7 +11,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -23,8 +23,9 @@ from raymcn.train.gradcache import cached_step, share_clips
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
 
-# "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off)
-TIMING_PHASES = ("data", "forward", "loss", "backward", "reforward", "optimizer")
+# "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off);
+# "checkpoint": the step loop's stall for mid-epoch checkpoints and progress marks (after_step)
+TIMING_PHASES = ("data", "forward", "loss", "backward", "reforward", "optimizer", "checkpoint")
 
 
 class NonFiniteLossError(RuntimeError, PermanentError):
@@ -32,20 +33,90 @@ class NonFiniteLossError(RuntimeError, PermanentError):
 
 
 @dataclass
+class EpochProgress:
+    """What the epoch in progress has accumulated. Checkpointed with the loop state, so an epoch
+    resumed in its middle (on as many ranks or on others) reports the per-epoch means of the
+    uninterrupted one.
+
+    Values are keyed ``sum:<term>`` (the loss term summed over finite steps), ``time:<phase>``
+    (seconds), ``clips`` and ``count:<counter>`` (``bad_samples``, ``videos_read``). ``live`` is
+    this rank's since the last fold; ``folded`` is combined over the ranks (identical on every rank,
+    so rank 0's checkpoint holds it for all): the ranks' mean for sums, times and clips (a loss term
+    is each rank's share, its mean over ranks the full batch's value), their total for counts.
+    :func:`fold_progress` moves ``live`` into ``folded`` before a mid-epoch checkpoint, in every run
+    alike, so a resumed run does the same arithmetic as one that was never stopped.
+
+    Attributes:
+        steps, skipped: steps run in the epoch and non-finite steps skipped (equal on every rank).
+        first_batch_s: this rank's wait for the epoch's first batch.
+    """
+
+    steps: int = 0
+    skipped: int = 0
+    first_batch_s: float | None = None
+    folded: dict[str, float] = field(default_factory=dict)
+    live: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.live[key] = self.live.get(key, 0.0) + value
+
+
+def _combined(progress: EpochProgress, comm: Collectives, device: torch.device) -> dict[str, float]:
+    """``folded`` + the ranks' ``live`` combined (a collective: every rank calls it with the same keys)."""
+    keys = sorted(set(progress.live) | set(progress.folded))
+    live = torch.tensor([progress.live.get(k, 0.0) for k in keys], dtype=torch.float64, device=device)
+    mean = comm.all_reduce_mean(live).tolist() if keys else []
+    return {k: progress.folded.get(k, 0.0) + (m * comm.world if k.startswith("count:") else m)
+            for k, m in zip(keys, mean)}
+
+
+def fold_progress(progress: EpochProgress, comm: Collectives, device: torch.device) -> None:
+    """Combine every rank's ``live`` values into ``folded`` (collective; before a mid-epoch checkpoint)."""
+    progress.folded = _combined(progress, comm, device)
+    progress.live = {}
+
+
+def epoch_metrics(progress: EpochProgress, comm: Collectives, device: torch.device) -> dict[str, float]:
+    """The epoch's metrics over all its steps and ranks (collective): per-step means of each loss
+    term and phase time, ``samples_per_s`` (per worker), ``time_first_batch_s`` (ranks' mean),
+    ``time_epoch_s`` and the data counters summed over ranks."""
+    progress.add("wait:first_batch", progress.first_batch_s or 0.0)
+    total = _combined(progress, comm, device)
+    steps = max(1, progress.steps)
+    out = {k[4:]: v / max(1, progress.steps - progress.skipped) for k, v in total.items() if k.startswith("sum:")}
+    out.update({f"time_{k[5:]}_s": v / steps for k, v in total.items() if k.startswith("time:")})
+    elapsed = max(sum(v for k, v in total.items() if k.startswith("time:")), 1e-9)
+    out.update({k[6:]: float(round(v)) for k, v in total.items() if k.startswith("count:")})
+    out.update(time_first_batch_s=total.get("wait:first_batch", 0.0), time_epoch_s=elapsed,
+               samples_per_s=total.get("clips", 0.0) / elapsed, steps=float(progress.steps),
+               skipped_steps=float(progress.skipped))
+    return out
+
+
+@dataclass
 class LoopState:
-    """Counters that must survive a resume (checkpointed with the model)."""
+    """Counters that must survive a resume (checkpointed with the model): the data position is
+    (epoch, step), and the data order is a function of it alone (``data/order.py``)."""
 
     step: int = 0  # next global step
-    epoch: int = 0  # next epoch
+    epoch: int = 0  # the epoch in progress (or next, between epochs)
     nonfinite_streak: int = 0
     skipped_steps: int = 0
+    progress: EpochProgress = field(default_factory=EpochProgress)
 
-    def state_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+    def state_dict(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "nonfinite_streak": self.nonfinite_streak,
+                "skipped_steps": self.skipped_steps, "progress": asdict(self.progress)}
 
-    def load_state_dict(self, d: dict[str, int]) -> None:
-        for k, v in d.items():
-            setattr(self, k, int(v))
+    def load_state_dict(self, d: dict) -> None:
+        for k in ("step", "epoch", "nonfinite_streak", "skipped_steps"):
+            setattr(self, k, int(d[k]))
+        # checkpoints written before mid-epoch checkpoints existed hold no progress (epoch ends only)
+        self.progress = EpochProgress(**d.get("progress", {}))
+
+    def step_in_epoch(self, steps_per_epoch: int) -> int:
+        """The next step's index within the current epoch (0 between epochs)."""
+        return self.step - self.epoch * steps_per_epoch
 
 
 def autocast(device: torch.device):
@@ -94,10 +165,15 @@ def _sync(device: torch.device) -> float:
 def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
                     batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
                     switch: int, log: Callable[[str], None] | None = None,
-                    total_steps: int | None = None, rank: int = 0) -> dict[str, float]:
-    """Run one pass over ``batches``; returns per-step means of every ``*_loss`` term and timings
-    (``time_<phase>_s`` per step, ``time_first_batch_s`` the wait for the epoch's first batch,
-    ``time_epoch_s`` the whole pass, ``samples_per_s`` = clips / that).
+                    total_steps: int | None = None, rank: int = 0, data_stats=None,
+                    after_step: Callable[[LoopState], None] | None = None,
+                    comm: Collectives | None = None) -> dict[str, float]:
+    """Run the rest of the current epoch over ``batches``; returns the epoch's metrics over all its
+    steps (:func:`epoch_metrics`: per-step means of every ``*_loss`` term and phase time,
+    ``samples_per_s``, the data counters) and ``lr`` and ``stage`` after its last step.
+
+    Everything accumulates in ``state.progress`` (:class:`EpochProgress`, checkpointed), so an
+    epoch resumed after its step k reports what the uninterrupted epoch reports.
 
     Args:
         batches: dicts following the batch contract (video (b,4096), audio (b,40,T), nframes (b,),
@@ -105,6 +181,12 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         switch: first global step of stage 2 (see ``stages.switch_step``).
         log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
         rank: this process's rank (fault injection picks a rank).
+        data_stats: the epoch's data counters as they fill (``as_metrics()``), kept in
+            ``state.progress`` after every step so a mid-epoch checkpoint holds them.
+        after_step: called after every step with the updated state (mid-epoch checkpoints, progress);
+            its time is the ``checkpoint`` phase.
+        comm: the ranks' collectives: the metrics are combined over them (a collective at the
+            epoch's end; default one process).
 
     With ``cfg.scale.grad_cache_clips`` smaller than the share, forward, loss and backward are
     :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
@@ -113,17 +195,25 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
     """
     model.train()
-    sums: dict[str, float] = defaultdict(float)
-    times = dict.fromkeys(TIMING_PHASES, 0.0)
-    steps = clips = skipped = 0
+    p = state.progress
+    counted: dict[str, float] = {}  # data counters already added to p for this attempt
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
     cache_clips = cfg.scale.grad_cache_clips
-    epoch_start = tick = _sync(device)
+    for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
+        p.add(f"time:{phase}", 0.0)
+    tick = _sync(device)
 
-    def lap(phase: str) -> None:  # the cached step's phases end inside it
+    def lap(phase: str) -> None:
         nonlocal tick
-        tick = _lap(times, phase, tick, device)
+        now = _sync(device)
+        p.add(f"time:{phase}", now - tick)
+        tick = now
+
+    def count_data() -> None:  # the counters' growth since the last call
+        for k, v in (data_stats.as_metrics() if data_stats is not None else {}).items():
+            p.add(f"count:{k}", v - counted.get(k, 0.0))
+            counted[k] = v
 
     for batch in batches:
         batch = to_device(batch, device)
@@ -131,9 +221,10 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         # costs one copy of the parameters (0.9 GB at paper size; measured by bench/step.py).
         optimizer.zero_grad(set_to_none=True)
         active = active_modalities(order, state.step, switch)
-        tick = _lap(times, "data", tick, device)
-        if steps == 0:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
-            first_batch = times["data"]
+        waited = tick
+        lap("data")
+        if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
+            p.first_batch_s = tick - waited
         if 0 < cache_clips < share_clips(batch):  # a chunk as large as the share would save nothing
             terms = cached_step(model, objective, batch, active, state.step, cache_clips,
                                 forward_context=lambda: autocast(device), lap=lap,
@@ -141,21 +232,21 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         else:
             with autocast(device):
                 out = model(batch, active)
-            tick = _lap(times, "forward", tick, device)
+            lap("forward")
             terms = objective(out, active, state.step)
             del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
             if faults.at_step(state.step, rank):
                 terms["total_loss"] = terms["total_loss"] * float("nan")
-            tick = _lap(times, "loss", tick, device)
+            lap("loss")
             terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
-            tick = _lap(times, "backward", tick, device)
+            lap("backward")
         # Gradients are all-reduced, so every rank sees the same norm and takes the same decision.
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
         if torch.isfinite(norm):
             optimizer.step()
             state.nonfinite_streak = 0
         else:
-            skipped += 1
+            p.skipped += 1
             state.skipped_steps += 1
             state.nonfinite_streak += 1
             if log:
@@ -168,35 +259,33 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
                     f"{cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
         scheduler.step()
         state.step += 1
-        tick = _lap(times, "optimizer", tick, device)
+        lap("optimizer")
         values = {k: v.item() for k, v in terms.items()}  # one host sync per step
-        for k, v in values.items():  # every key on every rank: metrics are averaged across ranks by key
-            sums[k] += v if math.isfinite(v) else 0.0
-        steps += 1
-        clips += int(batch["video"].shape[0])
-        if log and (steps % cfg.run.log_every == 0):
-            log(_progress_line(state, steps, total_steps, values, clips, tick - epoch_start, order, switch))
-    elapsed = max(tick - epoch_start, 1e-9)
-    metrics = {k: v / max(1, steps - skipped) for k, v in sums.items()}
-    metrics.update({f"time_{k}_s": v / max(1, steps) for k, v in times.items()})
-    metrics.update(time_first_batch_s=first_batch if steps else 0.0, time_epoch_s=elapsed)
-    metrics.update(samples_per_s=clips / elapsed, steps=float(steps), skipped_steps=float(skipped),
-                   lr=float(optimizer.param_groups[0]["lr"]), stage=float(stage_of(order, state.step - 1, switch)))
+        faults.trace(state.step - 1, rank, values, batch)
+        for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
+            p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
+        p.steps += 1
+        p.add("clips", float(batch["video"].shape[0]))
+        count_data()
+        if log and (state.step % cfg.run.log_every == 0):
+            log(_progress_line(state, total_steps, values, order, switch))
+        if after_step is not None:
+            after_step(state)
+            lap("checkpoint")
+    count_data()  # the epoch's last counters (also when no step ran in this attempt)
+    p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
+    metrics = epoch_metrics(p, comm or Collectives(), device)
+    metrics.update(lr=float(optimizer.param_groups[0]["lr"]), stage=float(stage_of(order, state.step - 1, switch)))
     return metrics
 
 
-def _lap(times: dict[str, float], phase: str, since: float, device: torch.device) -> float:
-    now = _sync(device)
-    times[phase] += now - since
-    return now
-
-
-def _progress_line(state: LoopState, steps: int, total: int | None, values: dict[str, float], clips: int,
-                   elapsed: float, order: str, switch: int) -> str:
+def _progress_line(state: LoopState, total: int | None, values: dict[str, float], order: str, switch: int) -> str:
     terms = " ".join(f"{k.removesuffix('_loss')}={v:.4g}" for k, v in values.items() if k != "total_loss")
     of = f"/{total}" if total else ""
+    p = state.progress
+    seconds = sum(v for k, v in p.live.items() if k.startswith("time:"))
     return (f"epoch {state.epoch + 1} step {state.step}{of} stage {stage_of(order, state.step - 1, switch)} "
-            f"loss={values['total_loss']:.4g} [{terms}] {clips / max(elapsed, 1e-9):.1f} clips/s")
+            f"loss={values['total_loss']:.4g} [{terms}] {p.live.get('clips', 0.0) / max(seconds, 1e-9):.1f} clips/s")
 
 
 @torch.no_grad()

@@ -1,9 +1,9 @@
 """The Ray side of training: ``train_func_per_worker`` runs once on every Ray Train worker.
 
 One worker per GPU (or per CPU slot). It assembles the run (``build.assemble``, the same assembly
-the benchmarks use) and plugs Ray into the epoch loop's hooks: this rank's batches from Ray Data,
-the evaluation, and after every epoch a checkpoint and ``ray.train.report``, which every rank
-calls once per epoch.
+the benchmarks use) and plugs Ray into the epoch loop's hooks: this rank's batches from its own
+Ray Data stream, the evaluation, a checkpoint and ``ray.train.report`` after every epoch and every
+``run.checkpoint_every`` inside one (every rank reports each time), and the in-epoch progress.
 """
 
 from __future__ import annotations
@@ -14,24 +14,29 @@ from typing import Any
 
 import ray.train
 import ray.train.torch
+import torch
 
-from raymcn.config import Config
+from raymcn.config import MID_EPOCH_KEY, PRIMARY_METRIC, Config
 from raymcn.data import reader
 from raymcn.data.evalsets import load_eval_set
-from raymcn.data.words import load_vocab
 from raymcn.losses import Collectives
 from raymcn.train import checkpoint, faults, init_from
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
-from raymcn.train.console import epoch_line, tagged
-from raymcn.train.loop import evaluate
+from raymcn.train.console import PROGRESS_TAG, epoch_line, tagged
+from raymcn.train.loop import evaluate, fold_progress
 from raymcn.train.plan import RunPlan
+from raymcn.train.progress import Progress, read_mark
+
+MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 
 
 def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     """Train MCN for the plan's epochs; returns the last epoch's metrics.
 
     ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (``RunPlan.to_dict()``,
-    made on the driver) and ``epoch_clock`` (the name of the run's ``reader.EpochClock``).
+    made on the driver), ``index`` (the shards' ``order.VideoIndex``), ``read_cpus`` (CPUs per read
+    task), ``run_dir`` (where the progress marker goes) and ``label`` (names the run's progress
+    lines in a sweep).
     """
     cfg, plan = Config.from_dict(loop_config["config"]), RunPlan.from_dict(loop_config["plan"])
     ctx = ray.train.get_context()
@@ -44,19 +49,13 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # Lines for the terminal (train/console.py): rank 0 only, marked; the driver shows each once.
     say = (lambda line: print(tagged(line), flush=True)) if rank == 0 else None
 
-    # [1] Data: this rank's share of the shards through Ray Data (disjoint across ranks), the
-    # memory-mapped vocabulary, and the held-out eval set.
-    vocab = load_vocab(plan.shards_dir)
-    # Rank 0 tells the datasource which epoch it asks for (the shard order follows the trainer's
-    # epochs, also after a restart); each next epoch is requested while this one ends.
-    announce = functools.partial(reader.announce_epoch, loop_config["epoch_clock"]) if rank == 0 else None
-    # This rank's videos at each global step: the global batch stays data.batch_size whatever the
-    # world (an elastic group may have resized), each rank taking its rotating share.
-    stream = reader.RankStream(ray.train.get_dataset_shard("train"), cfg, rank,
-                               functools.partial(plan.share, rank, world), plan.steps_per_epoch, vocab,
-                               epochs=plan.epochs, announce=announce)
+    # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
+    # are fixed by seed, epoch and step: the same at any world size and after any restart).
+    stream = reader.RankStream(plan.shards_dir, loop_config["index"], cfg, rank, world,
+                               steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                               read_cpus=loop_config["read_cpus"], node_id=ray.get_runtime_context().get_node_id())
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
-                                 None if cfg.data.eval_set == "synthetic" else vocab),
+                                 None if cfg.data.eval_set == "synthetic" else _vocab(plan.shards_dir)),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
     if say and eval_set.note:
         say(eval_set.note)
@@ -74,27 +73,86 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         "find_unused_parameters": cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters,
         "gradient_as_bucket_view": True})  # gradients live in DDP's buckets, not a second copy (0.9 GB)
     run = assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap, prepare=start_weights)
+    progress = Progress(loop_config["run_dir"] if rank == 0 else None, steps_per_epoch=plan.steps_per_epoch,
+                        epochs=plan.epochs, clips_per_step=plan.clips_per_step, every_s=cfg.run.progress_every,
+                        say=(lambda line: print(PROGRESS_TAG + line, flush=True)) if rank == 0 else None,
+                        label=loop_config.get("label", ""))
 
-    # [3] Resume: the latest checkpoint of this run name, if any (after a crash or --resume).
+    # [3] Resume: the latest checkpoint of this run name, if any (after a crash, a reboot or --resume),
+    # possibly taken inside an epoch: the run continues at the step after it.
     if ckpt is not None:
         payload, path = checkpoint.load_latest_good(ckpt.path, warn=print, filesystem=ckpt.filesystem)
         checkpoint.restore(payload, **run.parts())
         if say:
-            say(f"resumed from {path} at epoch {run.state.epoch}, global step {run.state.step}")
+            say(resume_line(path, run, read_mark(loop_config["run_dir"])))
+    progress.restart_clock(run.state.step)
 
-    # [4] Epochs: train, evaluate, checkpoint, report (every rank reports; Ray keeps rank 0's).
-    def checkpoint_and_report(run: Run, metrics: dict[str, float]) -> None:
-        with tempfile.TemporaryDirectory() as d:
-            ck = None
-            if rank == 0:  # one writer; the payload is identical on every rank
-                checkpoint.save(d, **run.parts(), config=cfg.to_dict(), metrics=metrics)
-                ck = ray.train.Checkpoint.from_directory(d)
-            ray.train.report(metrics, checkpoint=ck)
+    # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
+    # reports every time; Ray keeps rank 0's).
+    def save_and_report(run: Run, metrics: dict[str, float]) -> None:
+        ck = None
+        if rank == 0:  # one writer; the payload is identical on every rank
+            # Not a context manager: the upload runs in Ray's background thread (ASYNC), which
+            # deletes the folder once it is in the run's storage.
+            directory = tempfile.mkdtemp(prefix="raymcn-checkpoint-")
+            checkpoint.save(directory, **run.parts(), config=cfg.to_dict(), metrics=metrics)
+            ck = ray.train.Checkpoint.from_directory(directory)
+        # Serialising stays on the step's path (measured: bench/checkpoint.py); the copy into the
+        # run's storage (a local folder, NFS or a bucket) does not.
+        ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+        schedule.done()
+        progress.write(run.state.step)
+
+    schedule = checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
+                                             broadcast=functools.partial(_broadcast, run), check_every=cfg.run.log_every)
+
+    def after_step(run: Run) -> None:
+        progress.step(run.state.step)
+        if schedule.due(run.state.step):
+            fold_progress(run.state.progress, run.comm, run.device)  # every rank: the sums over all ranks
+            save_and_report(run, {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch),
+                                  "global_step": float(run.state.step),
+                                  # below any real score (R@10 >= 0): Ray's retention keeps it only
+                                  # while it is the latest. Finite: Ray's run snapshot stores the
+                                  # metrics as JSON, where -inf becomes null and breaks its sort.
+                                  PRIMARY_METRIC: MID_EPOCH_SCORE})
+
+    def after_epoch(run: Run, metrics: dict[str, float]) -> None:
+        save_and_report(run, metrics)
         if say:
             say(epoch_line(run.state.epoch, plan.epochs, metrics, workers=world))
         faults.after_epoch(run.state.epoch)
+        progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
     # The eval set's embedding is sharded over the ranks; rank 0 scores it once and broadcasts.
-    return run_epochs(run, EpochHooks(batches=stream.epoch,
-                                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                                      after_epoch=checkpoint_and_report, log=log))
+    metrics = run_epochs(run, EpochHooks(batches=stream.epoch,
+                                         evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                                         after_epoch=after_epoch, after_step=after_step, log=log))
+    progress.flush()
+    return metrics
+
+
+def resume_line(path: str, run: Run, mark: dict[str, Any] | None) -> str:
+    """``resumed from PATH at epoch E, global step S (step k/N of the epoch); R steps replayed ...``.
+
+    Epochs are counted from 1, as in the epoch lines; the replayed steps are those the interrupted
+    attempt had run past the checkpoint, by its last progress mark (written every few seconds, so
+    a lower bound: the steps after that mark are replayed too and not counted)."""
+    state, steps = run.state, run.plan.steps_per_epoch
+    line = (f"resumed from {path} at epoch {state.epoch + 1}, global step {state.step} "
+            f"(step {state.step_in_epoch(steps)}/{steps} of the epoch done)")
+    if mark is not None and int(mark.get("global_step", -1)) >= state.step:
+        replayed = int(mark["global_step"]) - state.step
+        line += f"; {replayed} steps replayed (the interrupted attempt had reached step {int(mark['global_step'])})"
+    return line
+
+
+def _broadcast(run: Run, value: float) -> float:
+    """Rank 0's ``value`` on every rank (the checkpoint schedule's decision)."""
+    return float(run.comm.broadcast_from_rank0(torch.tensor([value], dtype=torch.float64, device=run.device)).item())
+
+
+def _vocab(shards_dir: str):
+    from raymcn.data.words import load_vocab
+
+    return load_vocab(shards_dir)
