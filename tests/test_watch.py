@@ -146,3 +146,25 @@ def test_cli_has_watch(exp):
                           capture_output=True, text=True)
     assert code.returncode == 0, code.stderr
     assert code.stdout.startswith(f"raymcn watch {exp}  (") and "6 trials:" in code.stdout
+
+
+def test_running_trials_show_where_they_are_inside_the_epoch(exp):
+    """A running trial's run writes its progress mark (train/progress.py, the writer itself); watch
+    shows that mark's line under the table, finished trials none, and the mark's age."""
+    from raymcn.train.progress import Progress
+
+    now = [1000.0]
+    run_dir = exp / "train" / "train-c0ffe_00004"
+    progress = Progress(str(run_dir), steps_per_epoch=9100, epochs=30, clips_per_step=4096, every_s=0, say=None,
+                        clock=lambda: now[0])
+    progress.restart_clock(4 * 9100)
+    for step in range(4 * 9100 + 1, 4 * 9100 + 4521):
+        now[0] += 0.5  # 2 steps/s: 8192 samples/s
+        progress.step(step)
+    progress.write(4 * 9100 + 4520)
+    progress.flush()
+    code, out = watch([str(exp), "--once", "--no-plots"])
+    inside = out.splitlines()[out.splitlines().index("inside the epoch (running trials):") + 1:]
+    assert code == 0 and inside[0].startswith("trial c0ffe_00004: epoch 5/30  step 4520/9100  8192 samples/s  "
+                                               "epoch ETA 38m  run ETA 1d08h")
+    assert inside[0].endswith(" s ago)") and not any("c0ffe_00000" in line for line in inside)

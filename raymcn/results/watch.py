@@ -3,13 +3,16 @@
 Every ``--interval`` seconds it re-reads the experiment directory (files only, like ``raymcn
 table``: no Ray, safe beside a running sweep), prints the status counts, a compact per-trial table
 and the grouped statistics, and rewrites the PNG plots when a trial's files changed. Trials that
-are still running are shown with their latest epoch and left out of the statistics. Ctrl-C stops
+are still running are shown with their latest epoch and left out of the statistics; below the
+table, each running trial's position inside its epoch (step / steps, samples/s, ETAs: the progress
+mark its run writes every few seconds), since an epoch of the lab's size lasts hours. Ctrl-C stops
 it cleanly (exit 0); ``--once`` prints one refresh and exits (scripts, tests).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Callable, TextIO
 
 from raymcn.results.columns import SWEEP_CONFIG_FILE
 from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment
+from raymcn.config import PROGRESS_FILE
 from raymcn.results.table import GroupKeyError, group_key, report
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + erase screen: each refresh replaces the last on a terminal
@@ -75,6 +79,9 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
     counts = trials["status"].value_counts()
     lines = [head, f"{len(trials)} trials: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES), "",
              report(trials, group_key(trials, by), brief=True)]
+    inside = in_epoch_lines(exp_dir, sorted(trials.loc[trials["status"] == "running", "trial"]), time.time())
+    if inside:
+        lines += ["", "inside the epoch (running trials):", *inside]
     if plots:
         if sig != last:
             from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
@@ -88,6 +95,21 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
             lines.append("plots unchanged (no trial reported since the last refresh)")
     lines.append(f"TensorBoard: tensorboard --logdir {exp_dir}")
     return "\n".join(lines) + "\n", last
+
+
+def in_epoch_lines(exp_dir: Path, trial_ids: list[str], now: float) -> list[str]:
+    """One line per trial with a progress mark (``train/train-<id>/raymcn_progress.json``, whose
+    ``line`` is the run's own progress line), with the mark's age."""
+    lines = []
+    for tid in trial_ids:
+        try:
+            mark = json.loads((exp_dir / "train" / f"train-{tid}" / PROGRESS_FILE).read_text())
+            line = str(mark["line"])
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or caught mid-write
+            continue
+        age = max(0.0, now - float(mark.get("time", now)))
+        lines.append(f"trial {tid}: {line}  ({age:.0f} s ago)")
+    return lines
 
 
 def run_watch(args: argparse.Namespace, sleep: Callable[[float], None] = time.sleep,
