@@ -66,3 +66,14 @@ def test_resume_after_crash_continues_the_run(ray_local, tmp_path, monkeypatch):
     # the curve at the last step (the preset's warm-up of 256 videos outlasts this 12-step run: a
     # warm-up restarted by the resume would end lower)
     assert resumed.metrics["lr"] == pytest.approx(cfg.optim.lr * lr_factor(total, warmup_steps(cfg), total))
+
+
+def test_a_group_reserving_every_cpu_still_reads(ray_local, capsys, tmp_path):
+    """An elastic group grown to the whole machine (4 x 0.5 CPU on the 2-CPU instance) leaves no CPU
+    free; the read tasks reserve none, so every rank's reader still runs and the epoch ends
+    (with a CPU request per read task some rank's reader waited forever)."""
+    code = main(["train", "--config", "sweeps/smoke.yaml", "--set", "scale.num_workers=1-4", "--set",
+                 "schedule.epochs=1", "--json", "--set", f"run.storage_path={tmp_path}"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["epochs"] == 1 and summary["global_step"] == 16

@@ -47,6 +47,13 @@ from raymcn.data.stream import (STEP_SCHEMA, EpochStats, StepInfo, StepJob, log_
 
 DEFAULT_TASK_MB = 256.0  # bytes of videos one read task reads (measured: tasks of >= 256 MB amortise Ray's start gap)
 READ_CONCURRENCY = 2  # read tasks in flight per rank: one being consumed, one reading ahead
+# CPUs a read task reserves: none. Every rank runs its own Ray Data execution, and Ray Data lets an
+# execution start a task only within its share of what the Train workers leave: with any CPU
+# request, a group that reserves (nearly) every CPU (a 2-CPU machine, an elastic group grown to the
+# cluster's size) left some rank's reader waiting forever (measured: `Cluster resources are not
+# enough to run any task`). A zero request cannot be starved; READ_CONCURRENCY bounds the CPU the
+# reads take (one core each at most: reading, CRC-32 and clip drawing are single-threaded).
+READ_CPUS = 0.0
 
 
 class DataOrderError(RuntimeError):
@@ -108,22 +115,20 @@ class _ReadSteps:
 
 
 def rank_dataset(shards_dir: str | Path, jobs: list[StepJob], cfg: Config, epoch: int, *,
-                 read_cpus: float | None = None, task_mb: float = DEFAULT_TASK_MB,
+                 read_cpus: float = READ_CPUS, task_mb: float = DEFAULT_TASK_MB,
                  concurrency: int = READ_CONCURRENCY, node_id: str | None = None,
                  verify: bool = True) -> ray.data.Dataset:
     """One rank's dataset of ``jobs`` (lazy; nothing is read here): one row per step, in step order.
 
     Args:
-        read_cpus: CPUs each read task reserves (default Ray Data's, 1); see ``launch.READ_CPUS``.
+        read_cpus: CPUs each read task reserves (default none: ``READ_CPUS``).
         concurrency: read tasks in flight at once.
         node_id: run the read tasks on this node when it has room (the rank's own: its rows then
             never cross the network); elsewhere otherwise.
     """
     source = RankStepsDatasource(shards_dir, jobs, cfg, epoch, task_mb, verify)
     tasks = max(1, len(source.task_groups()))
-    kwargs: dict[str, Any] = {"concurrency": min(concurrency, tasks)}
-    if read_cpus is not None:
-        kwargs["num_cpus"] = read_cpus
+    kwargs: dict[str, Any] = {"concurrency": min(concurrency, tasks), "num_cpus": read_cpus}
     if node_id is not None:  # this node when it can take the task, any node otherwise
         kwargs.update(label_selector={NODE_ID_LABEL_KEY: node_id}, fallback_strategy=[{"label_selector": {}}])
     ds = ray.data.read_datasource(source, override_num_blocks=tasks, **kwargs)
@@ -177,7 +182,7 @@ class RankStream:
     """
 
     def __init__(self, shards_dir: str | Path, index: VideoIndex, cfg: Config, rank: int, world: int, *,
-                 steps_per_epoch: int, epochs: int, read_cpus: float | None = None,
+                 steps_per_epoch: int, epochs: int, read_cpus: float = READ_CPUS,
                  task_mb: float = DEFAULT_TASK_MB, node_id: str | None = None,
                  log: Callable[[str], None] | None = log_stderr):
         self._dir, self._index, self._cfg = str(shards_dir), index, cfg

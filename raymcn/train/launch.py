@@ -53,15 +53,6 @@ def latest_run_dir(cfg: Config) -> str:
     return found
 
 
-def data_cpus(cfg: Config) -> float:
-    """CPUs per Ray Data read task: 1 when the cluster has one to spare beyond the Train workers,
-    else what is left. Train reserves its workers' CPUs away from Ray Data; a read task that asks
-    for more than the rest never runs and the epoch waits forever (ray-notes P1)."""
-    total = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else (os.cpu_count() or 1)
-    spare = total - cfg.scale.max_workers * cfg.scale.cpus_per_worker - 0.02  # 0.02: sweep trial drivers
-    return max(0.05, min(1.0, round(spare, 2)))
-
-
 def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
     """The preflight's last check, right after ``ray.init``: the request against
     ``ray.cluster_resources()`` (Ray would otherwise wait forever for what is not there)."""
@@ -118,7 +109,7 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "index": index,
-                           "read_cpus": data_cpus(cfg), "run_dir": storage.join(storage_path, name), "label": label},
+                           "run_dir": storage.join(storage_path, name), "label": label},
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources,
                                                elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),

@@ -34,9 +34,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     """Train MCN for the plan's epochs; returns the last epoch's metrics.
 
     ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (``RunPlan.to_dict()``,
-    made on the driver), ``index`` (the shards' ``order.VideoIndex``), ``read_cpus`` (CPUs per read
-    task), ``run_dir`` (where the progress marker goes) and ``label`` (names the run's progress
-    lines in a sweep).
+    made on the driver), ``index`` (the shards' ``order.VideoIndex``), ``run_dir`` (where the
+    progress marker goes) and ``label`` (names the run's progress lines in a sweep).
     """
     cfg, plan = Config.from_dict(loop_config["config"]), RunPlan.from_dict(loop_config["plan"])
     ctx = ray.train.get_context()
@@ -53,7 +52,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # are fixed by seed, epoch and step: the same at any world size and after any restart).
     stream = reader.RankStream(plan.shards_dir, loop_config["index"], cfg, rank, world,
                                steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                               read_cpus=loop_config["read_cpus"], node_id=ray.get_runtime_context().get_node_id())
+                               node_id=ray.get_runtime_context().get_node_id())
     eval_set = load_eval_set(cfg.data.eval_set, word_vectors=cfg.data.word_vectors or (
                                  None if cfg.data.eval_set == "synthetic" else _vocab(plan.shards_dir)),
                              max_words=cfg.data.max_words, audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
