@@ -133,7 +133,7 @@ def build_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     """Linear warm-up from 0 to 1, then a half cosine to 0 at ``total_steps`` (clamped there).
 
-    Defined over the *global* step, so a resumed run continues the same curve (spec §3.2 quirk fixed).
+    Defined over the *global* step, so a resumed run continues the same curve.
     """
     if warmup_steps > 0 and step < warmup_steps:
         return step / warmup_steps
