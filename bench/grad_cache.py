@@ -166,7 +166,7 @@ def bn_effect(clips: int, chunks: list[int]) -> dict:
 
     cfg = step_config(clips)
     videos = TrainVideos.load(cfg)
-    batch = next(videos.batches(cfg, 0, 0, 1, cfg.data.batch_size, 1))
+    batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
     base = MCN(cfg.model).train()
 

@@ -6,20 +6,24 @@ permitted; the table says which), at two per-video sizes — short clips (~0.33 
 HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
 
   (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each;
-  (b) raymcn's Ray Data reader as the trainer uses it: ``reader.build_dataset`` +
-      ``streaming_split(ranks, equal=True)`` (what Ray Train's DataConfig does), each split consumed
-      by its own Ray actor through ``reader.iter_records`` (samples decoded to zero-copy arrays);
-      the consumers reserve ``--consumer-cpus`` each and that budget is excluded from Ray Data's,
-      as Ray Train does for its workers. Timed: one epoch after a first one (stopped after one
-      video), i.e. what every epoch of a run costs, including Ray Data's per-epoch start-up, but
-      not the one-time start of the split coordinator;
+  (b) raymcn's reader as the trainer uses it: each of ``--ranks`` Ray actors (standing in for the
+      Ray Train workers, ``--consumer-cpus`` each) consumes its own ``reader.RankStream``: the
+      videos of its share of every step, fixed by (seed, epoch, step), read by byte range from
+      the shards in read tasks on its node, checked (CRC-32), clips drawn, one Arrow row per step.
+      Timed: epoch 1 after an epoch 0 (which starts the read-task workers), i.e. what every epoch
+      of a run costs, including Ray Data's per-epoch start-up;
   (c) a single-process sequential tar reader without Ray (``stream.iter_shard_records``: same
-      checks and decoding, no Ray) — the overhead-free reference;
+      checks and decoding, no Ray, shard order) — the overhead-free reference;
+  (c2) what (b) does, in one process without Ray (``stream.read_steps`` of every rank's steps),
+      split into reading (byte ranges in step order + CRC checks: the deterministic order's cost
+      against (c), which reads whole shards front to back) and drawing the clips (``data.clips_per_video``
+      per video, as the training batches need; (a), (c) and (d) draw none);
   (d) ``cat`` of the shard files to /dev/null — the physical limit.
 
+A step holds ``--batch`` videos (the steps of one epoch use ``videos // batch`` x batch videos).
 Targets: (b) >= 2x (a) and (b) >= 0.6x (c) at both sizes. ``--diagnose`` adds rows for
 ``ray.data.read_webdataset`` with its default decoder and for a Python ``tarfile`` + ``np.load``
-sequential reader; ``--stats`` prints Ray Data's ``stats()`` of the (b) run.
+sequential reader.
 
 Usage::
 
@@ -47,8 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.data import shards, stream
+from raymcn.data import order, shards, stream
 from raymcn.data.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
+from raymcn.data.reader import DEFAULT_TASK_MB, READ_CPUS
 from raymcn.data.words import write_word2vec_bin
 
 # per-video shapes: (2d rows, 3d rows, spectrogram frames); 1 row/s, 1.5 rows/s, 100 frames/s
@@ -187,26 +192,57 @@ def run_cat(shard_dir: Path, manifest: dict) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
+# --- (c2) raymcn's step reads in one process, without Ray -------------------------------------------
+def run_steps_inprocess(shard_dir: Path, manifest: dict, cfg, ranks: int) -> dict:
+    """Every rank's part of every step of one epoch, read by ``stream.read_steps`` in this process:
+    the deterministic order's byte-range reads and clip drawing, without Ray (what (b) costs at best)."""
+    from raymcn.data.order import build_index
+
+    index = build_index(shard_dir, manifest)
+    steps = len(index) // cfg.data.batch_size
+    videos = nbytes = 0
+    read_s = build_s = 0.0
+    t0 = time.perf_counter()
+    for rank in range(ranks):
+        jobs = stream.step_jobs(index, order.rank_steps(cfg.run.seed, 1, len(index), cfg.data.batch_size, steps,
+                                                        rank, ranks))
+        for table in stream.read_steps(str(shard_dir), jobs, cfg, 1):
+            _, info = next(stream.step_rows([table]))
+            videos, nbytes = videos + info.videos, nbytes + info.bytes
+            read_s, build_s = read_s + info.read_s, build_s + info.build_s
+    return {"videos": videos, "bytes": nbytes, "seconds": time.perf_counter() - t0, "read_s": read_s,
+            "build_s": build_s}
+
+
 # --- (b) Ray Data -----------------------------------------------------------------------------------
 def _consumer_class(ray):
-    from raymcn.data import reader, stream
+    from raymcn.data import reader
 
     @ray.remote
     class Consumer:
-        """Stands in for a Ray Train worker: consumes one split with reader.iter_records."""
+        """Stands in for a Ray Train worker: one rank's ``reader.RankStream``, consumed batch by batch."""
 
         def ping(self) -> bool:
             return True
 
-        def run(self, it, limit: int | None = None) -> dict:
-            stats = stream.EpochStats()
+        def run(self, shard_dir: str, index, cfg, rank: int, world: int, steps: int, epoch: int,
+                read_cpus: float | None, task_mb: float) -> dict:
+            node = ray.get_runtime_context().get_node_id()
+            rank_stream = reader.RankStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps,
+                                            epochs=epoch + 1, read_cpus=read_cpus, task_mb=task_mb, node_id=node,
+                                            log=None)
             t0, c0 = time.perf_counter(), time.process_time()
-            for i, _ in enumerate(reader.iter_records(it, stats, log=None)):
-                if limit is not None and i + 1 >= limit:
+            batches, stats = rank_stream.epoch(epoch)
+            wait = 0.0
+            while True:
+                w0 = time.perf_counter()
+                batch = next(batches, None)
+                wait += time.perf_counter() - w0
+                if batch is None:
                     break
-            return {"videos": stats.videos, "bad": stats.bad_samples, "bytes": stats.bytes,
-                    "wait": stats.wait_seconds, "decode": stats.decode_seconds, "seconds": time.perf_counter() - t0,
-                    "cpu": time.process_time() - c0}
+            return {"videos": stats.videos, "bad": stats.bad_samples, "bytes": stats.bytes, "wait": wait,
+                    "read": stats.read_seconds, "build": stats.build_seconds,
+                    "seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0}
 
     return Consumer
 
@@ -216,53 +252,40 @@ class RayBench:
 
     def __init__(self, num_cpus: int, ranks: int, consumer_cpus: float, object_store_mb: int | None):
         import ray
-        from ray.data import DataContext
 
         self.ray = ray
         kwargs = {"object_store_memory": object_store_mb << 20} if object_store_mb else {}
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **kwargs)
-        ctx = DataContext.get_current()
-        ctx.enable_progress_bars = False
-        ctx.print_on_execution_start = False
-        if consumer_cpus * ranks:  # what Ray Train does: Data must not count the workers' CPUs
-            from ray.data._internal.execution.interfaces import ExecutionResources
-
-            ctx.execution_options.exclude_resources = ExecutionResources(cpu=consumer_cpus * ranks)
         Consumer = _consumer_class(ray)
         self.consumers = [Consumer.options(num_cpus=consumer_cpus).remote() for _ in range(ranks)]
         ray.get([c.ping.remote() for c in self.consumers])
-        def import_reader(batch):  # a closure: pickled by value, whatever imported this module
-            import raymcn.data.reader  # noqa: F401
-
-            return batch
-
-        # start the task workers and import the read path there (a training run pays this once)
-        ray.data.range(8, override_num_blocks=4).map_batches(import_reader).materialize()
         self.ranks = ranks
 
-    def run(self, shard_dir: Path, cfg, read_cpus: float | None, block_mb: float, task_mb: float, cache: Cache,
-            want_stats: bool) -> dict:
-        from raymcn.data import reader
+    def run(self, shard_dir: Path, manifest: dict, cfg, read_cpus: float | None, task_mb: float,
+            cache: Cache) -> dict:
+        from raymcn.data.order import build_index
 
-        ds = reader.build_dataset(shard_dir, cfg, num_cpus=read_cpus, block_mb=block_mb, task_mb=task_mb)
-        its = ds.streaming_split(self.ranks, equal=True)
-        # Epoch 1 of a split also starts its coordinator actor (~0.5 s, once per training run):
-        # a first full epoch pays that, then the measured epoch runs as every later epoch of a
-        # run does (new execution, new shard order, cold cache). (A first epoch stopped early
-        # would leave read tasks to cancel and delay the next epoch's start by ~2 s.)
-        self.ray.get([c.run.remote(it) for c, it in zip(self.consumers, its)])
+        index = build_index(shard_dir, manifest)
+        steps = len(index) // cfg.data.batch_size
+        common = (str(shard_dir), self.ray.put(index), cfg)
+
+        def epoch(e: int) -> list[dict]:
+            return self.ray.get([c.run.remote(*common, rank, self.ranks, steps, e, read_cpus, task_mb)
+                                 for rank, c in enumerate(self.consumers)])
+
+        # Epoch 0 starts the read-task workers and imports the read path there (once per run), then
+        # the measured epoch runs as every later epoch of a run does: a new execution, new order.
+        epoch(0)
         cache.drop()
         t0 = time.perf_counter()
-        parts = self.ray.get([c.run.remote(it) for c, it in zip(self.consumers, its)])
+        parts = epoch(1)
         seconds = time.perf_counter() - t0
-        out = {"videos": sum(p["videos"] for p in parts), "bad": sum(p["bad"] for p in parts),
-               "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
-               "consumer_wait_s": [round(p["wait"], 3) for p in parts],
-               "consumer_cpu_s": [round(p["cpu"], 3) for p in parts],
-               "consumer_decode_s": [round(p["decode"], 3) for p in parts]}
-        if want_stats:
-            out["stats"] = its[0].stats()
-        return out
+        return {"videos": sum(p["videos"] for p in parts), "bad": sum(p["bad"] for p in parts),
+                "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
+                "consumer_wait_s": [round(p["wait"], 3) for p in parts],
+                "consumer_cpu_s": [round(p["cpu"], 3) for p in parts],
+                "task_read_s": [round(p["read"], 3) for p in parts],
+                "task_build_s": [round(p["build"], 3) for p in parts]}
 
     def run_webdataset(self, shard_dir: Path, manifest: dict, cache: Cache) -> dict:
         """``read_webdataset`` with its default decoder, iterated in the driver (diagnostic)."""
@@ -302,9 +325,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=os.environ.get("RAYMCN_BENCH_DIR", "/tmp/raymcn-bench"),
                    help="where the corpora and shards are generated (reused across runs)")
     p.add_argument("--shard-size-mb", type=float, default=256.0, help="as raymcn shards (default 256)")
-    p.add_argument("--block-mb", type=float, default=64.0, help="Arrow block size of the read tasks")
-    p.add_argument("--task-mb", type=float, default=512.0, help="shards per read task, in MB")
-    p.add_argument("--read-cpus", type=float, default=None, help="CPUs per read task (default Ray's, 1)")
+    p.add_argument("--batch", type=int, default=32, help="videos per step, global (default 32)")
+    p.add_argument("--task-mb", type=float, default=DEFAULT_TASK_MB, help="video bytes per read task, in MB")
+    p.add_argument("--read-cpus", type=float, default=READ_CPUS,
+                   help="CPUs each read task reserves (default as a training run: none)")
     p.add_argument("--ranks", type=int, default=2, help="consumers, like Ray Train workers (default 2)")
     p.add_argument("--consumer-cpus", type=float, default=0.5,
                    help="CPUs each consumer reserves (the preset's scale.cpus_per_worker, 0.5)")
@@ -312,9 +336,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--object-store-mb", type=int, default=None)
     p.add_argument("--warm", action="store_true", help="do not drop the page cache")
     p.add_argument("--repeat", type=int, default=1, help="run each measurement N times, report the best")
-    p.add_argument("--only", default="a,b,c,d", help="comma list of the measurements to run")
+    p.add_argument("--only", default="a,b,c,c2,d", help="comma list of the measurements to run")
     p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
-    p.add_argument("--stats", action="store_true", help="print Ray Data's stats() of each (b) run")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
     return p.parse_args(argv)
 
@@ -328,9 +351,9 @@ def main(argv=None) -> int:
     only = set(args.only.split(","))
     work = Path(args.workdir)
     cache = Cache(not args.warm)
-    from raymcn.config import Config
+    from raymcn.config import load_config
 
-    cfg = Config()
+    cfg = load_config(None, [f"data.batch_size={args.batch}"])
     results: dict = {}
     bench = None
     try:
@@ -343,7 +366,7 @@ def main(argv=None) -> int:
             print(f"[{size}] corpus {layout} and {manifest['counts']['shards']} shards ready "
                   f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
             row: dict = {"videos": n, "mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
-                         "shards": manifest["counts"]["shards"]}
+                         "shards": manifest["counts"]["shards"], "clips_per_video": cfg.data.clips_per_video}
             if "b" in only or args.diagnose:
                 if bench is None:
                     bench = RayBench(args.num_cpus, args.ranks, args.consumer_cpus, args.object_store_mb)
@@ -352,13 +375,13 @@ def main(argv=None) -> int:
                     cache.drop()
                     keep_best(row, "a", rates(run_npz(layout)))
                 if "b" in only:
-                    r = bench.run(shard_dir, cfg, args.read_cpus, args.block_mb, args.task_mb, cache, args.stats)
-                    if args.stats:
-                        print(f"--- Ray Data stats, {size} ---\n{r['stats']}", file=sys.stderr)
-                    keep_best(row, "b", rates(r))
+                    keep_best(row, "b", rates(bench.run(shard_dir, manifest, cfg, args.read_cpus, args.task_mb, cache)))
                 if "c" in only:
                     cache.drop()
                     keep_best(row, "c", rates(run_sequential(shard_dir, manifest)))
+                if "c2" in only:
+                    cache.drop()
+                    keep_best(row, "c2", rates(run_steps_inprocess(shard_dir, manifest, cfg, args.ranks)))
                 if "d" in only:
                     cache.drop()
                     keep_best(row, "d", rates(run_cat(shard_dir, manifest)))
@@ -378,18 +401,18 @@ def report(results: dict, cache: Cache, args) -> None:
     cold = "cold page cache (dropped before each measurement)" if cache.cold else \
         f"WARM page cache: could not drop caches ({cache.why})"
     print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
-    print(f"(b) = Ray Data, {args.ranks} consumers x {args.consumer_cpus} CPU, read tasks "
-          f"{args.read_cpus or 1} CPU and >= {args.task_mb:g} MB, blocks {args.block_mb:g} MB, "
-          f"shards ~{args.shard_size_mb:g} MB")
-    names = {"a": "(a) npz files, random order, np.load", "b": "(b) raymcn Ray Data reader",
-             "c": "(c) sequential tar, 1 process, no Ray", "d": "(d) cat shards > /dev/null",
+    print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
+          f">= {args.task_mb:g} MB, steps of {args.batch} videos, shards ~{args.shard_size_mb:g} MB")
+    names = {"a": "(a) npz files, random order, np.load", "b": "(b) raymcn reader (RankStream)",
+             "c": "(c) sequential tar, 1 process, no Ray", "c2": "(c2) step reads, 1 process, no Ray",
+             "d": "(d) cat shards > /dev/null",
              "b_read_webdataset": "    read_webdataset, default decoder",
              "c_tarfile": "    tarfile + np.load, 1 process"}
     for size, row in results.items():
         print(f"\n{SIZES[size]['label']}: {row['videos']} videos, {row['mb_per_video']:.2f} MB each, "
               f"{row['shards']} shards")
         print(f"  {'method':40s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
-        for k in ("a", "b", "c", "d", "b_read_webdataset", "c_tarfile"):
+        for k in ("a", "b", "c", "c2", "d", "b_read_webdataset", "c_tarfile"):
             if k in row:
                 r = row[k]
                 print(f"  {names[k]:40s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} {r['seconds']:8.2f}")
@@ -398,10 +421,18 @@ def report(results: dict, cache: Cache, args) -> None:
             ratios["b_over_a"] = row["b"]["videos_per_s"] / row["a"]["videos_per_s"]
         if "c" in row and "b" in row:
             ratios["b_over_c"] = row["b"]["videos_per_s"] / row["c"]["videos_per_s"]
+        if "c" in row and "c2" in row:
+            ratios["c2_over_c"] = row["c2"]["videos_per_s"] / row["c"]["videos_per_s"]
         if "d" in row and "b" in row:
             ratios["b_over_d"] = row["b"]["videos_per_s"] / row["d"]["videos_per_s"]
         row["ratios"] = ratios
+        if "c2" in row:
+            c2 = row["c2"]
+            print(f"  (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "
+                  f"({c2['videos'] / max(c2['read_s'], 1e-9):.0f} videos/s), drawing the clips {c2['build_s']:.2f} s "
+                  f"({row['clips_per_video']} per video; (a), (c) and (d) draw none)")
         for key, target, label in (("b_over_a", TARGET_B_OVER_A, "(b)/(a)"), ("b_over_c", TARGET_B_OVER_C, "(b)/(c)"),
+                                   ("c2_over_c", None, "(c2)/(c), clips drawn in (c2) only"),
                                    ("b_over_d", None, "(b)/(d)")):
             if key in ratios:
                 verdict = "" if target is None else (f"  target >= {target:g}: " +
@@ -410,7 +441,7 @@ def report(results: dict, cache: Cache, args) -> None:
     if args.json:
         print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
                           "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
-                              "shard_size_mb", "block_mb", "task_mb", "read_cpus", "ranks", "consumer_cpus")},
+                              "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus")},
                           "results": results}, default=float))
 
 

@@ -175,7 +175,7 @@ def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True
 
 # --- the original, DataParallel: everything on GPU 0 -----------------------------------------------
 def original_mms(s: torch.Tensor, margin: float = MARGIN) -> torch.Tensor:
-    """``MMS_loss.forward`` of the original loss.py (spec §2.1), verbatim in substance."""
+    """``MMS_loss.forward`` of the original loss.py, verbatim in substance."""
     deltas = margin * torch.eye(s.size(0)).to(s.device)
     s = s - deltas
     target = torch.arange(s.size(0), device=s.device)

@@ -100,8 +100,7 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int) -> dic
     run = assemble(cfg, plan, device="cpu")
     curve: list[float] = []
     t0 = time.perf_counter()
-    hooks = EpochHooks(batches=lambda e: (videos.batches(cfg, e, 0, 1, plan.batch_videos, plan.steps_per_epoch),
-                                          None),
+    hooks = EpochHooks(batches=lambda e, start: (videos.batches(cfg, e, 0, 1, plan.steps_per_epoch, start), None),
                        evaluate=lambda r: evaluate(r.model, eval_set, r.device),
                        after_epoch=lambda r, m: curve.append(float(m[PRIMARY_METRIC])))
     diverged = False

@@ -118,8 +118,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
         started[0] = time.perf_counter()
 
     plan = run.plan
-    hooks = EpochHooks(batches=lambda epoch: (videos.batches(cfg, epoch, 0, 1, plan.batch_videos, plan.steps_per_epoch),
-                                              None),
+    hooks = EpochHooks(batches=lambda epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start),
+                                                     None),
                        evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=report)
     try:
         run_epochs(run, hooks)
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = list(range(args.seeds))
     base_config("bohb", 0, args)  # a bad setting fails here, before Ray starts
-    # In-process function trials hold no Train placement groups (ray-notes P3): no dashboard needed.
+    # In-process function trials hold no Train placement groups: no dashboard needed.
     ray.init(num_cpus=args.num_cpus, object_store_memory=100 * 1024**2, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     storage = tempfile.mkdtemp(prefix="raymcn-sweep-efficiency-")
