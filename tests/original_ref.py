@@ -2,7 +2,7 @@
 
 ``original_state_dict`` writes the tensors the original ``Net`` saves (names and shape rules of
 spec Appendix A, any width); ``OriginalReference`` computes the original's forward pass with
-torch.nn.functional straight from those original-named tensors, following spec §1 and the
+torch.nn.functional straight from those original-named tensors, following the original model and the
 original's own formulations (Context Gating as a GLU over [x, Wx+b], eval-mode audio pooling over
 the first max(1, nframes // 16) steps). It shares nothing with raymcn's model or name table, so a
 round trip through the importer that agrees with it is evidence that the mapping is right.

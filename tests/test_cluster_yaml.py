@@ -1,4 +1,4 @@
-"""The cluster launcher configs validate against Ray's own schema, offline (ray-notes §4).
+"""The cluster launcher configs validate against Ray's own schema, offline.
 
 Recipe: ``prepare_config`` (merges the provider's ``defaults.yaml``; for ``local`` it also
 injects the single ``local.cluster.node`` type and moves the top-level ``min_workers``), then
@@ -137,7 +137,7 @@ def test_setup_pins_ray_and_installs_the_mounted_repo(name, offline):
     pins = [m for c in raw["setup_commands"] for m in RAY_PIN.finditer(c)]
     assert pins, "setup_commands must pin ray[...]==2.60.0"
     for pin in pins:
-        # ray[default] brings the State API that frees stopped trials' GPUs (ray-notes P3).
+        # ray[default] brings the State API that frees stopped trials' GPUs.
         assert {"default", "train", "tune"} <= set(pin.group(1).split(",")), pin.group(0)
     # Not ~/raymcn: `ray submit` runs from ~, where a folder "raymcn" would shadow the package.
     assert raw["file_mounts"]["~/raymcn-src"] == "." and "~/raymcn" not in raw["file_mounts"]

@@ -95,7 +95,7 @@ def test_build_save_load_vocab(tmp_path):
     assert loaded.lookup(np.array([[3, 0]])).shape == (1, 2, 3)
 
 
-# --- clip sampling: spec §4.1 steps on hand-made captions --------------------------------------------------
+# --- clip sampling: the original sampler's steps on hand-made captions ------------------------------------
 def test_grow_span_takes_the_shorter_neighbour():
     starts, ends = np.array([0.0, 4.0, 6.0, 8.0]), np.array([4.0, 6.0, 8.0, 15.0])
     # from caption 1 [4,6]: prev gives [0,6]=6, next gives [4,8]=4 -> next; then [4,8]: prev [0,8]=8 vs next [4,15]=11

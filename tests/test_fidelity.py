@@ -35,7 +35,7 @@ def test_warmup_ends_after_the_same_videos_at_every_batch_size():
 def test_a_fixed_step_count_still_means_steps_and_differs_across_batch_sizes():
     base = load_config(preset_path(), {"scale.num_workers": 0, "optim.warmup_steps": 16})
     epochs = {b: make_plan(base.replace({"data.batch_size": b}), 256).warmup_epochs for b in (8, 32)}
-    assert epochs == {8: 0.5, 32: 2.0}  # what issue 12 measured: the first rung compared unlike runs
+    assert epochs == {8: 0.5, 32: 2.0}  # what was measured before: the first rung compared unlike runs
 
 
 def test_warmup_rounds_up_to_whole_steps():

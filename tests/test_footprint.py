@@ -1,5 +1,5 @@
 """Per-worker memory estimate (raymcn.train.footprint): scaling of each component, the paper
-numbers of spec §2.5, the fit check, and the formulas against measured tiny-model runs."""
+numbers of the original's memory accounting, the fit check, and the formulas against measured tiny-model runs."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_total_is_persistent_plus_the_larger_phase(paper_params):
     assert set(est) >= set(footprint.PERSISTENT) | set(footprint.STEP_PHASE) | {"optimizer_workspace", "total"}
 
 
-# --- paper numbers (spec §2.5, §6 "single-GPU estimate", §7) -------------------------------------------
+# --- paper numbers -------------------------------------------
 def test_paper_defaults_match_the_spec(paper_params):
     n, largest = paper_params
     bn_stats = 2 * (128 + 5 * (128 + 256 + 512 + 1024))  # running mean/var: conv1's BN + 5 BNs per layer

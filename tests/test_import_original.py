@@ -54,7 +54,7 @@ def test_paper_size_checkpoint_maps_completely():
         paper = MCN(ModelConfig()).state_dict()
     assert set(conv.state_dict) == set(paper) and len(paper) == 154  # 159 minus batchnorm1's 5
     weights = sum(v.numel() for k, v in conv.state_dict.items() if "running" not in k and "num_batches" not in k)
-    assert round(weights / 1e6, 1) == 223.8  # the paper model's parameter count (spec §1.1)
+    assert round(weights / 1e6, 1) == 223.8  # the paper model's parameter count
     assert any("DAVEnet.batchnorm1" in n and "never uses it" in n for n in conv.notes)
     assert "running_var" in " ".join(conv.notes)  # all five of its tensors are listed
 

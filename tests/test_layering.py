@@ -1,8 +1,8 @@
-"""The layering of design.md, checked over every module of raymcn: what each may import, and no
+"""The package layering, checked over every module of raymcn: what each may import, and no
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
 Layers, left to right: config -> data -> model -> losses -> train -> sweep -> results; cli on top;
-bench/ imports raymcn, never the reverse. The table below is design.md's, with the deviations the
+bench/ imports raymcn, never the reverse. The table below is the layering, with the deviations the
 README's development section names: data/storage (file access for local folders and bucket URIs)
 is also used by sweep/, sweep/ builds Optuna's sampler for Tune's OptunaSearch, and results/ also
 uses numpy, scipy and yaml (statistics, the sweep file).
@@ -97,7 +97,7 @@ def test_module_imports_only_from_its_layer_and_those_to_its_left(module):
 
 
 def test_the_checker_can_fail():
-    """What issue 11 found is refused: the objective importing the whole Config, preflight importing
+    """What a review found earlier is refused: the objective importing the whole Config, preflight importing
     Ray, the results importing torch, a Ray-free data module importing the datasource."""
     assert problems_of("raymcn.losses.objective", {"raymcn.config.Config"})
     assert problems_of("raymcn.train.preflight", {"ray.train"})

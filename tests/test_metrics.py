@@ -50,7 +50,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert lr_factor(10, 10, 110) == 1.0
     assert lr_factor(60, 10, 110) == pytest.approx(0.5)
     assert lr_factor(110, 10, 110) == pytest.approx(0.0, abs=1e-12)
-    assert lr_factor(500, 10, 110) == pytest.approx(0.0, abs=1e-12)  # clamped: never rises again (spec §3.2)
+    assert lr_factor(500, 10, 110) == pytest.approx(0.0, abs=1e-12)  # clamped: never rises again
     assert all(lr_factor(s, 10, 110) >= lr_factor(s + 1, 10, 110) for s in range(10, 120))
 
 

@@ -27,7 +27,7 @@ def make_batch(cfg: ModelConfig = TINY, b: int = 3, frames: int = 160, seed: int
     return {
         "video": torch.rand(b, cfg.video_dim, generator=g),
         "audio": torch.randn(b, cfg.mel_bins, frames, generator=g),
-        # nframes may exceed T: eval sets store the unclipped length (spec §4.2)
+        # nframes may exceed T: eval sets store the unclipped length
         "nframes": torch.tensor([frames + 40, frames // 2, 7][:b], dtype=torch.int32),
         "text": torch.randn(b, 20, cfg.word_dim, generator=g),
     }
@@ -45,7 +45,7 @@ def tiny() -> MCN:
     return MCN(TINY)
 
 
-# --- parameter counts (spec §1.1) ----------------------------------------------------------------
+# --- parameter counts ----------------------------------------------------------------
 def test_paper_parameter_count_with_recon(paper_meta):
     assert abs(n_params(paper_meta) / 1e6 - 223.8) <= 0.05
 

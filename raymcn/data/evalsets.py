@@ -1,4 +1,4 @@
-"""Zero-shot retrieval sets in the AVLnet pickle format (spec §4.2), in the training batch contract.
+"""Zero-shot retrieval sets in the AVLnet pickle format, in the training batch contract.
 
 A set is a pickled list of per-clip dicts:
 
@@ -216,7 +216,7 @@ def load_eval_set(spec: str, word_vectors=None, max_words: int = 20, audio_frame
 
 
 def _msrvtt_total(present: int, override: int | None) -> tuple[int, str]:
-    """R@K denominator and the note explaining it (spec §4.2, §5.5)."""
+    """R@K denominator and the note explaining it."""
     total = override or (MSRVTT_TEST_QUERIES if present <= MSRVTT_TEST_QUERIES else present)
     if total == present:
         return total, ""

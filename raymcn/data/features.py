@@ -1,4 +1,4 @@
-"""The original per-video HowTo100M feature layout (spec §4.1) and the clip sampler (steps 1–5).
+"""The original per-video HowTo100M feature layout and the clip sampler (steps 1–5).
 
 Layout read here (``path`` = one row of the video-path CSV, leading ``None/`` stripped)::
 
@@ -216,7 +216,7 @@ def read_videos(paths: Iterable[str], features_root, audio_root, captions: Mappi
     return records, problems
 
 
-# --- clip sampling, one function per step of spec §4.1 ---------------------------------------------
+# --- clip sampling, one function per step of the original sampler ---------------------------------
 def draw_caption_indices(num_captions: int, n_pair: int, rng: np.random.Generator) -> np.ndarray:
     """Step 1: ``n_pair`` caption indices drawn uniformly with replacement; (n_pair,) int64."""
     return rng.integers(0, num_captions, size=n_pair)

@@ -18,7 +18,7 @@ function of its settings):
 Held-out evaluation clips come from NEW videos of the same topics (same projections and words):
 each is a whole short video (6–12 s) with max-pooled 2d/3d features, its full spectrogram (a float16
 torch tensor, to halve the pickle; the loaders cast to float32) and its captions joined in time
-order. They are written as a YouCook2-style pickle (spec §4.2) and, optionally, an MSR-VTT-style one.
+order. They are written as a YouCook2-style pickle and, optionally, an MSR-VTT-style one.
 
 The embedded default: with no ``data.shards``, a run reads :func:`ensure_synthetic_shards`, the
 corpus of its config cut into SYNTHETIC_SHARDS shards by the real writer, both cached once.
@@ -315,7 +315,7 @@ def _save_video_files(root: Path, path: str, vid: str, v: dict) -> None:
 
 def _eval_clip(world: _World, rng: np.random.Generator, s: SynthSettings) -> dict:
     """A held-out short video, taken whole as one clip: pooled (unnormalised) features, full audio."""
-    import torch  # the eval-pickle format stores audio as a torch tensor (spec §4.2)
+    import torch  # the eval-pickle format stores audio as a torch tensor
 
     v = _make_video(world, rng, s.eval_seconds)
     return {"2d": v["feat_2d"].max(axis=0), "3d": v["feat_3d"].max(axis=0),

@@ -1,4 +1,4 @@
-"""Tokenizer, word2vec binary I/O and the memory-mapped vocabulary matrix (spec §4.1 "Word vectors").
+"""Tokenizer, word2vec binary I/O and the memory-mapped vocabulary matrix.
 
 The original kept the whole 3 M-word GoogleNews model (3.6 GB) in every loader process. Here the
 captions are tokenised once into ids of a *vocabulary* built from the caption words that have a

@@ -1,6 +1,6 @@
 """Online clustering pieces: cosine k-means, the global feature queue, and the cluster CE.
 
-Semantics follow the original (spec §2.2.5): assignment by argmax cosine similarity, centroid =
+Semantics follow the original: assignment by argmax cosine similarity, centroid =
 plain mean of the *un-normalised* member vectors, raw dot-product logits in the cluster CE. Two
 deliberate deviations, both documented in the README:
 
@@ -103,7 +103,7 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
 
 
 def cluster_ce(e: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
-    """Cluster cross-entropy (spec §2.2.6), a scalar in fp32.
+    """Cluster cross-entropy, a scalar in fp32.
 
     Args:
         e: (b, D) embeddings (with gradient).

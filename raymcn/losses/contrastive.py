@@ -1,6 +1,6 @@
 """MMS ("masked margin softmax") contrastive loss, sharded so no device builds a B×B matrix.
 
-With S = X·Yᵀ over the global batch (B clips) and margin δ on the diagonal only (spec §2.1),
+With S = X·Yᵀ over the global batch (B clips) and margin δ on the diagonal only,
 S̃ = S − δI:
 
     MMS(S) = mean_i CE(S̃_i·, i) + mean_j CE(S̃_·j, j)

@@ -1,4 +1,4 @@
-"""Reconstruction loss (spec §2.3), unweighted; the weight is applied in the objective."""
+"""Reconstruction loss, unweighted; the weight is applied in the objective."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def recon_loss(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], detach_targe
     Args:
         pairs: modality -> (pred (b, F_m), target (b, F_m)); every modality has the same b.
         detach_targets: stop gradient into the targets. The original does not (audio/text targets
-            are live activations, spec §6.4), so False reproduces it.
+            are live activations), so False reproduces it.
     """
     if not pairs:
         raise ValueError("recon_loss: no (pred, target) pairs given")

@@ -1,4 +1,4 @@
-"""ResDAVEnet: the audio CNN of MCN (spec §1.3), plus the padding-aware time pooling helpers.
+"""ResDAVEnet: the audio CNN of MCN, plus the padding-aware time pooling helpers.
 
 The network collapses the mel axis with one (mel_bins, 1) convolution and then runs 1-D residual
 layers along time. Every layer halves the time axis, so 5 widths (conv1 + 4 layers) give a 16x
@@ -93,7 +93,7 @@ class DAVEnet(nn.Module):
         """audio (B, mel_bins, T), any float dtype -> features (B, out_channels, ceil(T / 16)).
 
         The input is cast to the weights' dtype: fp16 spectrograms meet fp32 weights (the original's
-        apex_level=0 crash, spec §6.9). Under torch.autocast the weights stay fp32, so this is a plain
+        apex_level=0 crash). Under torch.autocast the weights stay fp32, so this is a plain
         ``.float()`` and autocast picks the compute dtype of each conv.
         """
         if audio.dim() != 3 or audio.shape[1] != self.mel_bins:
@@ -110,7 +110,7 @@ def pooled_steps(nframes: Tensor, frames: int, steps: int) -> Tensor:
     Args:
         nframes: (B,) integer count of real spectrogram frames; may exceed ``frames`` (the eval
             sets store the unclipped length). Never modified (the original's in-place ``div_``,
-            spec §6.11, mutated the batch and fails in modern PyTorch).
+            mutated the batch and fails in modern PyTorch).
         frames: padded input length T.
         steps: output length T' of DAVEnet for that input.
 
@@ -131,7 +131,7 @@ def masked_time_mean(x: Tensor, steps: Tensor) -> Tensor:
 
     Returns:
         (B, C) in x's dtype. Steps computed from padding are excluded, in training and evaluation
-        alike (the original averaged them in during training only, spec §6.5).
+        alike (the original averaged them in during training only).
     """
     steps = steps.to(x.device)
     mask = torch.arange(x.shape[-1], device=x.device) < steps[:, None]  # (B, T')

@@ -1,4 +1,4 @@
-"""Gated building blocks of MCN (spec §1.1): context gating, gated embedding unit, sentence max-pool.
+"""Gated building blocks of MCN: context gating, gated embedding unit, sentence max-pool.
 
 All Linear layers keep PyTorch's default initialisation, as the original did.
 """
@@ -26,7 +26,7 @@ class ContextGating(nn.Module):
 class GatedEmbeddingUnit(nn.Module):
     """Linear(in -> out) then ContextGating(out): (..., in) -> (..., out).
 
-    No L2 normalisation: MCN scores with raw dot products (spec §1.1, §6.1).
+    No L2 normalisation: MCN scores with raw dot products.
     """
 
     def __init__(self, in_dim: int, out_dim: int):

@@ -1,8 +1,8 @@
-"""The MCN model (spec §1): three modality branches into one shared space, plus reconstruction heads.
+"""The MCN model: three modality branches into one shared space, plus reconstruction heads.
 
 Which modalities are active is an argument of every forward call, not a property of the model:
 a staged run (AV_T, VT_A, AT_V) switches the set mid-training and an inactive branch must neither
-run nor receive gradient (design.md, "Stage orders").
+run nor receive gradient.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class MCN(nn.Module):
         audio = batch["audio"]  # (B, mel_bins, T), fp16 or fp32
         feats = self.davenet(audio)  # (B, C4, T')
         steps = pooled_steps(batch["nframes"], audio.shape[-1], feats.shape[-1])
-        pooled = masked_time_mean(feats, steps)  # (B, C4); same pooling in train and eval (spec §6.5)
+        pooled = masked_time_mean(feats, steps)  # (B, C4); same pooling in train and eval
         return self.audio_proj(self.gu_audio(pooled)), pooled
 
     def _text(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

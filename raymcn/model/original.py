@@ -9,7 +9,7 @@ reconstruction head) is the same on both sides, because both use the same torch 
 :func:`convert` infers the architecture from the tensor shapes, builds the expected raymcn state
 dict on the meta device (no memory), and accepts the checkpoint only if every tensor maps to a
 raymcn parameter of exactly the right shape and none is missing. Everything else is refused with
-one message per key: the original's loader silently fell back to ``strict=False`` (spec §6.14),
+one message per key: the original's loader silently fell back to ``strict=False``,
 which is how a wrong checkpoint turns into a plausible-looking but random model.
 """
 
@@ -45,7 +45,7 @@ NAME_TABLE: tuple[tuple[str, str], ...] = (
     ("recon_t", "recon.text"),
 )
 
-# Built by the original's ResDavenet but never used in its forward (spec §1.3); raymcn has no such layer.
+# Built by the original's ResDavenet but never used in its forward; raymcn has no such layer.
 SKIPPED_MODULES: tuple[str, ...] = ("DAVEnet.batchnorm1",)
 
 DATA_PARALLEL_PREFIX = "module."

@@ -2,7 +2,7 @@
 
 Three layers, as the Train V2 docs lay them out: ``Tuner`` -> ``trial_fn`` (one Tune trial builds
 and fits one ``TorchTrainer``) -> ``worker.train_func_per_worker``. ``Tuner(trainer)`` no longer
-works under Train V2 (ray-notes §1).
+works under Train V2.
 
 The schedulers' clock is the reported ``budget_epoch`` (epochs since every stage order has all
 three modalities), never Tune's ``training_iteration``: BOHB pauses trials, and a resumed trial's

@@ -5,7 +5,7 @@ refused with what to change instead of dying with an OOM hours later: first grad
 (``scale.grad_cache_clips``, the same objective), only then a smaller ``data.clips_per_video``.
 No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
 
-What is counted (spec §2.5, re-derived for this implementation; all sizes in bytes, per worker,
+What is counted (the original's memory accounting, re-derived for this implementation; all sizes in bytes, per worker,
 for rank 0, the largest: it alone runs the k-means refit). ``b`` = clips on this worker,
 ``B`` = clips per step over all workers, ``D`` = ``model.embed_dim``, ``P`` = parameter count,
 ``M`` = 3 modalities and 3 contrastive pairs (every stage order ends with all three active, so the
@@ -41,7 +41,7 @@ conv_workspace       what the convolution kernels allocate and free inside one D
                      kernels) and the output into blocked layouts whose channel blocks are padded
                      to the ISA's vector width: 1 on AVX-512/AMX (no padding seen), 8 on AVX2,
                      where conv1's 1-channel spectrogram becomes 8 channels (8 × the fp32 input,
-                     1.28 MB per clip at paper dims: the AVX2-only failure of issue 10); the
+                     1.28 MB per clip at paper dims: the AVX2-only failure measured earlier); the
                      native path (oneDNN disabled or absent) builds im2col columns, b × Cin·k·T';
                      cuDNN picks its algorithm at run time (and falls back to a smaller workspace
                      when an allocation fails), and an unrecognised CPU ISA has no model: both

@@ -1,6 +1,6 @@
 """``raymcn import-original``: the original MCN release's checkpoint -> a raymcn checkpoint directory. No Ray.
 
-The original writes two files (spec §3.2, Appendix A): ``e{N}.pth``, a plain state dict, and
+The original writes two files: ``e{N}.pth``, a plain state dict, and
 ``amp_checkpoint.pt`` = ``{'net': state dict, 'optimizer', 'scheduler', 'amp'}``, whose ``net``
 may carry DataParallel's ``module.`` prefix. Either is accepted. The tensors are renamed and
 checked by :mod:`raymcn.model.original`; the result is a directory that ``raymcn eval

@@ -136,7 +136,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> Path:
     """Load the model weights of the checkpoint at ``path`` into ``model`` (the bare MCN, before DDP).
 
     Strict: a missing, unexpected or wrong-shape tensor raises instead of leaving a partly random
-    model (the original's silent strict=False fallback, spec §6.14). Returns the state.pt read.
+    model (the original's silent strict=False fallback). Returns the state.pt read.
 
     Raises:
         CheckpointError: naming the path and the offending keys.

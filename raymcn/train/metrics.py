@@ -1,8 +1,8 @@
-"""Zero-shot text-to-video retrieval metrics (spec §5), chunked, in fp32.
+"""Zero-shot text-to-video retrieval metrics, chunked, in fp32.
 
 Scores are ``M = t · (v + a)ᵀ``. The rank of query i is the number of gallery items scoring
 *strictly* higher than its own match, so ties never push a correct match down (the original's
-``np.where`` equality search misaligns on ties, spec §6.15).
+``np.where`` equality search misaligns on ties).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def retrieval_metrics(ranks: torch.Tensor, num_queries_total: int | None = None,
         ranks: (N,) 0-based ranks of the queries that are present.
         num_queries_total: denominator for R@K. MSR-VTT's protocol fixes it at 1000 although only
             968 clips have audio, so the missing ones count as misses; MedR stays over the present
-            queries, as in the original (spec §5.5).
+            queries, as in the original.
     """
     r = ranks.cpu().numpy()
     total = num_queries_total or len(r)
