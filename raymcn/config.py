@@ -256,6 +256,12 @@ class RunSection:
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
     log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
     progress_every: float = setting(120.0, ge=0)  # seconds between in-epoch lines on the terminal; 0 = none
+    # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
+    # the terminal and its attempt ended: a restart from the latest checkpoint, and the same stall
+    # twice ends the run. The process group's timeout is twice this (Ray's default: 30 min), a
+    # backstop behind the watchdogs. 600 s: 30x the longest wait a healthy run has
+    # (a paper-dims checkpoint's 18.6 s, bench/checkpoint.py); a hang costs minutes, not the night.
+    stall_timeout_s: float = setting(600.0, ge=10)
     # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.

@@ -101,6 +101,7 @@ class EpochHooks:
         after_epoch: (run, the epoch's metrics) -> None: checkpoint and report, Tune report, faults.
         after_step: run -> None after every step (mid-epoch checkpoints, progress lines).
         log: progress lines (rank 0 passes print).
+        watch: (phase, global step) -> None at every phase start (``watchdog.Watchdog.at``).
     """
 
     batches: Callable[[int, int], tuple[Iterable[dict], Any]]
@@ -108,6 +109,7 @@ class EpochHooks:
     after_epoch: Callable[[Run, dict[str, float]], None] | None = None
     after_step: Callable[[Run], None] | None = None
     log: Callable[[str], None] | None = None
+    watch: Callable[[str, int], None] | None = None
 
 
 def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
@@ -122,6 +124,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
     plan, state = run.plan, run.state
     metrics: dict[str, float] = {}
     after_step = (lambda _: hooks.after_step(run)) if hooks.after_step is not None else None
+    watch = hooks.watch or (lambda phase, step: None)
     for epoch in range(state.epoch, plan.epochs):
         state.epoch = epoch
         start = state.step_in_epoch(plan.steps_per_epoch)  # > 0 only when resumed inside this epoch
@@ -129,11 +132,13 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=run.cfg,
                                   state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
                                   total_steps=plan.total_steps, rank=run.comm.rank, comm=run.comm,
-                                  data_stats=stats if hasattr(stats, "as_metrics") else None, after_step=after_step)
+                                  data_stats=stats if hasattr(stats, "as_metrics") else None, after_step=after_step,
+                                  watch=hooks.watch)
         state.epoch = epoch + 1
         state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch
         if hooks.evaluate is not None:
+            watch("evaluation", state.step)
             started = time.perf_counter()
             metrics.update(hooks.evaluate(run))
             metrics["time_eval_s"] = time.perf_counter() - started  # the epoch's evaluation, wall seconds
@@ -143,5 +148,6 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
             hooks.log(f"epoch {state.epoch}/{plan.epochs} " + " ".join(
                 f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("text_to_video") or k == "total_loss"))
         if hooks.after_epoch is not None:
+            watch("report", state.step)
             hooks.after_epoch(run, metrics)
     return metrics

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -31,6 +32,10 @@ _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do 
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
 # prefix of rank 0's in-epoch progress lines (train/progress.py): shown in runs and in sweeps alike
 PROGRESS_TAG = "[raymcn progress] "
+# prefix of any rank's alerts (a stall named by its watchdog, train/watchdog.py): shown in runs and sweeps
+ALERT_TAG = "[raymcn alert] "
+# A warning or error in Ray's log format ("<time>\tWARNING file.py:123 -- message"), from any process
+RAY_WARNING = re.compile(r"\b(WARNING|ERROR|CRITICAL) [\w.-]+\.py:\d+ -- (?P<message>.+)$")
 
 
 def tagged(line: str) -> str:
@@ -157,11 +162,27 @@ class Console:
                     self._write_log(line)
                     if self.verbose:
                         self._write_tty(line)
-                    elif (self.show_tagged and TAG in line) or PROGRESS_TAG in line:
-                        shown = line.split(TAG if TAG in line else PROGRESS_TAG, 1)[1].rstrip("\n")
-                        if shown not in self._shown:  # Ray Train's print patch may forward a line twice
-                            self._shown.add(shown)
-                            self._write_tty(shown + "\n")
+                    else:
+                        self._show_once(_for_terminal(line, self.show_tagged))
+
+    def _show_once(self, shown: str | None) -> None:
+        # Ray Train's print patch may forward a worker's line twice; each rank logs Ray's warnings
+        if shown is not None and shown not in self._shown:
+            self._shown.add(shown)
+            self._write_tty(shown + "\n")
+
+
+def _for_terminal(line: str, show_tagged: bool) -> str | None:
+    """What the quiet terminal shows of a line written to fd 1/2 (None: nothing): a rank's tagged
+    line, progress line or alert without Ray's prefix and the tag; a Ray warning or error (each
+    message once, prefixed ``Ray WARNING:``); nothing else."""
+    for tag, shown in ((ALERT_TAG, True), (PROGRESS_TAG, True), (TAG, show_tagged)):
+        if tag in line:
+            return line.split(tag, 1)[1].rstrip("\n") if shown else None
+    ray = RAY_WARNING.search(line.rstrip("\n"))
+    if ray is not None:
+        return f"Ray {ray.group(1)}: {ray.group('message')}"
+    return None
 
 
 class _TerminalErrors(logging.Handler):

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 import ray
 import ray.train
+import ray.train.torch
 from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from raymcn.config import (PRIMARY_METRIC, PRIMARY_MODE, RUN_CONFIG_FILE, Config, ConfigError, default_storage_path,
                            load_config_text, permanent_cause)
 from raymcn.data import storage
+from raymcn.train import watchdog
 from raymcn.train.plan import plan_run
 from raymcn.train.worker import train_func_per_worker
 
@@ -78,17 +80,24 @@ class PermanentRunError(RuntimeError):
 
 class FailFastOnPermanentErrors(UserCallback):
     """Ends the run at once when a worker fails with a :class:`~raymcn.config.PermanentError` (or a
-    missing file): Ray Train's failure policy would otherwise restart the worker group
-    ``scale.max_failures`` times on the same bad input. Lost workers and nodes (no permanent cause)
-    are left to the policy, which restarts from the latest checkpoint."""
+    missing file), or when two attempts stalled at the same step and phase (``watchdog``): Ray
+    Train's failure policy would otherwise restart the worker group ``scale.max_failures`` times on
+    the same bad input. Lost workers and nodes, and a first stall, are left to the policy, which
+    restarts from the latest checkpoint."""
+
+    def __init__(self, run_dir: str | None = None):
+        self.run_dir = run_dir
 
     def after_exception(self, run_context, worker_exceptions: dict[int, BaseException]) -> None:
+        # Raised in the controller: Ray Train treats a callback's error as not retryable.
         for rank, error in sorted(worker_exceptions.items()):
             cause = permanent_cause(error)
             if cause is not None:
-                # Raised in the controller: Ray Train treats a callback's error as not retryable.
                 raise PermanentRunError(f"rank {rank} failed with {type(cause).__name__}: {cause} "
                                         "(a restart from the last checkpoint cannot cure this; not retried)")
+        repeated = watchdog.repeated_stall(self.run_dir) if self.run_dir else None
+        if repeated:
+            raise PermanentRunError(repeated)
 
 
 def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | None = None,
@@ -103,13 +112,19 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
     index = build_index(plan.shards_dir, manifest)
     # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
+    run_dir = storage.join(storage_path, name)
+    watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
     resources = {"CPU": cfg.scale.cpus_per_worker}
     if cfg.scale.use_gpu:
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "plan": plan.to_dict(), "index": index,
-                           "run_dir": storage.join(storage_path, name), "label": label},
+                           "run_dir": run_dir, "label": label},
+        # A collective one rank never joins fails after 2 x run.stall_timeout_s (Ray's default: 30 min),
+        # a backstop: the ranks' watchdogs end such a wait after run.stall_timeout_s (train/watchdog.py).
+        torch_config=ray.train.torch.TorchConfig(
+            timeout_s=int(watchdog.COLLECTIVE_TIMEOUT_FACTOR * cfg.run.stall_timeout_s)),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources,
                                                elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
@@ -123,7 +138,7 @@ def build_trainer(cfg: Config, name: str, storage_path: str, callbacks: list | N
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
-            callbacks=[*(callbacks or []), FailFastOnPermanentErrors()],  # last: its raise ends the hook
+            callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
             # Workers see the driver's RAYMCN_* settings (cache and results folders, fault injection).
             worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}},
         ),

@@ -167,7 +167,8 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
                     switch: int, log: Callable[[str], None] | None = None,
                     total_steps: int | None = None, rank: int = 0, data_stats=None,
                     after_step: Callable[[LoopState], None] | None = None,
-                    comm: Collectives | None = None) -> dict[str, float]:
+                    comm: Collectives | None = None,
+                    watch: Callable[[str, int], None] | None = None) -> dict[str, float]:
     """Run the rest of the current epoch over ``batches``; returns the epoch's metrics over all its
     steps (:func:`epoch_metrics`: per-step means of every ``*_loss`` term and phase time,
     ``samples_per_s``, the data counters) and ``lr`` and ``stage`` after its last step.
@@ -187,6 +188,8 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             its time is the ``checkpoint`` phase.
         comm: the ranks' collectives: the metrics are combined over them (a collective at the
             epoch's end; default one process).
+        watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
+            batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (``after_step``).
 
     With ``cfg.scale.grad_cache_clips`` smaller than the share, forward, loss and backward are
     :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
@@ -202,7 +205,9 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     cache_clips = cfg.scale.grad_cache_clips
     for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
         p.add(f"time:{phase}", 0.0)
+    watch = watch or (lambda phase, step: None)
     tick = _sync(device)
+    watch("data", state.step)
 
     def lap(phase: str) -> None:
         nonlocal tick
@@ -223,6 +228,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         active = active_modalities(order, state.step, switch)
         waited = tick
         lap("data")
+        watch("step", state.step)
         if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
             p.first_batch_s = tick - waited
         if 0 < cache_clips < share_clips(batch):  # a chunk as large as the share would save nothing
@@ -270,8 +276,10 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         if log and (state.step % cfg.run.log_every == 0):
             log(_progress_line(state, total_steps, values, order, switch))
         if after_step is not None:
+            watch("checkpoint", state.step)
             after_step(state)
             lap("checkpoint")
+        watch("data", state.step)
     count_data()  # the epoch's last counters (also when no step ran in this attempt)
     p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
     metrics = epoch_metrics(p, comm or Collectives(), device)

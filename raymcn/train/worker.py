@@ -9,6 +9,7 @@ Ray Data stream, the evaluation, a checkpoint and ``ray.train.report`` after eve
 from __future__ import annotations
 
 import functools
+import secrets
 import tempfile
 from typing import Any
 
@@ -22,7 +23,8 @@ from raymcn.data.evalsets import load_eval_set
 from raymcn.losses import Collectives
 from raymcn.train import checkpoint, faults, init_from
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
-from raymcn.train.console import PROGRESS_TAG, epoch_line, tagged
+from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
+from raymcn.train.watchdog import Watchdog
 from raymcn.train.loop import evaluate, fold_progress
 from raymcn.train.plan import RunPlan
 from raymcn.train.progress import Progress, read_mark
@@ -123,10 +125,29 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         faults.after_epoch(run.state.epoch)
         progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
-    # The eval set's embedding is sharded over the ranks; rank 0 scores it once and broadcasts.
-    metrics = run_epochs(run, EpochHooks(batches=stream.epoch,
-                                         evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                                         after_epoch=after_epoch, after_step=after_step, log=log))
+    def batches(epoch: int, start: int):
+        rows, stats = stream.epoch(epoch, start)
+        return faults.stalling(rows, epoch * plan.steps_per_epoch + start, rank), stats
+
+    # [5] Every rank's watchdog: a stall (no progress for run.stall_timeout_s) is named on the
+    # terminal and ends this attempt, so Ray Train restarts it; a collective that times out (the
+    # same limit) becomes an error naming the step.
+    named = f"{loop_config['label']}: " if loop_config.get("label") else ""  # a sweep's trial
+    attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
+    dog = Watchdog(cfg.run.stall_timeout_s, rank, loop_config["run_dir"], attempt=attempt,
+                   say=lambda line: print(f"{ALERT_TAG}{named}{line}", flush=True)).start()
+    try:
+        # The eval set's embedding is sharded over the ranks; rank 0 scores it once and broadcasts.
+        metrics = run_epochs(run, EpochHooks(batches=batches,
+                                             evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                                             after_epoch=after_epoch, after_step=after_step, log=log, watch=dog.at))
+    except Exception as e:
+        stall = dog.named(e)
+        if stall is e:
+            raise
+        raise stall from e
+    finally:
+        dog.stop()
     progress.flush()
     return metrics
 

@@ -1,0 +1,137 @@
+"""The stall watchdog without Ray: when it fires, what it says and records, when a stall is permanent,
+how the loop reports its phases, and what the quiet console shows of Ray's warnings and the alerts.
+
+(On Ray Train workers, an injected data stall and a collective one rank never joins: tests/test_stall.py.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from raymcn.train import watchdog
+from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, TAG, _for_terminal
+from raymcn.train.watchdog import StallError, Watchdog
+
+
+def fired_dog(tmp_path, timeout_s=0.3, **kw):
+    lines, ended = [], threading.Event()
+    dog = Watchdog(timeout_s, rank=1, run_dir=str(tmp_path), say=lines.append, end=ended.set, poll_s=0.02, **kw)
+    return dog, lines, ended
+
+
+def test_a_rank_without_progress_is_named_recorded_and_its_attempt_ended(tmp_path):
+    dog, lines, ended = fired_dog(tmp_path)
+    dog.start()
+    dog.at("data", 7)
+    assert ended.wait(5), "the watchdog never fired"
+    dog.stop()
+    assert len(lines) == 1
+    assert "rank 1 made no progress for" in lines[0] and "at global step 7" in lines[0]
+    assert watchdog.PHASES["data"] in lines[0] and "restarts from the latest checkpoint" in lines[0]
+    (stall,) = watchdog.recorded(str(tmp_path))
+    assert (stall.rank, stall.step, stall.phase) == (1, 7, "data") and stall.idle_s >= 0.3
+
+
+def test_progress_keeps_it_quiet_and_the_limit_follows_the_longest_phase(tmp_path):
+    dog, lines, ended = fired_dog(tmp_path, timeout_s=1.0)
+    dog.start()
+    for step in range(20):  # phases of ~0.01 s: far from 1 s without a phase change
+        dog.at("data", step)
+        time.sleep(0.01)
+        dog.at("step", step)
+        time.sleep(0.01)
+    dog.stop()
+    assert not ended.is_set() and not lines
+    assert dog.limit("data") == max(1.0, watchdog.STEP_FACTOR * dog.longest)
+    assert 0 < dog.longest < 1.0  # the steps' time, not the data waits'
+    dog.at("data", 20)
+    time.sleep(0.05)
+    before = dog.longest
+    dog.at("step", 20)  # a data wait ends: the measured step time is unchanged
+    assert dog.longest == before
+    dog.longest = 2.0
+    assert dog.limit("data") == watchdog.STEP_FACTOR * 2.0  # a slow phase raises the limit above the floor
+    dog.longest = 0.01
+    assert dog.limit("data") == 1.0  # never below the floor
+    # a rank in any other phase may be waiting in a collective for the rank that waits for its data:
+    # it waits longer than that rank's watchdog takes to look, so the data-waiting rank is named
+    for phase in ("step", "checkpoint", "evaluation", "report"):
+        assert dog.limit(phase) == 1.0 + dog.grace_s and dog.grace_s > dog.poll_s
+
+
+def test_a_collective_timeout_becomes_an_error_naming_the_step(tmp_path):
+    dog, lines, _ = fired_dog(tmp_path, timeout_s=60)
+    dog.at("step", 12)
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                        "60000ms for recv operation to complete")
+    named = dog.named(gloo)
+    assert isinstance(named, StallError)
+    assert "rank 1" in str(named) and "global step 12" in str(named) and "Timed out waiting" in str(named)
+    assert watchdog.PHASES["step"] in str(named) and lines == [f"STALL: {named}"]
+    assert [s.step for s in watchdog.recorded(str(tmp_path))] == [12]
+    other = ValueError("bad shape")
+    assert dog.named(other) is other  # any other error passes unchanged, unrecorded
+    assert len(watchdog.recorded(str(tmp_path))) == 1
+
+
+def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_path):
+    run = str(tmp_path)
+    first = Watchdog(60, 0, run, say=lambda _: None)
+    first.record(watchdog.Stall(0, 9, "step", 61.0, first.attempt))
+    first.record(watchdog.Stall(1, 9, "data", 61.0, first.attempt))  # the other rank of the same attempt
+    first.record(watchdog.Stall(1, 9, "step", 62.0, first.attempt))  # both ranks in the step: one stall
+    assert watchdog.repeated_stall(run) is None
+    other_step = Watchdog(60, 0, run, say=lambda _: None)
+    other_step.record(watchdog.Stall(0, 10, "step", 61.0, other_step.attempt))
+    assert watchdog.repeated_stall(run) is None  # progress between the stalls: a restart helped
+    again = Watchdog(60, 1, run, say=lambda _: None)
+    again.record(watchdog.Stall(1, 9, "step", 60.5, again.attempt))
+    message = watchdog.repeated_stall(run)
+    assert message and "global step 9" in message and "not retried" in message
+    watchdog.clear(run)
+    assert watchdog.recorded(run) == [] and watchdog.repeated_stall(run) is None
+    watchdog.clear(run)  # nothing to clear: no error
+
+
+def test_the_loop_reports_each_phase_with_its_step():
+    from raymcn.config import load_config
+    from raymcn.cli import preset_path
+    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+
+    from test_gradcache import _cfg, _linear_batch, linear_mcn, objective_for
+
+    cfg = _cfg(**{"optim.warmup_steps": 0})
+    model = linear_mcn(12, 32)
+    optimizer = build_optimizer(model, cfg)
+    seen: list[tuple[str, int]] = []
+    train_one_epoch(model, objective_for(cfg), optimizer, build_scheduler(optimizer, cfg, 100),
+                    [_linear_batch(cfg, s) for s in range(2)], cfg=cfg, state=LoopState(step=5),
+                    device=torch.device("cpu"), switch=0, after_step=lambda state: None,
+                    watch=lambda phase, step: seen.append((phase, step)))
+    assert seen == [("data", 5), ("step", 5), ("checkpoint", 6), ("data", 6), ("step", 6), ("checkpoint", 7),
+                    ("data", 7)]
+    assert load_config(preset_path()).run.stall_timeout_s >= 60  # the default is never a hair trigger
+
+
+@pytest.mark.parametrize("line, shown", [
+    ("\x1b[36m(SplitCoordinator pid=4242)\x1b[0m 2026-11-25 01:51:48,354\tWARNING resource_manager.py:819 -- "
+     "Cluster resources are not enough to run any task. The job may hang forever unless the cluster scales up.\n",
+     "Ray WARNING: Cluster resources are not enough to run any task. The job may hang forever unless the cluster "
+     "scales up."),
+    ("2026-11-25 01:51:48,354\tERROR worker.py:12 -- a worker died\n", "Ray ERROR: a worker died"),
+    ("2026-11-25 01:51:48,354\tINFO worker.py:1841 -- Connecting to existing Ray cluster\n", None),
+    (f"(RayTrainWorker pid=1) {ALERT_TAG}STALL: rank 1 made no progress\n", "STALL: rank 1 made no progress"),
+    (f"(RayTrainWorker pid=1) {PROGRESS_TAG}epoch 1 step 3/4\n", "epoch 1 step 3/4"),
+    (f"(RayTrainWorker pid=1) {TAG}an epoch line\n", None),  # tagged lines: only where shown (raymcn train)
+    ("[rank0]:[W1125 reducer.cpp:1529] Warning: find_unused_parameters=True was specified\n", None),  # torch's
+])
+def test_the_quiet_console_shows_alerts_and_rays_warnings(line, shown):
+    assert _for_terminal(line, show_tagged=False) == shown
+
+
+def test_tagged_lines_show_in_train_runs():
+    assert _for_terminal(f"(RayTrainWorker pid=1) {TAG}an epoch line\n", show_tagged=True) == "an epoch line"
