@@ -66,3 +66,50 @@ def test_restore_is_strict(tmp_path):
         checkpoint.restore(checkpoint.load(tmp_path), model=torch.nn.Linear(3, 3))
     with pytest.raises(CheckpointError, match="lacks 'optimizer'"):
         checkpoint.restore(checkpoint.load(tmp_path), optimizer=None)
+
+
+class _FakeGPUs:
+    """torch.cuda as a worker that sees ``count`` GPUs and owns ``current`` (no real GPU needed)."""
+
+    def __init__(self, monkeypatch, count: int, current: int = 0):
+        self.count, self.current, self.states = count, current, {}
+        import torch.cuda.random as cuda_random
+
+        for module in (torch.cuda, cuda_random):
+            monkeypatch.setattr(module, "set_rng_state", self.set_rng_state)
+            monkeypatch.setattr(module, "get_rng_state", self.get_rng_state)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+        monkeypatch.setattr(cuda_random, "device_count", lambda: count, raising=False)
+
+    def _index(self, device) -> int:
+        index = self.current if device in (None, "cuda") else int(getattr(device, "index", device))
+        if index >= self.count:
+            raise IndexError(f"GPU {index} of a process that sees {self.count}")  # what CUDA says, in short
+        return index
+
+    def set_rng_state(self, state, device="cuda"):
+        self.states[self._index(device)] = state.clone()
+
+    def get_rng_state(self, device="cuda"):
+        return self.states.get(self._index(device), torch.full((4,), self._index(device), dtype=torch.uint8))
+
+
+def test_a_resume_that_sees_fewer_gpus_restores_its_own_devices_generator(tmp_path, monkeypatch):
+    """A checkpoint of a process that saw 4 GPUs (rank 0 of a 4-GPU server), resumed by a worker that
+    sees 1 (another placement, or --resume with fewer workers): restoring one state per GPU of the
+    saver raised IndexError, which Ray retried as if it were transient."""
+    saver = _FakeGPUs(monkeypatch, count=4, current=0)
+    saver.states[0] = torch.tensor([9, 9, 9, 9], dtype=torch.uint8)
+    checkpoint.save(tmp_path / "new", model=torch.nn.Linear(2, 2), loop=LoopState())
+    old_format = checkpoint.load(tmp_path / "new")
+    old_format["rng"]["cuda"] = [torch.full((4,), i, dtype=torch.uint8) for i in range(4)]  # get_rng_state_all
+    monkeypatch.undo()
+
+    worker = _FakeGPUs(monkeypatch, count=1, current=0)
+    checkpoint.restore(checkpoint.load(tmp_path / "new"), model=torch.nn.Linear(2, 2), loop=LoopState())
+    assert torch.equal(worker.states[0], torch.tensor([9, 9, 9, 9], dtype=torch.uint8))  # the saver's own device's
+    checkpoint.restore(old_format, model=torch.nn.Linear(2, 2), loop=LoopState())
+    assert torch.equal(worker.states[0], torch.zeros(4, dtype=torch.uint8))  # device 0's of the old list
+    assert set(worker.states) == {0}

@@ -31,9 +31,12 @@ class CheckpointError(RuntimeError, PermanentError):
 
 
 def rng_state() -> dict[str, Any]:
+    """The host generators and, on a GPU, this process's device's generator only: a worker owns one
+    GPU, and a resume may see fewer GPUs than the saving process did (another placement, fewer
+    workers), where restoring one state per GPU of the saver fails."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -41,8 +44,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per GPU the saver saw
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else cuda[0]
+        torch.cuda.set_rng_state(cuda)  # this process's device (MCN draws no CUDA random numbers in training)
 
 
 def save(directory: str | os.PathLike, **parts: Any) -> Path:
