@@ -210,3 +210,61 @@ def test_resized_between_steps_equals_single_process(tmp_path):
     # per phase, rank 0's records stand for all (the phases' own tests compare every rank)
     stitched = sorted(two[PLAIN][0] + three[PLAIN][0] + one, key=lambda r: (r["cluster_on"], r["step"]))
     _assert_equal(_single_process(), [stitched])
+
+
+def _loop_worker(rank: int, world: int, init_file: str, out_dir: str, cache_clips: int) -> None:
+    """The training loop itself on ``world`` gloo ranks with the rotating unequal shares."""
+    from datetime import timedelta
+
+    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+
+    torch.set_num_threads(1)
+    # Ranks on different paths would wait for each other forever: the timeout turns that into a failure.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        cfg = _cfg("fused").replace({"scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
+        comm = Collectives(rank, world)
+        net = linear_mcn(IN_DIM, DIM)
+        # A buffer, as DAVEnet's BatchNorm has: DDP broadcasts buffers before a synced forward, so
+        # the plain step (forward, then the loss's gathers) and the cached one (the loss's gathers,
+        # then the re-forward) call their collectives in different orders.
+        net.register_buffer("running_like", torch.zeros(1))
+        model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
+        optimizer = build_optimizer(model, cfg)
+        batches = []
+        for step in range(4):
+            shares = [share(VIDEOS, r, world, step) for r in range(world)]
+            start = sum(shares[:rank]) * CLIPS
+            g = torch.Generator().manual_seed(100 + step)
+            inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
+            batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
+        metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
+                                  batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
+                                  rank=rank, comm=comm)
+        torch.save({"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_unequal_shares_agree_on_gradient_caching(tmp_path):
+    """5 videos of 3 clips on 3 ranks: shares of 6, 6 and 3 clips. With chunks of 3 clips the ranks
+    holding 6 would cache and the rank holding 3 would not (the chunk is not smaller than its
+    share): different collective sequences, and the ranks waited for each other until the process
+    group's timeout (measured: failed after 69 s with gloo's "Timed out waiting 60000ms"). Every
+    rank now decides from the largest share, and the loop's run equals the one without caching.
+    (A cached rank with fewer chunks still broadcasts the buffers once: DDP syncs them only in a
+    forward after a synced backward, not in the ``no_sync`` chunks.)"""
+    runs = {}
+    for cache_clips in (0, CLIPS):
+        where = tmp_path / f"cache{cache_clips}"
+        where.mkdir()
+        mp.spawn(_loop_worker, args=(3, str(where / "init"), str(where), cache_clips), nprocs=3, join=True)
+        runs[cache_clips] = [torch.load(where / f"rank{r}.pt") for r in range(3)]
+    plain, cached = runs[0], runs[CLIPS]
+    assert cached[0]["metrics"]["time_reforward_s"] > 0 and plain[0]["metrics"]["time_reforward_s"] == 0
+    for key in [k for k in plain[0]["metrics"] if k.endswith("_loss")]:
+        assert cached[0]["metrics"][key] == pytest.approx(plain[0]["metrics"][key], rel=1e-5, abs=1e-6), key
+    for name, value in plain[0]["params"].items():
+        torch.testing.assert_close(cached[0]["params"][name], value, **TOL)

@@ -19,7 +19,7 @@ from torch import nn
 from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
 from raymcn.losses import Collectives
 from raymcn.train import faults
-from raymcn.train.gradcache import cached_step, share_clips
+from raymcn.train.gradcache import cached_step
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
 
@@ -191,7 +191,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
             batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (``after_step``).
 
-    With ``cfg.scale.grad_cache_clips`` smaller than the share, forward, loss and backward are
+    With ``cfg.scale.grad_cache_clips`` smaller than the largest share (every rank decides alike), forward, loss and backward are
     :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
 
     Raises:
@@ -203,6 +203,11 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     order = cfg.schedule.stage_order
     params = [p for p in model.parameters() if p.requires_grad]
     cache_clips = cfg.scale.grad_cache_clips
+    # One decision for every rank, from the largest share any rank holds (⌈B/world⌉ videos): ranks
+    # whose shares differ (a batch that does not divide by the world) must take the same path, or
+    # each waits in collectives the others never call. A smaller share is then one chunk.
+    largest = -(-cfg.data.batch_size // (comm.world if comm is not None else 1)) * cfg.data.clips_per_video
+    cached = 0 < cache_clips < largest
     for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
         p.add(f"time:{phase}", 0.0)
     watch = watch or (lambda phase, step: None)
@@ -231,7 +236,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         watch("step", state.step)
         if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
             p.first_batch_s = tick - waited
-        if 0 < cache_clips < share_clips(batch):  # a chunk as large as the share would save nothing
+        if cached:
             terms = cached_step(model, objective, batch, active, state.step, cache_clips,
                                 forward_context=lambda: autocast(device), lap=lap,
                                 poison=faults.at_step(state.step, rank))
