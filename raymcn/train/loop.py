@@ -191,8 +191,9 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
             batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (``after_step``).
 
-    With ``cfg.scale.grad_cache_clips`` smaller than the largest share (every rank decides alike), forward, loss and backward are
-    :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its re-forward is ``time_reforward_s``).
+    With ``cfg.scale.grad_cache_clips`` smaller than the largest share (every rank decides alike),
+    forward, loss and backward are :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its
+    re-forward is ``time_reforward_s``).
 
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.

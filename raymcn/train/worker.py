@@ -24,10 +24,10 @@ from raymcn.losses import Collectives
 from raymcn.train import checkpoint, faults, init_from
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
 from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
-from raymcn.train.watchdog import Watchdog
 from raymcn.train.loop import evaluate, fold_progress
 from raymcn.train.plan import RunPlan
 from raymcn.train.progress import Progress, read_mark
+from raymcn.train.watchdog import Watchdog
 
 MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 
@@ -130,8 +130,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         return faults.stalling(rows, epoch * plan.steps_per_epoch + start, rank), stats
 
     # [5] Every rank's watchdog: a stall (no progress for run.stall_timeout_s) is named on the
-    # terminal and ends this attempt, so Ray Train restarts it; a collective that times out (the
-    # same limit) becomes an error naming the step.
+    # terminal and ends this attempt, so Ray Train restarts it; should the process group's timeout
+    # (the backstop, 2x the setting) fire first, its error is named with the step instead.
     named = f"{loop_config['label']}: " if loop_config.get("label") else ""  # a sweep's trial
     attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
     dog = Watchdog(cfg.run.stall_timeout_s, rank, loop_config["run_dir"], attempt=attempt,
