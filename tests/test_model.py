@@ -129,6 +129,22 @@ def test_masked_time_mean_values():
     assert torch.allclose(got, torch.tensor([[0.5], [5.5]]))
 
 
+@pytest.mark.parametrize("steps", [257, 300, 319])
+def test_masked_time_mean_in_bf16_is_not_scaled_past_256_steps(steps):
+    """Under bf16 (GPU autocast) the divisor was cast to bf16, which rounds integers above 256
+    (the YouCook2 eval's 5120 frames give 320 steps): every pooled value was scaled by
+    steps / bf16(steps), up to 0.4 %. Over many values the bf16 result may round either way but
+    must not be biased."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 256, 320, generator=g)  # (B, C, T') fp32 reference
+    n = torch.full((64,), steps)
+    want = masked_time_mean(x, n)
+    got = masked_time_mean(x.bfloat16(), n)
+    assert got.dtype == torch.bfloat16
+    bias = (got.float() / want).mean().item() - 1.0
+    assert abs(bias) < 5e-4, f"pooled bf16 values biased by {bias:+.2%} at {steps} steps"
+
+
 # --- gated blocks -----------------------------------------------------------------------------------
 def test_context_gating_formula():
     torch.manual_seed(0)

@@ -135,5 +135,8 @@ def masked_time_mean(x: Tensor, steps: Tensor) -> Tensor:
     """
     steps = steps.to(x.device)
     mask = torch.arange(x.shape[-1], device=x.device) < steps[:, None]  # (B, T')
-    total = (x * mask[:, None, :].to(x.dtype)).sum(dim=-1)
-    return total / steps[:, None].to(x.dtype)
+    # Sum and divide in fp32, rounded once to x's dtype: bf16 (autocast on GPU) holds integers
+    # exactly only up to 256, and the eval sets' 5120 frames give 320 steps (a bf16 divisor of 257
+    # is 256: +0.4 %); the sum's dtype argument accumulates in fp32 without an fp32 copy of x.
+    total = (x * mask[:, None, :].to(x.dtype)).sum(dim=-1, dtype=torch.float32)
+    return (total / steps[:, None].float()).to(x.dtype)
