@@ -50,10 +50,15 @@ ranks, every CPU-second of the others is taken from the ranks. ``--pin`` separat
 rank runs on a core of its own (the Ray workers are pinned from outside, by this driver, as soon
 as they exist), everything else on the cores above N (needs more cores than ranks).
 
+(c) **raymcn-noprefetch**: (a) with ``data.prefetch_batches=0``, the loop before the batch pipeline:
+    each batch is fetched from Ray Data in the training thread, between two steps, instead of by
+    ``train/feed.py``'s thread while the step runs. The "wait for each later batch" row of (a) and
+    (c) is the data time on the step's critical path with and without the pipeline.
+
 Threads: Ray gives each 1-CPU worker ``OMP_NUM_THREADS=1``; the thread count torch uses in a Ray
 task with the workers' resources (printed) is given to the torchrun children
-(``OMP_NUM_THREADS`` and ``torch.set_num_threads``), so both paths compute with the same threads. The raymcn path runs
-first in every repeat; the paths alternate afterwards (ray, bare, ray, bare, ...).
+(``OMP_NUM_THREADS`` and ``torch.set_num_threads``), so both paths compute with the same threads. The paths
+run in the order raymcn, raymcn-noprefetch, bare in the first repeat, reversed in the second, and so on.
 
 Target (issue): raymcn steady samples/s >= 0.95 x bare DDP. Startup is reported separately.
 
@@ -77,6 +82,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 TARGET = 0.95
+INLINE = "raymcn-noprefetch"  # data.prefetch_batches=0: each batch fetched in the step (the loop before prefetching)
+PATHS = ("bare", "raymcn", INLINE)
 
 
 def plan_of(cfg, videos: int):
@@ -317,6 +324,9 @@ def ddp_child(args) -> int:
     dist.init_process_group("gloo")
     try:
         cfg = make_config(args.workers, args.epochs, args.overrides)
+    configs = {"raymcn": cfg, INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
+    if "bare" not in args.paths or "raymcn" not in args.paths:
+        p.error("--paths needs bare and raymcn (the ratio compares them)")
         comm = Collectives.from_process_group()
         videos = TrainVideos.load(cfg)
         plan = plan_of(cfg, len(videos.records))
@@ -356,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="config override for both paths (repeatable)")
     p.add_argument("--threads", type=int, help="torch threads of the bare-DDP ranks (default: the Ray workers')")
     p.add_argument("--verbose", action="store_true", help="show Ray worker logs and torchrun output")
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS,
+                   help="what to run (default all): bare DDP, raymcn, and raymcn with data.prefetch_batches=0")
     p.add_argument("--_ddp_child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--record-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -373,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, set(cores[args.workers:]))
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
+    configs = {"raymcn": cfg, INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
+    if "bare" not in args.paths or "raymcn" not in args.paths:
+        p.error("--paths needs bare and raymcn (the ratio compares them)")
     from raymcn.data.stream import TrainVideos
     from raymcn.train.plan import plan_run
 
@@ -389,17 +404,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.data.clips_per_video} clips per step, stage_order={cfg.schedule.stage_order}; "
           f"{args.repeats} repeat(s)", flush=True)
 
-    runs: dict[str, list[dict]] = {"raymcn": [], "bare": []}
+    paths = [path for path in PATHS if path in args.paths]
+    runs: dict[str, list[dict]] = {path: [] for path in paths}
     threads = args.threads
     t_bench = time.time()
     with tempfile.TemporaryDirectory(prefix="raymcn-overhead-") as tmp:
         for rep in range(args.repeats):
-            order = ("raymcn", "bare") if rep % 2 == 0 else ("bare", "raymcn")
+            order = [x for x in ("raymcn", INLINE, "bare") if x in paths]
+            if rep % 2:
+                order.reverse()
             for path in order:
                 record_dir = Path(tmp) / f"{path}{rep}"
                 record_dir.mkdir()
-                if path == "raymcn":
-                    r = run_raymcn(cfg, record_dir, Path(tmp) / "results", args, cores)
+                if path != "bare":
+                    r = run_raymcn(configs[path], record_dir, Path(tmp) / "results", args, cores)
                     if threads is None:
                         threads = r["threads"]
                         print(f"Ray workers: torch threads {r['threads']}; bare DDP ranks get {threads} thread(s)",
@@ -424,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(("path", "startup s", "steady samples/s", "ratio"),
                  [(path, f"{med[path]['startup_s']:.1f}", f"{med[path]['steady_samples_per_s']:.1f}",
                    f"{med[path]['steady_samples_per_s'] / med['bare']['steady_samples_per_s']:.3f}")
-                  for path in ("bare", "raymcn")]))
+                  for path in paths]))
     verdict = "meets" if ratio >= TARGET else "misses"
     print(f"raymcn/bare steady ratio {ratio:.3f}: {verdict} the target >= {TARGET}; "
           f"raymcn startup +{startup_extra:.1f} s over torchrun; bench time {total:.0f} s")
@@ -432,17 +450,17 @@ def main(argv: list[str] | None = None) -> int:
     step_ms = {path: {k: median(path, lambda r, k=k: r["step_ms"][k]) for k in runs[path][0]["step_ms"]}
                for path in runs}
     print("\nwhere the time goes: the ranks' mean ms per step, steady epochs (median over repeats)")
-    print(_table(("phase", "bare", "raymcn", "raymcn - bare"),
-                 [(k, f"{step_ms['bare'][k]:.1f}", f"{step_ms['raymcn'][k]:.1f}",
+    print(_table(("phase", *paths, "raymcn - bare"),
+                 [(k, *(f"{step_ms[path][k]:.1f}" for path in paths),
                    f"{step_ms['raymcn'][k] - step_ms['bare'][k]:+.1f}") for k in step_ms["bare"]]))
     cpu = {}
     if all(r["cpu_percent_of_one_core"] for rs in runs.values() for r in rs):
         cpu = {path: {g: median(path, lambda r, g=g: r["cpu_percent_of_one_core"][g])
                       for g in runs[path][0]["cpu_percent_of_one_core"]} for path in runs}
         print("\nCPU used during the steady epochs, % of one core (median over repeats)")
-        print(_table(("processes", "bare", "raymcn"),
-                     [(g, f"{cpu['bare'][g]:.1f}", f"{cpu['raymcn'][g]:.1f}") for g in cpu["bare"]]
-                     + [("all", f"{sum(cpu['bare'].values()):.1f}", f"{sum(cpu['raymcn'].values()):.1f}")]))
+        print(_table(("processes", *paths),
+                     [(g, *(f"{cpu[path][g]:.1f}" for path in paths)) for g in cpu["bare"]]
+                     + [("all", *(f"{sum(cpu[path].values()):.1f}" for path in paths))]))
     if args.json:
         print(json.dumps({
             "workers": args.workers, "pinned": args.pin, "epochs": args.epochs, "steps_per_epoch": steps,

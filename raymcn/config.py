@@ -133,6 +133,9 @@ class DataConfig:
     min_time: float = setting(10.0, ge=0)  # captions are merged until a clip spans at least this many seconds
     audio_frames: int = setting(1000, ge=1)  # spectrogram frames per training clip (100 frames/s)
     max_words: int = setting(20, ge=1)  # tokens per caption
+    # Batches fetched ahead of the step in a background thread (on CUDA also pinned and copied to
+    # the GPU on a side stream), so the step does not wait for its data; 0 = fetched in the step.
+    prefetch_batches: int = setting(1, ge=0, le=8)
     shards: str = ""  # directory of tar shards (~ allowed); "" = the synthetic corpus (generated once, cached)
     eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
     word_vectors: str = ""  # word2vec .bin for eval captions; "" = the shards' vocabulary
@@ -240,6 +243,11 @@ class ScaleConfig:
     # holds at most two workers' embeddings and the cluster term's gathered fused rows (1·B·D floats)
     # instead of 3·B·D gathered ones; twice the traffic, the similarity products computed twice.
     ring_contrastive: bool = False
+    # fp32 matrix products on GPU (the losses' similarity matrices, k-means, the cluster logits; the
+    # model itself runs under bf16 autocast): "highest" computes them in full fp32 (the original's
+    # numerics: TF32's ~1e-3 relative error on MCN's unnormalised logits is larger than the 0.001
+    # margin); "high" allows TF32 on Ampere and later (A100: 8x the fp32 matmul rate) for speed.
+    matmul_precision: str = setting("highest", choices=("highest", "high"))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from raymcn.config import Config
 from raymcn.losses import Collectives, MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
-from raymcn.train.loop import EpochProgress, LoopState, build_optimizer, build_scheduler, train_one_epoch
+from raymcn.train.feed import Prefetcher
+from raymcn.train.loop import (EpochProgress, LoopState, apply_precision, build_optimizer, build_scheduler,
+                               train_one_epoch)
 from raymcn.train.plan import RunPlan
 
 
@@ -74,6 +76,7 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     """
     device = torch.device(device)
     comm = comm or Collectives()
+    apply_precision(cfg)
     torch.manual_seed(cfg.run.seed)
     net = MCN(cfg.model)
     if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size
@@ -129,11 +132,16 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         state.epoch = epoch
         start = state.step_in_epoch(plan.steps_per_epoch)  # > 0 only when resumed inside this epoch
         batches, stats = hooks.batches(epoch, start)
-        metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=run.cfg,
-                                  state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
-                                  total_steps=plan.total_steps, rank=run.comm.rank, comm=run.comm,
-                                  data_stats=stats if hasattr(stats, "as_metrics") else None, after_step=after_step,
-                                  watch=hooks.watch)
+        # The next batches are fetched (and moved to the device) while the step runs.
+        feed = Prefetcher(batches, run.device, depth=run.cfg.data.prefetch_batches,
+                          stats=stats if hasattr(stats, "as_metrics") else None)
+        try:
+            metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=run.cfg,
+                                      state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
+                                      total_steps=plan.total_steps, rank=run.comm.rank, comm=run.comm,
+                                      data_stats=feed.stats, after_step=after_step, watch=hooks.watch)
+        finally:
+            feed.close()
         state.epoch = epoch + 1
         state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch

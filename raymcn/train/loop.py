@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from torch import nn
 from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
 from raymcn.losses import Collectives
 from raymcn.train import faults
+from raymcn.train.feed import to_device
 from raymcn.train.gradcache import cached_step
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
 from raymcn.train.stages import active_modalities, stage_of
@@ -126,6 +128,21 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
+def apply_precision(cfg: Config) -> None:
+    """The process's precision policy (process-wide torch flags; the worker sets them once).
+
+    * The model's forward runs under :func:`autocast` (bf16 on GPU); the losses, k-means and the
+      retrieval scores compute in fp32 (they disable autocast themselves).
+    * Those fp32 matrix products use ``scale.matmul_precision``: ``"highest"`` = true fp32 (TF32
+      off for matmuls and for cuDNN), ``"high"`` = TF32 allowed on Ampere and later GPUs.
+    * ``cudnn.benchmark`` on: a run's convolutions see few shapes (a share of ⌊B/N⌋ or ⌈B/N⌉ videos,
+      gradient-caching chunks, the evaluation), so each is tuned once and reused for the whole run.
+    """
+    torch.set_float32_matmul_precision(cfg.scale.matmul_precision)  # also sets cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = cfg.scale.matmul_precision != "highest"
+    torch.backends.cudnn.benchmark = True
+
+
 def build_optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
@@ -151,15 +168,52 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_steps: 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+class PhaseTimer:
+    """Seconds of each phase of the step, added to ``progress`` as ``time:<phase>``, without
+    synchronising the device.
 
+    On CPU a lap is a ``perf_counter`` reading. On CUDA it is an event recorded on the compute
+    stream (kernels are queued ahead of their execution, so the host's clock would bill them to the
+    wrong phase, and a ``cuda.synchronize`` per phase would stop the host from queueing the next
+    phase's kernels): a phase's time is the GPU-side time between its two events. Events are read
+    by :meth:`settle` once they have completed; the loop calls it after the step's own host sync
+    (the loss values it reads), so reading them never waits. The ``data`` phase is then the time
+    the device waited for the next batch.
+    """
 
-def _sync(device: torch.device) -> float:
-    # Without a sync, GPU kernels still queued would be billed to the next phase.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+    def __init__(self, progress: EpochProgress, device: torch.device):
+        self.progress, self.device = progress, device
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[str, Any, Any]] = []  # (phase, start event, end event), CUDA only
+        self.last = self._mark()
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def lap(self, phase: str) -> None:
+        """The phase that started at the last lap ends now."""
+        now = self._mark()
+        if self.cuda:
+            self.pending.append((phase, self.last, now))
+        else:
+            self.progress.add(f"time:{phase}", now - self.last)
+        self.last = now
+
+    def settle(self, wait: bool = False) -> None:
+        """Add the times of the phases whose events have completed (``wait``: all, synchronising on the last)."""
+        if wait and self.pending:
+            self.pending[-1][2].synchronize()
+        open_ = []
+        for phase, start, end in self.pending:
+            if wait or end.query():
+                self.progress.add(f"time:{phase}", start.elapsed_time(end) / 1000.0)
+            else:
+                open_.append((phase, start, end))
+        self.pending = open_
 
 
 def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
@@ -212,14 +266,10 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
     for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
         p.add(f"time:{phase}", 0.0)
     watch = watch or (lambda phase, step: None)
-    tick = _sync(device)
+    timer = PhaseTimer(p, device)
+    lap = timer.lap
+    waiting = time.perf_counter()  # host clock: the wait for the epoch's first batch
     watch("data", state.step)
-
-    def lap(phase: str) -> None:
-        nonlocal tick
-        now = _sync(device)
-        p.add(f"time:{phase}", now - tick)
-        tick = now
 
     def count_data() -> None:  # the counters' growth since the last call
         for k, v in (data_stats.as_metrics() if data_stats is not None else {}).items():
@@ -232,11 +282,10 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         # costs one copy of the parameters (0.9 GB at paper size; measured by bench/step.py).
         optimizer.zero_grad(set_to_none=True)
         active = active_modalities(order, state.step, switch)
-        waited = tick
         lap("data")
         watch("step", state.step)
         if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
-            p.first_batch_s = tick - waited
+            p.first_batch_s = time.perf_counter() - waiting
         if cached:
             terms = cached_step(model, objective, batch, active, state.step, cache_clips,
                                 forward_context=lambda: autocast(device), lap=lap,
@@ -273,6 +322,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         state.step += 1
         lap("optimizer")
         values = {k: v.item() for k, v in terms.items()}  # one host sync per step
+        timer.settle()  # every phase up to the optimizer has run: its events read without waiting
         faults.trace(state.step - 1, rank, values, batch)
         for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
             p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
@@ -286,6 +336,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             after_step(state)
             lap("checkpoint")
         watch("data", state.step)
+    timer.settle(wait=True)
     count_data()  # the epoch's last counters (also when no step ran in this attempt)
     p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
     metrics = epoch_metrics(p, comm or Collectives(), device)
