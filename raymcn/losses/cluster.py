@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from raymcn.losses.contrastive import margin_cross_entropy
+from raymcn.losses.gather import Collectives
 
 _EPS = 1e-12
 
@@ -49,8 +50,8 @@ def assign_clusters(x: torch.Tensor, centroids: torch.Tensor, chunk_rows: int = 
 
 @torch.no_grad()
 def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.Tensor | None = None,
-                  generator: torch.Generator | None = None,
-                  chunk_rows: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None = None, chunk_rows: int = 16384,
+                  comm: Collectives | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Lloyd's k-means with cosine assignment and plain-mean centroids, in fp32.
 
     Args:
@@ -61,11 +62,18 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
         init: (k, D) warm start, or None for k distinct random rows of x drawn with ``generator``
             (a CPU torch.Generator; same seed -> same result).
         chunk_rows: rows per similarity block (memory knob only).
+        comm: the ranks sharing the work (default one process). Every rank holds the same ``x``
+            and calls this with the same arguments (a collective); each assigns its contiguous
+            share of the rows (:meth:`Collectives.share`), and the per-cluster sums and counts are
+            all-reduced, so every rank computes the centroids of all N rows with 1/world of the
+            assignment work (the same centroids as one process, to float rounding of the sums).
+            Rank 0's shift decides when every rank stops.
 
     Returns:
         centroids (k, D) fp32 and labels (N,) long, labels = nearest centroid (cosine) w.r.t. the
         returned centroids.
     """
+    comm = comm or Collectives()
     with torch.autocast(device_type=x.device.type, enabled=False):
         x = x.detach().float()
         n, d = x.shape
@@ -78,28 +86,32 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
             if tuple(init.shape) != (k, d):
                 raise ValueError(f"cosine_kmeans: init has shape {tuple(init.shape)}, expected {(k, d)}")
             centroids = init.detach().to(device=x.device, dtype=torch.float32).clone()
-        x_norm = x.norm(dim=1).clamp_min(_EPS)
+        lo, hi = comm.share(n)
+        part = x[lo:hi]  # this rank's rows (all of them in one process)
+        part_norm = part.norm(dim=1).clamp_min(_EPS)
 
         for _ in range(iters):
-            labels, best = _best_cosine(x, centroids, x_norm, chunk_rows)
-            counts = torch.bincount(labels, minlength=k)
-            sums = torch.zeros(k, d, dtype=torch.float32, device=x.device).index_add_(0, labels, x)
+            labels, best = _best_cosine(part, centroids, part_norm, chunk_rows)
+            counts = comm.all_reduce_sum_(torch.bincount(labels, minlength=k))
+            sums = comm.all_reduce_sum_(torch.zeros(k, d, dtype=torch.float32, device=x.device).index_add_(0, labels, part))
             new = sums / counts.clamp_min(1).to(sums.dtype)[:, None]
             empty = torch.nonzero(counts == 0).squeeze(1)
-            if empty.numel():
+            if empty.numel():  # the same decision on every rank: the counts are all-reduced integers
                 # Re-seed each empty centroid with one of the worst-fit points (lowest cosine to its
                 # own centroid), distinct, taken only from clusters that keep other members so no
-                # cluster is emptied in turn. Stable sort -> deterministic choice.
+                # cluster is emptied in turn. Stable sort over all N rows -> deterministic choice.
+                sizes = comm.share_sizes(n)
+                labels, best = comm.all_gather(labels, sizes), comm.all_gather(best, sizes)
                 donor_ok = counts[labels] > 1
                 order = torch.argsort(best, stable=True)
                 order = order[donor_ok[order]]
                 new[empty] = x[order[:empty.numel()]]
-            shift = float(((new - centroids) ** 2).sum())
+            shift = ((new - centroids) ** 2).sum().reshape(1).double()
             centroids = new
-            if shift <= tol:
+            if float(comm.broadcast_from_rank0(shift)) <= tol:
                 break
-        labels, _ = _best_cosine(x, centroids, x_norm, chunk_rows)
-        return centroids, labels
+        labels, _ = _best_cosine(part, centroids, part_norm, chunk_rows)
+        return centroids, comm.all_gather(labels, comm.share_sizes(n))
 
 
 def cluster_ce(e: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:

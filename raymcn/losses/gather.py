@@ -124,6 +124,23 @@ class Collectives:
         gather_into(out, x)
 
     @torch.no_grad()
+    def all_reduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over ranks, in place (``t`` itself when world is 1); returns ``t``."""
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def share(self, n: int) -> tuple[int, int]:
+        """This rank's contiguous rows of ``n`` (⌈n/world⌉ each, the last ranks fewer): (start, end)."""
+        step = -(-n // self.world)
+        return min(n, self.rank * step), min(n, (self.rank + 1) * step)
+
+    def share_sizes(self, n: int) -> list[int]:
+        """Every rank's row count of :meth:`share` of ``n``, in rank order."""
+        step = -(-n // self.world)
+        return [min(n, (r + 1) * step) - min(n, r * step) for r in range(self.world)]
+
+    @torch.no_grad()
     def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Mean of ``t`` over ranks (a detached copy), for reporting; ``t.detach()`` when world is 1."""
         t = t.detach().clone()

@@ -182,22 +182,22 @@ class MCNObjective:
 
         refresh = self.centroids is None or step % lc.refresh_every == 0
         if refresh:
-            centroids = torch.empty(lc.num_clusters, self.embed_dim, dtype=torch.float32, device=self.device)
-            if self.comm.rank == 0:
-                # k-means input: the queue as it was before this step's push, then the current rows,
-                # written in place (no extra copy of the queue alongside X). The label lets a profile
-                # (bench/step.py) find the refit's memory.
-                with torch.profiler.record_function(KMEANS_REFIT):
-                    n = len(self.queue)
-                    x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
-                    self.queue.copy_into(x)
-                    x[n:] = current
-                    gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step))
-                    centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
-                                                 init=self.centroids, generator=gen)
-                    del x
-            # One source of truth: rank 0's fit, so ranks never drift apart by float noise
-            # (the other ranks would only repeat the same work).
+            # k-means input: the queue as it was before this step's push, then the current rows,
+            # written in place (no extra copy of the queue alongside X); identical on every rank.
+            # The label lets a profile (bench/step.py) find the refit's memory.
+            with torch.profiler.record_function(KMEANS_REFIT):
+                n = len(self.queue)
+                x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
+                self.queue.copy_into(x)
+                x[n:] = current
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step))
+                # Every rank assigns its share of the rows and the centroid sums are all-reduced:
+                # the refit takes 1/world of one device's time instead of the others waiting for rank 0.
+                centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol,
+                                             init=self.centroids, generator=gen, comm=self.comm)
+                del x
+            # One source of truth: rank 0's centroids, so ranks never drift apart by float noise
+            # (the all-reduced sums may round differently per rank).
             self.centroids = self.comm.broadcast_from_rank0(centroids.contiguous())
         labels = assign_clusters(current[offset:offset + b], self.centroids).to(fused.device)
 
