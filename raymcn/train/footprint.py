@@ -6,7 +6,8 @@ refused with what to change instead of dying with an OOM hours later: first grad
 No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
 
 What is counted (the original's memory accounting, re-derived for this implementation; all sizes in bytes, per worker,
-for rank 0, the largest: it alone runs the k-means refit). ``b`` = clips on this worker,
+for rank 0, the largest: it holds the largest share, and every rank builds the k-means input and
+assigns a share of its rows). ``b`` = clips on this worker,
 ``B`` = clips per step over all workers, ``D`` = ``model.embed_dim``, ``P`` = parameter count,
 ``M`` = 3 modalities and 3 contrastive pairs (every stage order ends with all three active, so the
 last stage is the largest):
@@ -20,7 +21,11 @@ grads                P × 4 with one worker (0 with DDP: they live in the bucket
                      them (``zero_grad(set_to_none)``) before the forward, so they exist from the
                      backward on; counted as persistent, an upper bound (at paper dims the
                      backward frees activations faster than gradients appear, so the measured
-                     peak is up to P × 4 lower; on tiny models gradients do add to the peak)
+                     peak is up to P × 4 lower; on tiny models gradients do add to the peak).
+                     With DDP *and* gradient caching P × 4 as well: the chunks before the last run
+                     under ``no_sync``, where autograd accumulates into fresh ``.grad`` tensors,
+                     not into the buckets, until the last chunk's backward copies them in
+                     (measured in tests/test_footprint.py)
 adam_moments         P × 8 (``exp_avg`` and ``exp_avg_sq``, fp32)
 ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which hold the gradients
                      themselves (the worker sets ``gradient_as_bucket_view=True``; Ray's default
@@ -28,7 +33,9 @@ ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which h
 autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
                      and saved for the backward
 batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·4 + 4): the batch
-                     contract on the device (audio arrives as fp16)
+                     contract on the device (audio arrives as fp16); on GPU × (1 +
+                     ``data.prefetch_batches``): the batches copied ahead of the step
+                     (``train/feed.py``; on CPU they stay in Ray's object store, outside torch)
 activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
                      every tensor the model saves for backward, batch inputs excluded
                      (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %), plus BatchNorm's
@@ -352,11 +359,12 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     rows = cfg.queue_rows
     est = {
         "params": p * FP32 + 8 * batchnorm_layers(m),
-        "grads": p * FP32 if world == 1 else 0,
+        "grads": p * FP32 if world == 1 or n else 0,
         "adam_moments": 2 * p * FP32,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
-        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4),
+        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4) * (
+            1 + (d.prefetch_batches if gpu else 0)),
         "activations": (n or b) * per_clip * act + batchnorm_saved_bytes(m) + (
             global_batchnorm_extra_bytes(m, d.audio_frames, n or b) if m.sync_batchnorm and not gpu else 0),
         "loss_slabs": loss["loss_slabs"],
