@@ -64,7 +64,7 @@ def inputs(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "start_ray", no_ray)
     # Each worker gets 16 GiB, whatever this machine's RAM: the memory case must not depend on it.
-    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: 16 << 30)
+    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (16 << 30, ""))
     return tmp_path
 
 
@@ -100,3 +100,49 @@ def test_the_cluster_check_takes_an_elastic_groups_minimum(monkeypatch, workers,
     monkeypatch.setattr(ray, "cluster_resources", lambda: have)
     problems = launch.cluster_problems(cfg)
     assert (problems == []) if fragment is None else any(fragment in p for p in problems), problems
+
+
+GIB = 1 << 30
+
+
+def _gpu_cfg():
+    from raymcn.config import load_config
+
+    return load_config(None, ["scale.use_gpu=true", "scale.num_workers=4"])  # the paper's step, 4 GPUs
+
+
+def test_a_gpu_run_planned_without_a_gpu_says_its_memory_is_checked_on_the_workers(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    notes: list[str] = []
+    assert preflight._memory_problems(_gpu_cfg(), None, notes) == []
+    assert any("GPU memory not checked here" in n and "each worker checks its own GPU's free memory" in n
+               for n in notes), notes
+
+
+def test_the_gpu_check_uses_the_least_free_memory_not_gpu0s_total(monkeypatch):
+    import torch
+
+    free = {0: 70 * GIB, 1: 2 * GIB}  # GPU 1: 78 GiB total, most of it held by another process
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: (free[i], 78 * GIB))
+    notes: list[str] = []
+    problems = preflight._memory_problems(_gpu_cfg(), None, notes)
+    assert problems and "free memory of GPU 1" in problems[0], problems
+    free[1] = 70 * GIB
+    notes.clear()
+    assert preflight._memory_problems(_gpu_cfg(), None, notes) == []
+    assert any("free memory of GPU" in n for n in notes), notes
+
+
+def test_each_worker_checks_its_own_gpus_free_memory(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * GIB, 80 * GIB))
+    problems = preflight.device_problems(_gpu_cfg(), torch.device("cuda", 2))
+    assert problems and "free memory of cuda:2 on this worker: 3.00 of 80.00 GiB" in problems[0], problems
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (78 * GIB, 80 * GIB))
+    assert preflight.device_problems(_gpu_cfg(), torch.device("cuda", 2)) == []
+    assert preflight.device_problems(_gpu_cfg(), torch.device("cpu")) == []

@@ -144,21 +144,49 @@ def _init_from_problems(cfg: Config) -> list[str]:
 def _memory_problems(cfg: Config, device_bytes: int | None, notes: list[str]) -> list[str]:
     from raymcn.train.footprint import fits
 
-    device_bytes = device_bytes or _device_bytes(cfg)
+    where = ""
     if device_bytes is None:
+        device_bytes, where = _device_bytes(cfg)
+    if device_bytes is None:  # a GPU run planned on a machine without one (e.g. a CPU head node)
+        from raymcn.train.footprint import estimate_worker_memory, format_estimate
+
+        notes.append(f"GPU memory not checked here: this machine sees no GPU; each worker checks its own "
+                     f"GPU's free memory when it starts (estimate per worker: "
+                     f"{format_estimate(estimate_worker_memory(cfg), top=3)})")
         return []
     ok, message, _ = fits(cfg, device_bytes)
     if ok:
-        notes.append(f"memory {message}")
-    return [] if ok else [message]
+        notes.append(f"memory {message}{where}")
+    return [] if ok else [message + where]
 
 
-def _device_bytes(cfg: Config) -> int | None:
+def _device_bytes(cfg: Config) -> tuple[int | None, str]:
+    """One worker's memory and where it was read: the least free memory over this machine's GPUs
+    (a worker may land on any of them; another process may hold part of one), or this machine's
+    RAM shared by the workers on CPU. (None, "") for a GPU run on a machine that sees no GPU."""
     if cfg.scale.use_gpu:
         import torch
 
         if not torch.cuda.is_available():
-            return None  # the driver may run on a CPU head node; the workers' GPUs are checked by Ray
-        return torch.cuda.get_device_properties(0).total_memory
+            return None, ""
+        free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+        least = min(range(len(free)), key=free.__getitem__)
+        return free[least], f" (free memory of GPU {least}, the least free of this machine's {len(free)})"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // max(1, cfg.scale.max_workers)  # as many workers as may share this machine
+    return ram // max(1, cfg.scale.max_workers), ""  # as many workers as may share this machine
+
+
+def device_problems(cfg: Config, device) -> list[str]:
+    """The memory check on a worker's own GPU, at its start (the driver may have seen none, or other
+    GPUs): the estimate against the free memory of ``device``. [] on CPU."""
+    import torch
+
+    if getattr(device, "type", "cpu") != "cuda":
+        return []
+    from raymcn.train.footprint import fits
+
+    free, total = torch.cuda.mem_get_info(device)
+    ok, message, _ = fits(cfg, free)
+    if ok:
+        return []
+    return [f"{message} (free memory of {device} on this worker: {free / 2**30:.2f} of {total / 2**30:.2f} GiB)"]

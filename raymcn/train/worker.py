@@ -17,11 +17,11 @@ import ray.train
 import ray.train.torch
 import torch
 
-from raymcn.config import MID_EPOCH_KEY, PRIMARY_METRIC, Config
+from raymcn.config import MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
 from raymcn.data import reader
 from raymcn.data.evalsets import load_eval_set
 from raymcn.losses import Collectives
-from raymcn.train import checkpoint, faults, init_from
+from raymcn.train import checkpoint, faults, init_from, preflight
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
 from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.loop import evaluate, fold_progress
@@ -46,6 +46,9 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
         raise RuntimeError(f"Ray Train started {world} workers, outside scale.num_workers "
                            f"[{plan.min_workers}, {plan.max_workers}]")
     device = ray.train.torch.get_device()
+    problems = preflight.device_problems(cfg, device)  # this worker's own GPU (the driver may see none)
+    if problems:
+        raise ConfigError(problems)
     log = print if rank == 0 else None  # progress lines: the console log (shown with --verbose)
     # Lines for the terminal (train/console.py): rank 0 only, marked; the driver shows each once.
     say = (lambda line: print(tagged(line), flush=True)) if rank == 0 else None
