@@ -43,6 +43,8 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="also write an MSR-VTT-style pickle with this many clips (default 0: none)")
     parser.add_argument("--topics", type=int, default=d.topics, help=f"latent topics (default {d.topics})")
     parser.add_argument("--word-dim", type=int, default=d.word_dim, help=f"word-vector size (default {d.word_dim})")
+    parser.add_argument("--full-precision", action="store_true",
+                        help="training features at full fp32 precision (default: fp16-representable values)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     return parser
 
@@ -60,7 +62,8 @@ def run_synth(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         return _error("synth", f"--out {out}: exists and is not a directory")
     settings = SynthSettings(videos=args.videos, eval_clips=args.eval_clips, topics=args.topics,
-                             word_dim=args.word_dim, seed=args.seed, msrvtt_clips=args.msrvtt_clips)
+                             word_dim=args.word_dim, seed=args.seed, msrvtt_clips=args.msrvtt_clips,
+                             full_precision=args.full_precision)
     t0 = time.perf_counter()
     try:
         paths = write_corpus(out, settings)
@@ -83,7 +86,8 @@ def run_synth(args: argparse.Namespace) -> int:
 
 # --- raymcn shards -----------------------------------------------------------------------------------
 def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from raymcn.data.shards import DEFAULT_SHARD_SIZE_MB
+    from raymcn.data.sample import FEATURE_DTYPES
+    from raymcn.data.shards import DEFAULT_FEATURE_DTYPE, DEFAULT_SHARD_SIZE_MB
 
     parser.add_argument("--features", required=True, help="root of <path>/<id>_2d.npz and _3d.npz")
     parser.add_argument("--audio-features", required=True, help="root of <path>/<id>_spec.npz")
@@ -100,21 +104,31 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="processes writing shards in parallel (default min(4, CPUs))")
     parser.add_argument("--verify", choices=("sha256", "size"), default="sha256",
                         help="how a rerun checks finished shards (default sha256: rehash them)")
+    parser.add_argument("--dtype", choices=tuple(FEATURE_DTYPES), default=DEFAULT_FEATURE_DTYPE,
+                        help=f"storage of the 2d/3d features (default {DEFAULT_FEATURE_DTYPE}; float16 halves them)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="count the videos, print the bytes the shards will take per dtype and the free "
+                             "space at --out, write nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the manifest counts as one JSON line last")
     return parser
 
 
 def run_shards(args: argparse.Namespace) -> int:
-    from raymcn.data.shards import MANIFEST, ShardError, shards_from_layout
+    from raymcn.data.shards import MANIFEST, ShardError, plan_space, shards_from_layout
 
     if args.workers < 0:
         return _error("shards", f"--workers={args.workers}: must be >= 0")
     try:
+        if args.dry_run:
+            space = plan_space(args.features, args.audio_features, args.captions, args.video_list, args.word_vectors,
+                               args.out, seed=args.seed, progress=not args.no_progress)
+            print(space.report(args.dtype))
+            return 0 if space.fits(args.dtype) else _error("shards", space.refusal(args.dtype))
         manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
                                       args.word_vectors, args.out, shard_size_mb=args.shard_size_mb, seed=args.seed,
                                       workers=args.workers, videos_per_shard=args.videos_per_shard,
-                                      verify=args.verify, progress=not args.no_progress)
+                                      verify=args.verify, feature_dtype=args.dtype, progress=not args.no_progress)
     except (ShardError, FeatureFileError) as e:
         return _error("shards", str(e))
     except OSError as e:

@@ -75,8 +75,8 @@ class VideoRecord:
 
     Attributes:
         video_id: the id (last component of the CSV path).
-        feat_2d: (T2, 2048) float32, 1 row per second.
-        feat_3d: (T3, 2048) float32, 1.5 rows per second.
+        feat_2d: (T2, 2048) float32 (float16 from shards written with ``--dtype float16``), 1 row per second.
+        feat_3d: (T3, 2048), the dtype of feat_2d, 1.5 rows per second.
         spec: (40, Ta) float16 log-mel spectrogram, 100 frames per second.
         starts, ends: (n,) float64 caption times in seconds.
         token_ids: flat int32 token ids of all captions (OOV dropped; each caption cut to its first

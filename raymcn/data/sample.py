@@ -2,8 +2,8 @@
 
 A sample is the run of consecutive tar members sharing the video id as key (``tarfmt.py``)::
 
-    <id>.2d.npy       (T2, 2048) float32   2D features, 1 row/s
-    <id>.3d.npy       (T3, 2048) float32   3D features, 1.5 rows/s
+    <id>.2d.npy       (T2, 2048) float32   2D features, 1 row/s (float16 in shards written with --dtype float16)
+    <id>.3d.npy       (T3, 2048) float32   3D features, 1.5 rows/s (the same dtype as 2d.npy)
     <id>.spec.npy     (40, Ta)   float16   log-mel spectrogram, 100 frames/s
     <id>.tokens.npy   (K,)       int32     vocabulary ids of all captions, concatenated (0 never occurs)
     <id>.offsets.npy  (n+1,)     int64     caption i is tokens[offsets[i]:offsets[i+1]]
@@ -35,8 +35,10 @@ ARRAY_MEMBERS = ("2d.npy", "3d.npy", "spec.npy", "tokens.npy", "offsets.npy", "s
 META_MEMBER = "json"
 MEMBERS = ARRAY_MEMBERS + (META_MEMBER,)
 LAYOUT_WIDTH = 2 * len(ARRAY_MEMBERS)  # span_layout: (offset, size) of each .npy member
-_DTYPE_OF = {"2d.npy": np.dtype(np.float32), "3d.npy": np.dtype(np.float32), "spec.npy": np.dtype(np.float16),
-             "tokens.npy": np.dtype(np.int32), "offsets.npy": np.dtype(np.int64),
+# The 2d/3d features' storage dtypes (``raymcn shards --dtype``): float16 halves the bytes of a
+# shard; the values are max-pooled and L2-normalised in float32 when clips are drawn.
+FEATURE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
+_DTYPE_OF = {"spec.npy": np.dtype(np.float16), "tokens.npy": np.dtype(np.int32), "offsets.npy": np.dtype(np.int64),
              "starts.npy": np.dtype(np.float64), "ends.npy": np.dtype(np.float64)}
 _LONGEST_SUFFIX = max(MEMBERS, key=len)
 
@@ -56,11 +58,13 @@ def key_problem(key: str) -> str | None:
     return None
 
 
-def encode_record(record: VideoRecord) -> list[tuple[str, bytes]]:
-    """The members of one sample as (suffix, bytes), in tar order, the CRC list last."""
+def encode_record(record: VideoRecord, feature_dtype: str = "float32") -> list[tuple[str, bytes]]:
+    """The members of one sample as (suffix, bytes), in tar order, the CRC list last; the 2d/3d
+    features stored as ``feature_dtype`` (a key of :data:`FEATURE_DTYPES`; float16 rounds to nearest)."""
+    dtype = FEATURE_DTYPES[feature_dtype]
     arrays = {
-        "2d.npy": np.asarray(record.feat_2d, np.float32),
-        "3d.npy": np.asarray(record.feat_3d, np.float32),
+        "2d.npy": np.asarray(record.feat_2d, dtype),
+        "3d.npy": np.asarray(record.feat_3d, dtype),
         "spec.npy": np.asarray(record.spec, np.float16),
         "tokens.npy": np.asarray(record.token_ids, np.int32),
         "offsets.npy": np.asarray(record.token_offsets, np.int64),
@@ -160,6 +164,9 @@ def build_record(key: str, a: dict[str, np.ndarray]) -> VideoRecord:
     for name, dtype in _DTYPE_OF.items():
         if a[name].dtype != dtype:
             raise SampleError(f"member {name}: dtype {a[name].dtype}, expected {dtype}")
+    if f2.dtype not in FEATURE_DTYPES.values() or f3.dtype != f2.dtype:
+        raise SampleError(f"members 2d.npy, 3d.npy: dtypes {f2.dtype}, {f3.dtype}, expected one of "
+                          f"{', '.join(FEATURE_DTYPES)} for both")
     if f2.ndim != 2 or f2.shape[1] != FEATURE_DIM or f3.ndim != 2 or f3.shape[1] != FEATURE_DIM:
         raise SampleError(f"2d/3d shapes {f2.shape}, {f3.shape}: expected (T, {FEATURE_DIM})")
     if spec.ndim != 2 or spec.shape[0] != MEL_BINS:

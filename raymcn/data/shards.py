@@ -48,7 +48,7 @@ from tqdm import tqdm
 from raymcn.config import PermanentError
 from raymcn.data.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
 from raymcn.data.files import write_text_atomic
-from raymcn.data.sample import MEMBERS, encode_record, key_problem
+from raymcn.data.sample import FEATURE_DTYPES, MEMBERS, encode_record, key_problem
 from raymcn.data.words import Vocab, build_vocab, load_vocab, read_word2vec_bin, save_vocab, tokenize
 
 FORMAT = "raymcn-shards"
@@ -59,6 +59,7 @@ DONE_DIR = ".done"
 VOCAB_MARKER = "vocab.json"  # inside DONE_DIR
 SHARD_PATTERN = "shard-{:06d}.tar"
 DEFAULT_SHARD_SIZE_MB = 256.0
+DEFAULT_FEATURE_DTYPE = "float32"  # of the 2d/3d features in the shards (``--dtype``)
 _SIZE_SAMPLE = 32  # videos whose npz headers are read to estimate the mean sample size
 
 
@@ -110,36 +111,155 @@ def _check_inputs(src: LayoutSources) -> None:
         raise ShardError("; ".join(problems))
 
 
-def _estimate_sample_bytes(paths: Sequence[str], src: LayoutSources, rng: np.random.Generator) -> float:
-    """Mean uncompressed sample size from the zip directories of a few videos (no array is read)."""
+def _estimate_sample_bytes(paths: Sequence[str], src: LayoutSources, rng: np.random.Generator,
+                           feature_dtype: str = "float32") -> float:
+    """Mean sample size from the zip directories of a few videos (no array is read), for the
+    shard size target: the npz members' sizes, the 2d/3d ones scaled to ``feature_dtype`` (the
+    original files hold fp32)."""
+    scale = FEATURE_DTYPES[feature_dtype].itemsize / 4
     sizes = []
     for i in rng.permutation(len(paths))[:_SIZE_SAMPLE]:
         path = paths[int(i)]
         vid = video_id_of(path)
-        total = 0
+        total = 0.0
         try:
-            for f in (src.features / path / f"{vid}_2d.npz", src.features / path / f"{vid}_3d.npz",
-                      src.audio_features / path / f"{vid}_spec.npz"):
+            for f, factor in ((src.features / path / f"{vid}_2d.npz", scale), (src.features / path / f"{vid}_3d.npz", scale),
+                              (src.audio_features / path / f"{vid}_spec.npz", 1.0)):
                 with zipfile.ZipFile(f) as z:
-                    total += sum(info.file_size for info in z.infolist())
+                    total += factor * sum(info.file_size for info in z.infolist())
         except (OSError, zipfile.BadZipFile):
             continue
         sizes.append(total + 8 * 1024)  # captions + tar/npy headers
     return float(np.mean(sizes)) if sizes else float(1 << 20)
 
 
+class _EveryWord(dict):
+    """A vocabulary that knows every word (id 1): a sample's token bytes as if no word were dropped,
+    an upper bound, before the vocabulary exists."""
+
+    def get(self, key, default=None):
+        return 1
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __getitem__(self, key):
+        return 1
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> int:
+    """Bytes a sample takes in a tar: a 512-byte header per member, data padded to 512."""
+    return sum(tarfile.BLOCKSIZE + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for _, data in members)
+
+
+def sample_bytes(paths: Sequence[str], src: LayoutSources, captions, rng: np.random.Generator,
+                 count: int = _SIZE_SAMPLE) -> dict[str, float]:
+    """Mean bytes of a shard sample per feature dtype, from up to ``count`` random videos of
+    ``paths`` encoded as the writer encodes them (their features are read; every caption word is
+    counted as kept, an upper bound of a few bytes per word). Empty when no sampled video reads."""
+    sizes: dict[str, list[int]] = {d: [] for d in FEATURE_DTYPES}
+    for i in rng.permutation(len(paths))[:count]:
+        try:
+            rec = read_video(paths[int(i)], src.features, src.audio_features, captions, _EveryWord())
+        except FeatureFileError:
+            continue
+        for dtype in FEATURE_DTYPES:
+            sizes[dtype].append(_tar_bytes(encode_record(rec, dtype)))
+    return {d: float(np.mean(v)) for d, v in sizes.items() if v}
+
+
+def _free_bytes(out: Path) -> tuple[int, Path]:
+    """Free bytes of the filesystem that ``out`` is (or will be) on, and the folder measured."""
+    where = out.resolve()
+    while not where.exists():
+        where = where.parent
+    return shutil.disk_usage(where).free, where
+
+
+@dataclass(frozen=True)
+class SpacePlan:
+    """What a conversion will write and whether it fits (``raymcn shards --dry-run``)."""
+
+    listed: int  # distinct videos in the video list
+    found: int  # of them, those whose 2d, 3d and spectrogram files all exist
+    missing: tuple[str, ...]  # the first few video ids with a file missing
+    per_video: dict[str, float]  # feature dtype -> mean bytes of one shard sample
+    out: Path
+    free: int  # bytes free where the shards go
+
+    def total(self, dtype: str) -> int:
+        return int(self.found * self.per_video[dtype])
+
+    def fits(self, dtype: str) -> bool:
+        return self.total(dtype) <= self.free
+
+    def refusal(self, dtype: str) -> str:
+        return space_refusal(self.total(dtype), self.free, self.out, dtype,
+                             self.total("float16") if dtype != "float16" and self.fits("float16") else None)
+
+    def report(self, dtype: str) -> str:
+        lines = [f"{self.found} videos found of {self.listed} listed"
+                 + (f" (missing files, e.g. {', '.join(self.missing)})" if self.found < self.listed else ""),
+                 f"{'--dtype':<9}{'shards MiB':>12}{'MiB per video':>15}   (estimated by encoding up to "
+                 f"{_SIZE_SAMPLE} videos)"]
+        lines += [f"{d:<9}{self.total(d) / 2**20:>12.1f}{self.per_video[d] / 2**20:>15.2f}" for d in self.per_video]
+        lines.append(f"free at {self.out}: {_gb(self.free)}")
+        lines.append(f"--dtype {dtype} fits ({100 * self.total(dtype) / max(1, self.free):.0f} % of the free space)"
+                     if self.fits(dtype) else f"--dtype {dtype} does not fit: short by "
+                     f"{_gb(self.total(dtype) - self.free)}")
+        return "\n".join(lines)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if abs(n) >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def space_refusal(needed: int, free: int, out: Path, dtype: str, half: int | None = None) -> str:
+    """The message of a conversion that does not fit (``half``: what float16 would take, if it fits)."""
+    return (f"the shards do not fit: --dtype {dtype} needs ~{_gb(needed)} at {out}, {_gb(free)} are free: "
+            f"short by {_gb(needed - free)}" + (f" (--dtype float16 would take ~{_gb(half)})" if half else ""))
+
+
+def plan_space(features: str | os.PathLike, audio_features: str | os.PathLike, captions: str | os.PathLike,
+               video_list: str | os.PathLike, word_vectors: str | os.PathLike, out: str | os.PathLike, *,
+               seed: int = 0, progress: bool = True) -> SpacePlan:
+    """Count the videos of a layout whose files exist, estimate the shards' bytes per dtype, and
+    read the free space at ``out``; nothing is written.
+
+    Raises:
+        ShardError / FeatureFileError: a missing input or an unreadable video list / caption pickle.
+    """
+    src = LayoutSources(Path(features), Path(audio_features), Path(captions), Path(video_list), Path(word_vectors))
+    _check_inputs(src)
+    paths = list(dict.fromkeys(read_video_paths(src.video_list)))
+    found, missing = [], []
+    for path in tqdm(paths, unit="video", desc="checking files", file=sys.stderr, disable=not progress):
+        vid = video_id_of(path)
+        files = (src.features / path / f"{vid}_2d.npz", src.features / path / f"{vid}_3d.npz",
+                 src.audio_features / path / f"{vid}_spec.npz")
+        (found if all(f.is_file() for f in files) else missing).append(path)
+    caps = load_captions(src.captions)
+    per_video = sample_bytes(found, src, caps, np.random.default_rng([seed, 0x5EED]))
+    if not per_video:
+        raise ShardError(f"--video-list {src.video_list}: none of the sampled videos could be read")
+    free, _ = _free_bytes(Path(out))
+    return SpacePlan(len(paths), len(found), tuple(video_id_of(p) for p in missing[:3]), per_video, Path(out), free)
+
+
 def _plan_key(src: LayoutSources, list_sha: str, seed: int, shard_size_mb: float,
-              videos_per_shard: int | None) -> str:
+              videos_per_shard: int | None, feature_dtype: str = "float32") -> str:
     ident = {"format": FORMAT, "version": FORMAT_VERSION, "seed": seed, "shard_size_mb": shard_size_mb,
              "videos_per_shard": videos_per_shard, "video_list_sha256": list_sha,
              "features": str(src.features.resolve()), "audio_features": str(src.audio_features.resolve()),
              "captions": [str(src.captions.resolve()), src.captions.stat().st_size],
              "word_vectors": [str(src.word_vectors.resolve()), src.word_vectors.stat().st_size]}
+    if feature_dtype != "float32":  # fp32 folders written before the setting existed keep their key
+        ident["feature_dtype"] = feature_dtype
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _make_plan(paths: list[str], src: LayoutSources, seed: int, shard_size_mb: float,
-               videos_per_shard: int | None, key: str) -> dict:
+               videos_per_shard: int | None, key: str, feature_dtype: str = "float32") -> dict:
     """Videos permuted with ``seed`` and cut into shards of ~shard_size_mb (or videos_per_shard)."""
     kept, seen, duplicates = [], set(), []
     for p in paths:
@@ -152,7 +272,7 @@ def _make_plan(paths: list[str], src: LayoutSources, seed: int, shard_size_mb: f
     rng = np.random.default_rng([seed, 0x5EED])
     order = rng.permutation(len(kept))
     if videos_per_shard is None:
-        mean = _estimate_sample_bytes(kept, src, rng)
+        mean = _estimate_sample_bytes(kept, src, rng, feature_dtype)
         videos_per_shard = max(1, int(round(shard_size_mb * (1 << 20) / mean)))
     shuffled = [kept[int(i)] for i in order]
     shards = [shuffled[i:i + videos_per_shard] for i in range(0, len(shuffled), videos_per_shard)]
@@ -231,13 +351,14 @@ def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
                 except FeatureFileError as e:
                     skipped.append([vid, str(e)])
                     continue
-                spans.append(list(write_sample(tar, vid, encode_record(rec))))  # JSON: a list
+                spans.append(list(write_sample(tar, vid, encode_record(rec, w["feature_dtype"]))))  # JSON: a list
                 videos.append(vid)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
     marker = {"name": name, "index": index, "plan": w["plan"], "videos": videos, "spans": spans, "skipped": skipped,
-              "bytes": hf.bytes, "sha256": hf.sha.hexdigest(), "seconds": round(time.perf_counter() - t0, 3)}
+              "feature_dtype": w["feature_dtype"], "bytes": hf.bytes, "sha256": hf.sha.hexdigest(),
+              "seconds": round(time.perf_counter() - t0, 3)}
     write_text_atomic(out / DONE_DIR / f"{name}.json", json.dumps(marker))
     return marker
 
@@ -310,7 +431,8 @@ def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSourc
     # "spans": each video's byte range in its shard, so a rank reads its videos alone (order.py);
     # markers of an earlier writer have none, and the reader then finds them from the tar headers.
     shards = [{"name": m["name"], "videos": m["videos"], **({"spans": m["spans"]} if "spans" in m else {}),
-               "bytes": m["bytes"], "sha256": m["sha256"]} for m in sorted(markers, key=lambda m: m["index"])]
+               "feature_dtype": m.get("feature_dtype", "float32"), "bytes": m["bytes"], "sha256": m["sha256"]}
+              for m in sorted(markers, key=lambda m: m["index"])]
     skipped = [{"video": v, "reason": r, "shard": None} for v, r in plan["duplicates"]]
     for m in sorted(markers, key=lambda m: m["index"]):
         skipped.extend({"video": v, "reason": r, "shard": m["name"]} for v, r in m["skipped"])
@@ -333,7 +455,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
                        word_vectors: str | os.PathLike, out: str | os.PathLike, *,
                        shard_size_mb: float = DEFAULT_SHARD_SIZE_MB, seed: int = 0, workers: int = 1,
                        videos_per_shard: int | None = None, verify: str = "sha256",
-                       progress: bool = True, log=None) -> dict:
+                       feature_dtype: str = DEFAULT_FEATURE_DTYPE, progress: bool = True, log=None) -> dict:
     """Write the videos of the original layout into shuffled tar shards in ``out``; returns the manifest.
 
     Resumable: a shard whose done marker matches the plan (and, with ``verify="sha256"``, whose
@@ -349,6 +471,8 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         workers: processes writing shards in parallel (0 or 1 = in this process).
         videos_per_shard: fixed number of videos per shard instead of the size target.
         verify: "sha256" (rehash finished shards on a rerun) or "size" (trust marker + size).
+        feature_dtype: storage of the 2d/3d features, "float32" or "float16" (half the bytes;
+            each value rounded to the nearest fp16; the manifest records it).
         log: callable for progress lines (default: print to stderr).
 
     Raises:
@@ -357,19 +481,19 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     """
     if verify not in ("sha256", "size"):
         raise ValueError(f"verify={verify!r}: allowed values are sha256, size")
+    if feature_dtype not in FEATURE_DTYPES:
+        raise ShardError(f"--dtype {feature_dtype}: allowed values are {', '.join(FEATURE_DTYPES)}")
     if shard_size_mb <= 0 or (videos_per_shard is not None and videos_per_shard < 1):
         raise ShardError("shard size must be positive (--shard-size-mb > 0, videos per shard >= 1)")
     log = log or (lambda msg: print(msg, file=sys.stderr))
     src = LayoutSources(Path(features), Path(audio_features), Path(captions), Path(video_list), Path(word_vectors))
     _check_inputs(src)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / DONE_DIR).mkdir(exist_ok=True)
-
     list_bytes = src.video_list.read_bytes()
-    key = _plan_key(src, hashlib.sha256(list_bytes).hexdigest(), seed, shard_size_mb, videos_per_shard)
+    key = _plan_key(src, hashlib.sha256(list_bytes).hexdigest(), seed, shard_size_mb, videos_per_shard, feature_dtype)
     plan_path = out / PLAN
-    if plan_path.exists():
+    new_plan = not plan_path.exists()
+    if not new_plan:
         plan = _read_json(plan_path)
         if plan.get("plan") != key:
             raise ShardError(f"{plan_path}: {out} already holds shards written from other inputs or settings "
@@ -378,15 +502,14 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         paths = read_video_paths(src.video_list)
         if not paths:
             raise ShardError(f"--video-list {src.video_list}: lists no videos")
-        plan = _make_plan(paths, src, seed, shard_size_mb, videos_per_shard, key)
-        write_text_atomic(plan_path, json.dumps(plan))
+        plan = _make_plan(paths, src, seed, shard_size_mb, videos_per_shard, key, feature_dtype)
 
-    settings = {"seed": seed, "shard_size_mb": shard_size_mb}
+    settings = {"seed": seed, "shard_size_mb": shard_size_mb, "feature_dtype": feature_dtype}
     jobs = [(i, s["name"], s["paths"]) for i, s in enumerate(plan["shards"])]
     done: dict[str, dict] = {}
     todo = []
     for job in jobs:
-        marker = _shard_is_done(out, job[1], key, verify)
+        marker = _shard_is_done(out, job[1], key, verify) if not new_plan else None
         if marker is None:
             todo.append(job)
         else:
@@ -402,14 +525,27 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         log(f"shards: all {len(jobs)} shards in {out} are complete; nothing to do")
         return manifest
 
-    t0 = time.perf_counter()
     caps = load_captions(src.captions)
+    # Before anything is written: the shards still to write must fit where they go.
+    left = [p for _, _, paths in todo for p in paths]
+    per_video = sample_bytes(left, src, caps, np.random.default_rng([seed, 0x5EED]))
+    free, _ = _free_bytes(out)
+    if feature_dtype in per_video and len(left) * per_video[feature_dtype] > free:
+        half = len(left) * per_video.get("float16", 0)
+        raise ShardError(space_refusal(int(len(left) * per_video[feature_dtype]), free, out, feature_dtype,
+                                       int(half) if feature_dtype != "float16" and half <= free else None))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DONE_DIR).mkdir(exist_ok=True)
+    if new_plan:
+        write_text_atomic(plan_path, json.dumps(plan))
+
+    t0 = time.perf_counter()
     vocab = _ensure_vocab(out, plan, src, caps)
     log(f"shards: {len(todo)} of {len(jobs)} shards to write ({plan['videos_per_shard']} videos each, "
         f"vocabulary of {len(vocab.words)} words), {max(1, workers)} worker(s)")
     state = {"out": out, "features": src.features, "audio": src.audio_features, "captions": caps,
              "word_to_id": vocab.word_to_id, "captions_source": str(src.captions), "plan": key,
-             "captions_path": src.captions}
+             "captions_path": src.captions, "feature_dtype": feature_dtype}
     try:
         if workers <= 1 or len(todo) <= 1:
             _init_worker(state)
@@ -472,3 +608,24 @@ def load_manifest(directory: str | os.PathLike) -> dict:
         raise ShardError(f"{path}: lists no videos")
     return manifest
 
+
+
+def feature_dtype(manifest: dict, where: str | os.PathLike) -> str:
+    """The one dtype of the 2d/3d features in every shard of ``manifest`` (of the folder ``where``).
+
+    Shards written before the dtype was recorded are float32. Raises ShardError naming the shards
+    of each dtype when they differ (e.g. shards copied in from a folder written with another
+    ``--dtype``): one run reads one dtype, and a mixed folder would train on two precisions.
+    """
+    by_dtype: dict[str, list[str]] = {}
+    for shard in manifest["shards"]:
+        by_dtype.setdefault(shard.get("feature_dtype", "float32"), []).append(shard["name"])
+    unknown = sorted(set(by_dtype) - set(FEATURE_DTYPES))
+    if unknown:
+        raise ShardError(f"{Path(where) / MANIFEST}: feature dtype {', '.join(unknown)} of shard(s) "
+                         f"{', '.join(n for d in unknown for n in by_dtype[d])} is not one of {', '.join(FEATURE_DTYPES)}")
+    if len(by_dtype) > 1:
+        listing = "; ".join(f"{d}: {', '.join(names)}" for d, names in sorted(by_dtype.items()))
+        raise ShardError(f"{Path(where) / MANIFEST}: mixed feature dtypes in one shard folder ({listing}); "
+                         "rewrite the folder with one `raymcn shards --dtype`")
+    return next(iter(by_dtype))

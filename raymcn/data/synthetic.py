@@ -23,7 +23,8 @@ order. They are written as a YouCook2-style pickle and, optionally, an MSR-VTT-s
 The embedded default: with no ``data.shards``, a run reads :func:`ensure_synthetic_shards`, the
 corpus of its config cut into SYNTHETIC_SHARDS shards by the real writer, both cached once.
 
-Feature values are rounded to float16 precision (still stored as float32, as the format says) and
+Feature values are rounded to float16 precision (still stored as float32, as the format says;
+``SynthSettings.full_precision`` keeps them at full fp32 precision, as real features are) and
 the npz files are deflate-compressed, which keeps the default corpus small; ``np.load`` reads them
 like the original files.
 """
@@ -48,7 +49,7 @@ import numpy as np
 
 from raymcn.data.features import AUDIO_HOP, AUDIO_SR, FEATURE_DIM, FPS_2D, FPS_3D, MEL_BINS
 from raymcn.data.files import build_once
-from raymcn.data.shards import FORMAT_VERSION, manifest_path, shards_from_layout
+from raymcn.data.shards import DEFAULT_FEATURE_DTYPE, FORMAT_VERSION, manifest_path, shards_from_layout
 from raymcn.data.shards import MANIFEST as SHARD_MANIFEST
 from raymcn.data.words import write_word2vec_bin
 
@@ -89,9 +90,16 @@ class SynthSettings:
     eval_seconds: tuple[float, float] = (6.0, 12.0)
     msrvtt_clips: int = 0  # 0 = no MSR-VTT-style pickle; else that many ids, ~3.2 % left out (no audio)
     version: int = GENERATOR_VERSION
+    # Training features at full fp32 precision instead of fp16-representable values (real
+    # HowTo100M features are full fp32; an fp16 shard of them really rounds, which the default
+    # corpus cannot show). Bigger npz files.
+    full_precision: bool = False
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if not self.full_precision:  # the corpora generated before the field existed keep their digest
+            del fields["full_precision"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -193,12 +201,12 @@ def _frame_latents(base: np.ndarray, seg_lat: np.ndarray, seg: np.ndarray) -> np
     return np.where((seg >= 0)[:, None], seg_lat[np.clip(seg, 0, None)], base)
 
 
-def _visual(rng, world_proj, base, seg_lat, starts, ends, n_rows: int, fps: float) -> np.ndarray:
-    """(n_rows, 2048) float32 nonnegative frame features (fp16-representable values)."""
+def _visual(rng, world_proj, base, seg_lat, starts, ends, n_rows: int, fps: float, full: bool = False) -> np.ndarray:
+    """(n_rows, 2048) float32 nonnegative frame features (fp16-representable values unless ``full``)."""
     seg = _segment_of((np.arange(n_rows) + 0.5) / fps, starts, ends)
     lat = _frame_latents(base, seg_lat, seg) + 0.25 * rng.standard_normal((n_rows, LATENT_DIM))
     pre = (lat @ world_proj - 0.6).astype(np.float32) + 0.5 * rng.standard_normal((n_rows, FEATURE_DIM), np.float32)
-    return np.maximum(pre, 0.0).astype(np.float16).astype(np.float32)
+    return np.maximum(pre, 0.0) if full else np.maximum(pre, 0.0).astype(np.float16).astype(np.float32)
 
 
 def _audio(rng, world: _World, base, seg_lat, starts, ends, n_frames: int) -> np.ndarray:
@@ -235,7 +243,7 @@ def _caption_text(rng, world: _World, latent: np.ndarray, n_tokens: int, beta: f
     return " ".join(tokens)
 
 
-def _make_video(world: _World, rng: np.random.Generator, seconds: tuple[float, float]) -> dict:
+def _make_video(world: _World, rng: np.random.Generator, seconds: tuple[float, float], full: bool = False) -> dict:
     """One synthetic video: features, spectrogram and captions (see the module docstring)."""
     topic = int(rng.integers(len(world.centers)))
     duration = float(rng.uniform(*seconds))
@@ -249,8 +257,9 @@ def _make_video(world: _World, rng: np.random.Generator, seconds: tuple[float, f
              for i in range(len(starts))]
     return {
         "topic": topic, "duration": duration, "starts": starts, "ends": ends, "texts": texts,
-        "feat_2d": _visual(rng, world.proj_2d, base, vis_lat, starts, ends, int(np.ceil(duration * FPS_2D)), FPS_2D),
-        "feat_3d": _visual(rng, world.proj_3d, base, vis_lat, starts, ends, int(duration * FPS_3D), FPS_3D),
+        "feat_2d": _visual(rng, world.proj_2d, base, vis_lat, starts, ends, int(np.ceil(duration * FPS_2D)), FPS_2D,
+                           full),
+        "feat_3d": _visual(rng, world.proj_3d, base, vis_lat, starts, ends, int(duration * FPS_3D), FPS_3D, full),
         "spec": _audio(rng, world, base, aud_lat, starts, ends, int(duration * FRAMES_PER_SECOND)),
     }
 
@@ -282,7 +291,7 @@ def train_video(settings: SynthSettings, i: int) -> dict:
         float32, ``spec`` (40, Ta) float16.
     """
     v = _make_video(_make_world(settings), np.random.default_rng([settings.seed, _STREAM_TRAIN, i]),
-                    settings.video_seconds)
+                    settings.video_seconds, settings.full_precision)
     vid = train_video_id(i)
     return {**v, "video_id": vid, "path": f"Cat{v['topic']:02d}/Sub{i % 4}/{vid}"}
 
@@ -408,8 +417,10 @@ def ensure_corpus(cfg) -> Path:
 SYNTHETIC_SHARDS = 16  # the embedded corpus is cut into this many shards (shard order can vary per epoch)
 
 
-def shard_digest(corpus_digest: str, videos_per_shard: int, seed: int) -> str:
+def shard_digest(corpus_digest: str, videos_per_shard: int, seed: int, feature_dtype: str = "float32") -> str:
     ident = {"corpus": corpus_digest, "videos_per_shard": videos_per_shard, "seed": seed, "version": FORMAT_VERSION}
+    if feature_dtype != "float32":  # the fp32 caches written before the setting existed keep their name
+        ident["feature_dtype"] = feature_dtype
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -426,11 +437,11 @@ def ensure_synthetic_shards(cfg) -> Path:
     corpus = CorpusPaths(ensure_corpus(cfg))
     settings = settings_from_config(cfg)
     per_shard = max(1, math.ceil(settings.videos / SYNTHETIC_SHARDS))
-    final = Path(default_cache_dir(cfg)) / f"shards-{shard_digest(settings.digest(), per_shard, 0)}"
+    final = Path(default_cache_dir(cfg)) / f"shards-{shard_digest(settings.digest(), per_shard, 0, DEFAULT_FEATURE_DTYPE)}"
 
-    def write(tmp: Path) -> None:
+    def write(tmp: Path) -> None:  # the same feature dtype as `raymcn shards` writes by default
         shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
                            corpus.word_vectors, tmp, seed=0, workers=1, videos_per_shard=per_shard,
-                           progress=False, log=lambda msg: None)
+                           feature_dtype=DEFAULT_FEATURE_DTYPE, progress=False, log=lambda msg: None)
 
     return build_once(final, SHARD_MANIFEST, write, "shard directory")

@@ -146,7 +146,9 @@ def locate_shards(cfg: Config) -> tuple[Path, dict]:
     if not directory.is_dir():
         raise ConfigError([f"{where}: directory does not exist"])
     try:
-        return directory, shards.load_manifest(directory)
+        manifest = shards.load_manifest(directory)
+        shards.feature_dtype(manifest, directory)  # one dtype in the folder, or the shards of each named
+        return directory, manifest
     except (OSError, ValueError) as e:
         raise ConfigError([f"{where}: {e}"]) from None
 

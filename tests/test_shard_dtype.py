@@ -1,0 +1,117 @@
+"""Shards that fit the lab's disks: 2-byte features (``raymcn shards --dtype float16``), a folder of
+one dtype only, and ``--dry-run``'s space check before anything is written.
+
+The corpus has full-precision fp32 features (``SynthSettings(full_precision=True)``), so an fp16
+shard really rounds them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raymcn.data import shards
+from raymcn.data.commands import add_shards_arguments, run_shards
+from raymcn.data.stream import iter_shard_records
+from raymcn.data.synthetic import CorpusPaths, SynthSettings, write_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> CorpusPaths:
+    root = tmp_path_factory.mktemp("corpus")
+    write_corpus(root, SynthSettings(videos=24, eval_clips=8, full_precision=True))
+    return CorpusPaths(root)
+
+
+def _write(corpus: CorpusPaths, out: Path, dtype: str) -> dict:
+    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
+                                     corpus.word_vectors, out, videos_per_shard=8, feature_dtype=dtype,
+                                     progress=False, log=lambda m: None)
+
+
+def _records(out: Path, manifest: dict) -> dict:
+    return {vid: rec for s in manifest["shards"]
+            for vid, rec, err in iter_shard_records(out / s["name"], s["videos"]) if rec is not None}
+
+
+@pytest.fixture(scope="module")
+def both(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    return {dtype: (root / dtype, _write(corpus, root / dtype, dtype)) for dtype in ("float32", "float16")}
+
+
+def test_an_fp16_shard_holds_the_fp16_rounding_of_the_features_and_everything_else_bitwise(both):
+    (d32, m32), (d16, m16) = both["float32"], both["float16"]
+    assert m16["settings"]["feature_dtype"] == "float16" and m32["settings"]["feature_dtype"] == "float32"
+    assert {s["feature_dtype"] for s in m16["shards"]} == {"float16"}
+    r32, r16 = _records(d32, m32), _records(d16, m16)
+    assert r32.keys() == r16.keys() and len(r32) == 24
+    rounded_somewhere = False
+    for vid, a in r32.items():
+        b = r16[vid]
+        for name in ("feat_2d", "feat_3d"):
+            full, half = getattr(a, name), getattr(b, name)
+            assert full.dtype == np.float32 and half.dtype == np.float16
+            assert np.array_equal(half, full.astype(np.float16)), (vid, name)
+            rounded_somewhere |= not np.array_equal(half.astype(np.float32), full)
+        for name in ("spec", "starts", "ends", "token_ids", "token_offsets"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and np.array_equal(x, y), (vid, name)
+    assert rounded_somewhere  # the corpus has full-precision values: the test can tell the dtypes apart
+    # 2 bytes instead of 4 for every feature value, nothing else changes (up to tar padding: 512 bytes per member)
+    saved = sum(2 * (r.feat_2d.size + r.feat_3d.size) for r in r32.values())
+    assert abs(m32["counts"]["bytes"] - m16["counts"]["bytes"] - saved) <= 2 * 512 * len(r32)
+
+
+def test_a_folder_of_mixed_dtypes_is_refused_naming_the_shards(both, tmp_path):
+    (d32, m32), (d16, m16) = both["float32"], both["float16"]
+    mixed = json.loads(json.dumps(m16))
+    mixed["shards"][1]["feature_dtype"] = "float32"  # e.g. one shard rewritten by another writer
+    with pytest.raises(shards.ShardError, match=r"mixed feature dtypes.*float16: shard-000000.tar, shard-000002.tar"
+                                                r".*float32: shard-000001.tar"):
+        shards.feature_dtype(mixed, "/data/shards")
+    assert shards.feature_dtype(m16, d16) == "float16"
+    legacy = json.loads(json.dumps(m32))  # written before the dtype was recorded: fp32
+    del legacy["settings"]["feature_dtype"]
+    for s in legacy["shards"]:
+        del s["feature_dtype"]
+    assert shards.feature_dtype(legacy, d32) == "float32"
+
+
+def _cli(argv: list[str]) -> int:
+    import argparse
+
+    return run_shards(add_shards_arguments(argparse.ArgumentParser()).parse_args(argv))
+
+
+def _layout_args(corpus: CorpusPaths, out: Path) -> list[str]:
+    return ["--features", str(corpus.features_root), "--audio-features", str(corpus.audio_root), "--captions",
+            str(corpus.captions), "--video-list", str(corpus.video_csv), "--word-vectors", str(corpus.word_vectors),
+            "--out", str(out), "--videos-per-shard", "8", "--no-progress"]
+
+
+def test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing(corpus, tmp_path, capsys, both):
+    out = tmp_path / "planned"
+    assert _cli([*_layout_args(corpus, out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists() or not any(out.iterdir())
+    assert "24 videos" in text and "float32" in text and "float16" in text and "free at" in text, text
+    # the estimate is close to what the writer then writes (within 15 %)
+    est = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(("float32 ", "float16 "))}
+    for dtype, (_, manifest) in both.items():
+        assert abs(est[dtype] * 2**20 / manifest["counts"]["bytes"] - 1) < 0.15, (dtype, est, manifest["counts"])
+
+
+def test_a_target_without_space_is_refused_before_writing_saying_by_how_much(corpus, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=100_000))  # a 100 kB quota
+    out = tmp_path / "full"
+    for extra in (["--dry-run"], []):
+        assert _cli([*_layout_args(corpus, out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "do not fit" in err and "short by" in err and str(out) in err, err
+        assert not any(out.glob("shard-*.tar")) if out.exists() else True
