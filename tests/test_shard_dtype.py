@@ -115,3 +115,62 @@ def test_a_target_without_space_is_refused_before_writing_saying_by_how_much(cor
         err = capsys.readouterr().err
         assert "do not fit" in err and "short by" in err and str(out) in err, err
         assert not any(out.glob("shard-*.tar")) if out.exists() else True
+
+
+def _tar_the_layout(corpus: CorpusPaths, out: Path, style: str, per_tar: int = 10) -> list[Path]:
+    """The lab's preparation: each video's three files into tars, as WebDataset members
+    (``<id>.2d.npz``) or under their original names inside folders (``Cat/Sub/<id>_2d.npz``)."""
+    import tarfile
+
+    from raymcn.data.features import read_video_paths, video_id_of
+
+    paths = read_video_paths(corpus.video_csv)
+    out.mkdir()
+    tars = []
+    for t in range(0, len(paths), per_tar):
+        tars.append(out / f"part-{t // per_tar:03d}.tar")
+        with tarfile.open(tars[-1], "w") as tf:
+            for path in reversed(paths[t:t + per_tar]):  # another order than the list's: the list decides
+                vid = video_id_of(path)
+                files = {"2d": corpus.features_root / path / f"{vid}_2d.npz",
+                         "3d": corpus.features_root / path / f"{vid}_3d.npz",
+                         "spec": corpus.audio_root / path / f"{vid}_spec.npz"}
+                for kind, f in files.items():
+                    tf.add(f, arcname=f"{vid}.{kind}.npz" if style == "webdataset" else f"{path}/{vid}_{kind}.npz")
+    return tars
+
+
+@pytest.mark.parametrize("style", ["webdataset", "original names"])
+def test_tars_of_the_npz_files_convert_to_the_same_shards_as_the_folders(corpus, both, tmp_path, style):
+    d16, m16 = both["float16"]
+    _tar_the_layout(corpus, tmp_path / "tars", style)
+    got = shards.shards_from_layout(None, None, corpus.captions, corpus.video_csv, corpus.word_vectors,
+                                    tmp_path / "from-tars", tars=[tmp_path / "tars"], videos_per_shard=8,
+                                    feature_dtype="float16", progress=False, log=lambda m: None)
+    assert [(s["name"], s["videos"], s["sha256"]) for s in got["shards"]] == \
+        [(s["name"], s["videos"], s["sha256"]) for s in m16["shards"]]
+    assert got["counts"]["videos"] == 24 and len(got["sources"]["tars"]) == 3
+
+
+def test_without_a_video_list_the_tars_videos_are_taken_and_a_damaged_member_is_skipped_naming_it(corpus, tmp_path):
+    tars = _tar_the_layout(corpus, tmp_path / "tars", "webdataset")
+    import tarfile
+
+    with tarfile.open(tars[0]) as tf:
+        first = tf.getmembers()[0]
+    with open(tars[0], "r+b") as f:  # damage the first member's data (an npz: its zip header)
+        f.seek(first.offset_data)
+        f.write(b"\0" * 64)
+    assert _cli(["--tars", str(tmp_path / "tars"), "--captions", str(corpus.captions), "--word-vectors",
+                 str(corpus.word_vectors), "--out", str(tmp_path / "out"), "--videos-per-shard", "8",
+                 "--no-progress"]) == 0
+    manifest = shards.load_manifest(tmp_path / "out")
+    assert manifest["counts"]["videos"] == 23 and manifest["sources"]["video_list"] is None
+    (skipped,) = manifest["skipped"]
+    assert f"{tars[0]}:" in skipped["reason"] and "unreadable" in skipped["reason"], skipped
+
+
+def test_the_command_says_which_inputs_go_together(corpus, tmp_path, capsys):
+    assert _cli(["--captions", str(corpus.captions), "--word-vectors", str(corpus.word_vectors),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "either --features and --audio-features" in capsys.readouterr().err

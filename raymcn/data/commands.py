@@ -89,10 +89,15 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     from raymcn.data.sample import FEATURE_DTYPES
     from raymcn.data.shards import DEFAULT_FEATURE_DTYPE, DEFAULT_SHARD_SIZE_MB
 
-    parser.add_argument("--features", required=True, help="root of <path>/<id>_2d.npz and _3d.npz")
-    parser.add_argument("--audio-features", required=True, help="root of <path>/<id>_spec.npz")
+    parser.add_argument("--features", help="root of <path>/<id>_2d.npz and _3d.npz")
+    parser.add_argument("--audio-features", help="root of <path>/<id>_spec.npz")
+    parser.add_argument("--tars", nargs="+", metavar="TAR_OR_DIR",
+                        help="instead of --features/--audio-features: tar files (or folders of *.tar) holding the "
+                             "per-video files as <id>.2d.npz/<id>.3d.npz/<id>.spec.npz (WebDataset) or "
+                             "<id>_2d.npz/... (the original names); .npy also accepted")
     parser.add_argument("--captions", required=True, help="caption pickle: video_id -> {start, end, text}")
-    parser.add_argument("--video-list", required=True, help="CSV with header 'path' (category/subfolder/<id>)")
+    parser.add_argument("--video-list", help="CSV with header 'path' (category/subfolder/<id>); optional with "
+                                             "--tars (default: every complete video in the tars, in their order)")
     parser.add_argument("--word-vectors", required=True, help="binary word2vec file (e.g. GoogleNews-...-300.bin)")
     parser.add_argument("--out", required=True, help="output directory (a rerun resumes / is a no-op)")
     parser.add_argument("--shard-size-mb", type=float, default=DEFAULT_SHARD_SIZE_MB,
@@ -115,20 +120,26 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def run_shards(args: argparse.Namespace) -> int:
-    from raymcn.data.shards import MANIFEST, ShardError, plan_space, shards_from_layout
+    from raymcn.data.shards import MANIFEST, ShardError, layout_sources, plan_space, shards_from_layout
 
     if args.workers < 0:
         return _error("shards", f"--workers={args.workers}: must be >= 0")
+    if bool(args.tars) == bool(args.features or args.audio_features):
+        return _error("shards", "give either --features and --audio-features (the feature folders) or --tars")
+    if not args.tars and not (args.features and args.audio_features and args.video_list):
+        return _error("shards", "--features, --audio-features and --video-list are needed together")
     try:
         if args.dry_run:
-            space = plan_space(args.features, args.audio_features, args.captions, args.video_list, args.word_vectors,
-                               args.out, seed=args.seed, progress=not args.no_progress)
+            src = layout_sources(args.features, args.audio_features, args.captions, args.video_list,
+                                 args.word_vectors, args.tars or ())
+            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress)
             print(space.report(args.dtype))
             return 0 if space.fits(args.dtype) else _error("shards", space.refusal(args.dtype))
         manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
                                       args.word_vectors, args.out, shard_size_mb=args.shard_size_mb, seed=args.seed,
                                       workers=args.workers, videos_per_shard=args.videos_per_shard,
-                                      verify=args.verify, feature_dtype=args.dtype, progress=not args.no_progress)
+                                      verify=args.verify, feature_dtype=args.dtype, tars=args.tars or (),
+                                      progress=not args.no_progress)
     except (ShardError, FeatureFileError) as e:
         return _error("shards", str(e))
     except OSError as e:

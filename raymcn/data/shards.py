@@ -25,7 +25,6 @@ no torch).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import io
 import json
@@ -46,9 +45,11 @@ import numpy as np
 from tqdm import tqdm
 
 from raymcn.config import PermanentError
-from raymcn.data.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
+from raymcn.data.features import (FeatureFileError, VideoRecord, load_captions, read_video, read_video_paths,
+                                  video_id_of)
 from raymcn.data.files import write_text_atomic
 from raymcn.data.sample import FEATURE_DTYPES, MEMBERS, encode_record, key_problem
+from raymcn.data.tarinput import TarFeatures
 from raymcn.data.words import Vocab, build_vocab, load_vocab, read_word2vec_bin, save_vocab, tokenize
 
 FORMAT = "raymcn-shards"
@@ -72,13 +73,56 @@ class ShardError(ValueError, PermanentError):
 # =====================================================================================================
 @dataclass(frozen=True)
 class LayoutSources:
-    """Where the original layout lives (the arguments of ``raymcn shards``)."""
+    """Where the original layout lives (the arguments of ``raymcn shards``): the feature folders,
+    or ``tars`` holding the same files (``tarinput.py``; then ``features`` and ``audio_features``
+    are unused, and without a video list the tars' videos are taken in their order)."""
 
     features: Path
     audio_features: Path
     captions: Path
-    video_list: Path
+    video_list: Path | None
     word_vectors: Path
+    tars: tuple[Path, ...] = ()
+
+
+class FolderFeatures:
+    """The original per-video files under two roots (the reader :class:`tarinput.TarFeatures` mirrors)."""
+
+    def __init__(self, src: LayoutSources):
+        self.features, self.audio = src.features, src.audio_features
+
+    def _files(self, path: str) -> tuple[Path, Path, Path]:
+        vid = video_id_of(path)
+        return (self.features / path / f"{vid}_2d.npz", self.features / path / f"{vid}_3d.npz",
+                self.audio / path / f"{vid}_spec.npz")
+
+    def complete(self, path: str) -> bool:
+        return all(f.is_file() for f in self._files(path))
+
+    def array_sizes(self, path: str) -> dict[str, int] | None:
+        sizes = {}
+        try:
+            for kind, f in zip(("2d", "3d", "spec"), self._files(path)):
+                with zipfile.ZipFile(f) as z:
+                    sizes[kind] = sum(info.file_size for info in z.infolist())
+        except (OSError, zipfile.BadZipFile):
+            return None
+        return sizes
+
+    def read_video(self, path: str, captions, word_to_id, max_words=None, caption_source="<captions>") -> VideoRecord:
+        return read_video(path, self.features, self.audio, captions, word_to_id, max_words, caption_source)
+
+
+def open_features(src: LayoutSources, progress: bool = True) -> FolderFeatures | TarFeatures:
+    """The reader of ``src``'s features (the tars are indexed here, once)."""
+    return TarFeatures.scan(src.tars, progress) if src.tars else FolderFeatures(src)
+
+
+def _video_paths(src: LayoutSources, feats) -> list[str]:
+    """The video-list rows, or without a list (tar input) the tars' complete videos in their order."""
+    if src.video_list is not None:
+        return read_video_paths(src.video_list)
+    return feats.video_ids()
 
 
 def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -100,9 +144,14 @@ def _read_json(path: Path) -> Any:
 
 def _check_inputs(src: LayoutSources) -> None:
     problems = []
-    for label, p, want_dir in (("--features", src.features, True), ("--audio-features", src.audio_features, True),
-                               ("--captions", src.captions, False), ("--video-list", src.video_list, False),
-                               ("--word-vectors", src.word_vectors, False)):
+    named = [("--captions", src.captions, False), ("--word-vectors", src.word_vectors, False)]
+    named += [("--tars", t, False) for t in src.tars] if src.tars else [
+        ("--features", src.features, True), ("--audio-features", src.audio_features, True)]
+    if src.video_list is not None:
+        named.append(("--video-list", src.video_list, False))
+    elif not src.tars:
+        problems.append("--video-list is needed with --features (only --tars can do without one)")
+    for label, p, want_dir in named:
         if want_dir and not p.is_dir():
             problems.append(f"{label} {p}: no such directory")
         elif not want_dir and not p.is_file():
@@ -111,25 +160,16 @@ def _check_inputs(src: LayoutSources) -> None:
         raise ShardError("; ".join(problems))
 
 
-def _estimate_sample_bytes(paths: Sequence[str], src: LayoutSources, rng: np.random.Generator,
+def _estimate_sample_bytes(paths: Sequence[str], feats, rng: np.random.Generator,
                            feature_dtype: str = "float32") -> float:
-    """Mean sample size from the zip directories of a few videos (no array is read), for the
-    shard size target: the npz members' sizes, the 2d/3d ones scaled to ``feature_dtype`` (the
-    original files hold fp32)."""
+    """Mean sample size from the array sizes of a few videos (npz directories, no array decoded),
+    for the shard size target; the 2d/3d ones scaled to ``feature_dtype`` (the original files hold fp32)."""
     scale = FEATURE_DTYPES[feature_dtype].itemsize / 4
     sizes = []
     for i in rng.permutation(len(paths))[:_SIZE_SAMPLE]:
-        path = paths[int(i)]
-        vid = video_id_of(path)
-        total = 0.0
-        try:
-            for f, factor in ((src.features / path / f"{vid}_2d.npz", scale), (src.features / path / f"{vid}_3d.npz", scale),
-                              (src.audio_features / path / f"{vid}_spec.npz", 1.0)):
-                with zipfile.ZipFile(f) as z:
-                    total += factor * sum(info.file_size for info in z.infolist())
-        except (OSError, zipfile.BadZipFile):
-            continue
-        sizes.append(total + 8 * 1024)  # captions + tar/npy headers
+        arrays = feats.array_sizes(paths[int(i)])
+        if arrays is not None:
+            sizes.append(scale * (arrays["2d"] + arrays["3d"]) + arrays["spec"] + 8 * 1024)  # + captions, headers
     return float(np.mean(sizes)) if sizes else float(1 << 20)
 
 
@@ -152,7 +192,7 @@ def _tar_bytes(members: list[tuple[str, bytes]]) -> int:
     return sum(tarfile.BLOCKSIZE + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for _, data in members)
 
 
-def sample_bytes(paths: Sequence[str], src: LayoutSources, captions, rng: np.random.Generator,
+def sample_bytes(paths: Sequence[str], feats, captions, rng: np.random.Generator,
                  count: int = _SIZE_SAMPLE) -> dict[str, float]:
     """Mean bytes of a shard sample per feature dtype, from up to ``count`` random videos of
     ``paths`` encoded as the writer encodes them (their features are read; every caption word is
@@ -160,7 +200,7 @@ def sample_bytes(paths: Sequence[str], src: LayoutSources, captions, rng: np.ran
     sizes: dict[str, list[int]] = {d: [] for d in FEATURE_DTYPES}
     for i in rng.permutation(len(paths))[:count]:
         try:
-            rec = read_video(paths[int(i)], src.features, src.audio_features, captions, _EveryWord())
+            rec = feats.read_video(paths[int(i)], captions, _EveryWord())
         except FeatureFileError:
             continue
         for dtype in FEATURE_DTYPES:
@@ -220,28 +260,23 @@ def space_refusal(needed: int, free: int, out: Path, dtype: str, half: int | Non
             f"short by {_gb(needed - free)}" + (f" (--dtype float16 would take ~{_gb(half)})" if half else ""))
 
 
-def plan_space(features: str | os.PathLike, audio_features: str | os.PathLike, captions: str | os.PathLike,
-               video_list: str | os.PathLike, word_vectors: str | os.PathLike, out: str | os.PathLike, *,
-               seed: int = 0, progress: bool = True) -> SpacePlan:
+def plan_space(src: LayoutSources, out: str | os.PathLike, *, seed: int = 0, progress: bool = True) -> SpacePlan:
     """Count the videos of a layout whose files exist, estimate the shards' bytes per dtype, and
     read the free space at ``out``; nothing is written.
 
     Raises:
         ShardError / FeatureFileError: a missing input or an unreadable video list / caption pickle.
     """
-    src = LayoutSources(Path(features), Path(audio_features), Path(captions), Path(video_list), Path(word_vectors))
     _check_inputs(src)
-    paths = list(dict.fromkeys(read_video_paths(src.video_list)))
+    feats = open_features(src, progress)
+    paths = list(dict.fromkeys(_video_paths(src, feats)))
     found, missing = [], []
     for path in tqdm(paths, unit="video", desc="checking files", file=sys.stderr, disable=not progress):
-        vid = video_id_of(path)
-        files = (src.features / path / f"{vid}_2d.npz", src.features / path / f"{vid}_3d.npz",
-                 src.audio_features / path / f"{vid}_spec.npz")
-        (found if all(f.is_file() for f in files) else missing).append(path)
+        (found if feats.complete(path) else missing).append(path)
     caps = load_captions(src.captions)
-    per_video = sample_bytes(found, src, caps, np.random.default_rng([seed, 0x5EED]))
+    per_video = sample_bytes(found, feats, caps, np.random.default_rng([seed, 0x5EED]))
     if not per_video:
-        raise ShardError(f"--video-list {src.video_list}: none of the sampled videos could be read")
+        raise ShardError(f"{src.video_list or 'the tars'}: none of the sampled videos could be read")
     free, _ = _free_bytes(Path(out))
     return SpacePlan(len(paths), len(found), tuple(video_id_of(p) for p in missing[:3]), per_video, Path(out), free)
 
@@ -250,7 +285,8 @@ def _plan_key(src: LayoutSources, list_sha: str, seed: int, shard_size_mb: float
               videos_per_shard: int | None, feature_dtype: str = "float32") -> str:
     ident = {"format": FORMAT, "version": FORMAT_VERSION, "seed": seed, "shard_size_mb": shard_size_mb,
              "videos_per_shard": videos_per_shard, "video_list_sha256": list_sha,
-             "features": str(src.features.resolve()), "audio_features": str(src.audio_features.resolve()),
+             **({"tars": [[str(t.resolve()), t.stat().st_size] for t in src.tars]} if src.tars else
+                {"features": str(src.features.resolve()), "audio_features": str(src.audio_features.resolve())}),
              "captions": [str(src.captions.resolve()), src.captions.stat().st_size],
              "word_vectors": [str(src.word_vectors.resolve()), src.word_vectors.stat().st_size]}
     if feature_dtype != "float32":  # fp32 folders written before the setting existed keep their key
@@ -258,21 +294,21 @@ def _plan_key(src: LayoutSources, list_sha: str, seed: int, shard_size_mb: float
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _make_plan(paths: list[str], src: LayoutSources, seed: int, shard_size_mb: float,
+def _make_plan(paths: list[str], src: LayoutSources, feats, seed: int, shard_size_mb: float,
                videos_per_shard: int | None, key: str, feature_dtype: str = "float32") -> dict:
     """Videos permuted with ``seed`` and cut into shards of ~shard_size_mb (or videos_per_shard)."""
     kept, seen, duplicates = [], set(), []
     for p in paths:
         vid = video_id_of(p)
         if vid in seen:
-            duplicates.append([vid, f"listed more than once in {src.video_list}; kept the first entry"])
+            duplicates.append([vid, f"listed more than once in {src.video_list or 'the tars'}; kept the first entry"])
             continue
         seen.add(vid)
         kept.append(p)
     rng = np.random.default_rng([seed, 0x5EED])
     order = rng.permutation(len(kept))
     if videos_per_shard is None:
-        mean = _estimate_sample_bytes(kept, src, rng, feature_dtype)
+        mean = _estimate_sample_bytes(kept, feats, rng, feature_dtype)
         videos_per_shard = max(1, int(round(shard_size_mb * (1 << 20) / mean)))
     shuffled = [kept[int(i)] for i in order]
     shards = [shuffled[i:i + videos_per_shard] for i in range(0, len(shuffled), videos_per_shard)]
@@ -346,7 +382,7 @@ def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
                     skipped.append([vid, problem])
                     continue
                 try:
-                    rec = read_video(path, w["features"], w["audio"], w["captions"], w["word_to_id"], None,
+                    rec = w["reader"].read_video(path, w["captions"], w["word_to_id"], None,
                                      w["captions_source"])
                 except FeatureFileError as e:
                     skipped.append([vid, str(e)])
@@ -426,6 +462,14 @@ def _ensure_vocab(out: Path, plan: dict, src: LayoutSources, captions) -> Vocab:
     return load_vocab(out)
 
 
+def _sources_record(src: LayoutSources) -> dict:
+    """The manifest's record of where the videos came from (the folders, or the tars)."""
+    where = {"tars": [str(t) for t in src.tars]} if src.tars else {
+        "features": str(src.features), "audio_features": str(src.audio_features)}
+    return {**where, "captions": str(src.captions), "video_list": str(src.video_list) if src.video_list else None,
+            "word_vectors": str(src.word_vectors)}
+
+
 def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSources, settings: dict) -> dict:
     vocab_meta = json.loads((out / DONE_DIR / VOCAB_MARKER).read_text())
     # "spans": each video's byte range in its shard, so a rank reads its videos alone (order.py);
@@ -440,7 +484,7 @@ def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSourc
     return {
         "format": FORMAT, "version": FORMAT_VERSION, "plan": plan["plan"],
         "settings": {**settings, "videos_per_shard": plan["videos_per_shard"], "members": list(MEMBERS)},
-        "sources": {k: str(v) for k, v in dataclasses.asdict(src).items()},
+        "sources": _sources_record(src),
         "counts": {"listed": plan["listed"], "videos": n_videos, "skipped": len(skipped), "shards": len(shards),
                    "bytes": sum(s["bytes"] for s in shards), "vocab_words": vocab_meta["words"],
                    "word_dim": vocab_meta["dim"]},
@@ -450,12 +494,21 @@ def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSourc
     }
 
 
-def shards_from_layout(features: str | os.PathLike, audio_features: str | os.PathLike,
-                       captions: str | os.PathLike, video_list: str | os.PathLike,
+def layout_sources(features, audio_features, captions, video_list, word_vectors, tars=()) -> LayoutSources:
+    """:class:`LayoutSources` of the command's arguments (``tars``: files or folders of ``*.tar``)."""
+    from raymcn.data.tarinput import tar_files
+
+    return LayoutSources(Path(features or ""), Path(audio_features or ""), Path(captions),
+                         Path(video_list) if video_list else None, Path(word_vectors), tuple(tar_files(tars)))
+
+
+def shards_from_layout(features: str | os.PathLike | None, audio_features: str | os.PathLike | None,
+                       captions: str | os.PathLike, video_list: str | os.PathLike | None,
                        word_vectors: str | os.PathLike, out: str | os.PathLike, *,
                        shard_size_mb: float = DEFAULT_SHARD_SIZE_MB, seed: int = 0, workers: int = 1,
                        videos_per_shard: int | None = None, verify: str = "sha256",
-                       feature_dtype: str = DEFAULT_FEATURE_DTYPE, progress: bool = True, log=None) -> dict:
+                       feature_dtype: str = DEFAULT_FEATURE_DTYPE, tars: Sequence[str | os.PathLike] = (),
+                       progress: bool = True, log=None) -> dict:
     """Write the videos of the original layout into shuffled tar shards in ``out``; returns the manifest.
 
     Resumable: a shard whose done marker matches the plan (and, with ``verify="sha256"``, whose
@@ -463,8 +516,9 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     manifest is current, nothing is written at all.
 
     Args:
-        features, audio_features: roots of the 2d/3d and spectrogram npz files.
-        captions: the caption pickle; video_list: the CSV with header ``path``;
+        features, audio_features: roots of the 2d/3d and spectrogram npz files (None with ``tars``).
+        captions: the caption pickle; video_list: the CSV with header ``path`` (optional with
+            ``tars``: without it, the tars' complete videos in their order);
         word_vectors: a binary word2vec file (GoogleNews or the synthetic one).
         shard_size_mb: target shard size (from the mean size of a few videos' npz contents).
         seed: permutation of the videos across shards (same seed, same assignment).
@@ -473,6 +527,8 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
         verify: "sha256" (rehash finished shards on a rerun) or "size" (trust marker + size).
         feature_dtype: storage of the 2d/3d features, "float32" or "float16" (half the bytes;
             each value rounded to the nearest fp16; the manifest records it).
+        tars: tar files (or folders of them) holding the per-video files instead of the folders
+            (``tarinput.py`` lists the accepted member names); the same videos give the same shards.
         log: callable for progress lines (default: print to stderr).
 
     Raises:
@@ -486,10 +542,11 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     if shard_size_mb <= 0 or (videos_per_shard is not None and videos_per_shard < 1):
         raise ShardError("shard size must be positive (--shard-size-mb > 0, videos per shard >= 1)")
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    src = LayoutSources(Path(features), Path(audio_features), Path(captions), Path(video_list), Path(word_vectors))
+    src = layout_sources(features, audio_features, captions, video_list, word_vectors, tars)
     _check_inputs(src)
+    feats = open_features(src, progress)
     out = Path(out)
-    list_bytes = src.video_list.read_bytes()
+    list_bytes = src.video_list.read_bytes() if src.video_list else "\n".join(feats.video_ids()).encode()
     key = _plan_key(src, hashlib.sha256(list_bytes).hexdigest(), seed, shard_size_mb, videos_per_shard, feature_dtype)
     plan_path = out / PLAN
     new_plan = not plan_path.exists()
@@ -499,10 +556,10 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
             raise ShardError(f"{plan_path}: {out} already holds shards written from other inputs or settings "
                              f"(plan {plan.get('plan')}, now {key}); use a new --out directory or delete it")
     else:
-        paths = read_video_paths(src.video_list)
+        paths = _video_paths(src, feats)
         if not paths:
-            raise ShardError(f"--video-list {src.video_list}: lists no videos")
-        plan = _make_plan(paths, src, seed, shard_size_mb, videos_per_shard, key, feature_dtype)
+            raise ShardError(f"{f'--video-list {src.video_list}' if src.video_list else '--tars'}: lists no videos")
+        plan = _make_plan(paths, src, feats, seed, shard_size_mb, videos_per_shard, key, feature_dtype)
 
     settings = {"seed": seed, "shard_size_mb": shard_size_mb, "feature_dtype": feature_dtype}
     jobs = [(i, s["name"], s["paths"]) for i, s in enumerate(plan["shards"])]
@@ -528,7 +585,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     caps = load_captions(src.captions)
     # Before anything is written: the shards still to write must fit where they go.
     left = [p for _, _, paths in todo for p in paths]
-    per_video = sample_bytes(left, src, caps, np.random.default_rng([seed, 0x5EED]))
+    per_video = sample_bytes(left, feats, caps, np.random.default_rng([seed, 0x5EED]))
     free, _ = _free_bytes(out)
     if feature_dtype in per_video and len(left) * per_video[feature_dtype] > free:
         half = len(left) * per_video.get("float16", 0)
@@ -543,7 +600,7 @@ def shards_from_layout(features: str | os.PathLike, audio_features: str | os.Pat
     vocab = _ensure_vocab(out, plan, src, caps)
     log(f"shards: {len(todo)} of {len(jobs)} shards to write ({plan['videos_per_shard']} videos each, "
         f"vocabulary of {len(vocab.words)} words), {max(1, workers)} worker(s)")
-    state = {"out": out, "features": src.features, "audio": src.audio_features, "captions": caps,
+    state = {"out": out, "reader": feats, "captions": caps,
              "word_to_id": vocab.word_to_id, "captions_source": str(src.captions), "plan": key,
              "captions_path": src.captions, "feature_dtype": feature_dtype}
     try:
