@@ -21,7 +21,10 @@ HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/
   (d) ``cat`` of the shard files to /dev/null — the physical limit.
 
 A step holds ``--batch`` videos (the steps of one epoch use ``videos // batch`` x batch videos).
-Targets: (b) >= 2x (a) and (b) >= 0.6x (c) at both sizes. ``--diagnose`` adds rows for
+(b), (c), (c2) and (d) run on shards of each ``--dtypes`` (default float32 and float16: the 2d/3d
+features at 4 or 2 bytes), (a) once; a fresh shard folder also times the conversion (``raymcn
+shards`` in one process). Targets: fp32 shards (b) >= 2x (a) and (b) >= 0.6x (c); fp16 shards
+(b) >= 1.6x (a) and (b) >= 0.8x (d) of their own bytes. ``--diagnose`` adds rows for
 ``ray.data.read_webdataset`` with its default decoder and for a Python ``tarfile`` + ``np.load``
 sequential reader.
 
@@ -104,11 +107,11 @@ def make_layout(root: Path, videos: int, seconds: int, seed: int = 0) -> Path:
     return root
 
 
-def make_shards(layout: Path, out: Path, shard_size_mb: float, workers: int) -> dict:
+def make_shards(layout: Path, out: Path, shard_size_mb: float, workers: int, dtype: str = "float32") -> dict:
     return shards.shards_from_layout(layout / "features", layout / "audio", layout / "captions.pickle",
                                      layout / "videos.csv", layout / "word2vec.bin", out,
                                      shard_size_mb=shard_size_mb, workers=workers, progress=False,
-                                     verify="size", log=lambda m: None)
+                                     verify="size", feature_dtype=dtype, log=lambda m: None)
 
 
 # --- cache control ----------------------------------------------------------------------------------
@@ -337,6 +340,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warm", action="store_true", help="do not drop the page cache")
     p.add_argument("--repeat", type=int, default=1, help="run each measurement N times, report the best")
     p.add_argument("--only", default="a,b,c,c2,d", help="comma list of the measurements to run")
+    p.add_argument("--dtypes", default="float32,float16",
+                   help="shard feature dtypes to measure (b), (c), (c2), (d) on (default both)")
     p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
     return p.parse_args(argv)
@@ -349,6 +354,7 @@ def main(argv=None) -> int:
     counts = {"short": args.videos, "long": args.long_videos}
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     only = set(args.only.split(","))
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     work = Path(args.workdir)
     cache = Cache(not args.warm)
     from raymcn.config import load_config
@@ -361,12 +367,8 @@ def main(argv=None) -> int:
             seconds, n = SIZES[size]["seconds"], counts[size]
             t0 = time.perf_counter()
             layout = make_layout(work / f"{size}-{n}" / "layout", n, seconds)
-            shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb"
-            manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=min(2, os.cpu_count() or 1))
-            print(f"[{size}] corpus {layout} and {manifest['counts']['shards']} shards ready "
-                  f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-            row: dict = {"videos": n, "mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
-                         "shards": manifest["counts"]["shards"], "clips_per_video": cfg.data.clips_per_video}
+            print(f"[{size}] corpus {layout} ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+            row: dict = {"videos": n, "clips_per_video": cfg.data.clips_per_video, "dtypes": {}}
             if "b" in only or args.diagnose:
                 if bench is None:
                     bench = RayBench(args.num_cpus, args.ranks, args.consumer_cpus, args.object_store_mb)
@@ -374,21 +376,34 @@ def main(argv=None) -> int:
                 if "a" in only:
                     cache.drop()
                     keep_best(row, "a", rates(run_npz(layout)))
-                if "b" in only:
-                    keep_best(row, "b", rates(bench.run(shard_dir, manifest, cfg, args.read_cpus, args.task_mb, cache)))
-                if "c" in only:
-                    cache.drop()
-                    keep_best(row, "c", rates(run_sequential(shard_dir, manifest)))
-                if "c2" in only:
-                    cache.drop()
-                    keep_best(row, "c2", rates(run_steps_inprocess(shard_dir, manifest, cfg, args.ranks)))
-                if "d" in only:
-                    cache.drop()
-                    keep_best(row, "d", rates(run_cat(shard_dir, manifest)))
-                if args.diagnose:
-                    cache.drop()
-                    keep_best(row, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
-                    keep_best(row, "b_read_webdataset", rates(bench.run_webdataset(shard_dir, manifest, cache)))
+            for dtype in dtypes:
+                suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
+                shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
+                t0 = time.perf_counter()
+                fresh = not (shard_dir / shards.MANIFEST).is_file()
+                manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=1, dtype=dtype)
+                d: dict = {"mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
+                           "shards": manifest["counts"]["shards"]}
+                if fresh:  # the conversion, one process (cache warm: the layout was just read or written)
+                    d["convert_videos_per_s"] = n / (time.perf_counter() - t0)
+                for _ in range(max(1, args.repeat)):
+                    if "b" in only:
+                        keep_best(d, "b", rates(bench.run(shard_dir, manifest, cfg, args.read_cpus, args.task_mb,
+                                                          cache)))
+                    if "c" in only:
+                        cache.drop()
+                        keep_best(d, "c", rates(run_sequential(shard_dir, manifest)))
+                    if "c2" in only:
+                        cache.drop()
+                        keep_best(d, "c2", rates(run_steps_inprocess(shard_dir, manifest, cfg, args.ranks)))
+                    if "d" in only:
+                        cache.drop()
+                        keep_best(d, "d", rates(run_cat(shard_dir, manifest)))
+                    if args.diagnose:
+                        cache.drop()
+                        keep_best(d, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
+                        keep_best(d, "b_read_webdataset", rates(bench.run_webdataset(shard_dir, manifest, cache)))
+                row["dtypes"][dtype] = d
             results[size] = row
     finally:
         if bench is not None:
@@ -409,35 +424,44 @@ def report(results: dict, cache: Cache, args) -> None:
              "b_read_webdataset": "    read_webdataset, default decoder",
              "c_tarfile": "    tarfile + np.load, 1 process"}
     for size, row in results.items():
-        print(f"\n{SIZES[size]['label']}: {row['videos']} videos, {row['mb_per_video']:.2f} MB each, "
-              f"{row['shards']} shards")
-        print(f"  {'method':40s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
-        for k in ("a", "b", "c", "c2", "d", "b_read_webdataset", "c_tarfile"):
-            if k in row:
-                r = row[k]
-                print(f"  {names[k]:40s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} {r['seconds']:8.2f}")
-        ratios = {}
-        if "a" in row and "b" in row:
-            ratios["b_over_a"] = row["b"]["videos_per_s"] / row["a"]["videos_per_s"]
-        if "c" in row and "b" in row:
-            ratios["b_over_c"] = row["b"]["videos_per_s"] / row["c"]["videos_per_s"]
-        if "c" in row and "c2" in row:
-            ratios["c2_over_c"] = row["c2"]["videos_per_s"] / row["c"]["videos_per_s"]
-        if "d" in row and "b" in row:
-            ratios["b_over_d"] = row["b"]["videos_per_s"] / row["d"]["videos_per_s"]
-        row["ratios"] = ratios
-        if "c2" in row:
-            c2 = row["c2"]
-            print(f"  (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "
-                  f"({c2['videos'] / max(c2['read_s'], 1e-9):.0f} videos/s), drawing the clips {c2['build_s']:.2f} s "
-                  f"({row['clips_per_video']} per video; (a), (c) and (d) draw none)")
-        for key, target, label in (("b_over_a", TARGET_B_OVER_A, "(b)/(a)"), ("b_over_c", TARGET_B_OVER_C, "(b)/(c)"),
-                                   ("c2_over_c", None, "(c2)/(c), clips drawn in (c2) only"),
-                                   ("b_over_d", None, "(b)/(d)")):
-            if key in ratios:
-                verdict = "" if target is None else (f"  target >= {target:g}: " +
-                                                     ("met" if ratios[key] >= target else "NOT met"))
-                print(f"  {label} = {ratios[key]:.2f}{verdict}")
+        print(f"\n{SIZES[size]['label']}: {row['videos']} videos")
+        print(f"  {'method':40s} {'shards':>8s} {'MB/video':>9s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
+        if "a" in row:
+            r = row["a"]
+            print(f"  {names['a']:40s} {'-':>8s} {'-':>9s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} "
+                  f"{r['seconds']:8.2f}")
+        for dtype, d in row["dtypes"].items():
+            for k in ("b", "c", "c2", "d", "b_read_webdataset", "c_tarfile"):
+                if k in d:
+                    r = d[k]
+                    print(f"  {names[k]:40s} {dtype:>8s} {d['mb_per_video']:9.2f} {r['videos_per_s']:10.0f} "
+                          f"{r['mb_per_s']:9.0f} {r['seconds']:8.2f}")
+            ratios = {}
+            if "a" in row and "b" in d:
+                ratios["b_over_a"] = d["b"]["videos_per_s"] / row["a"]["videos_per_s"]
+            if "c" in d and "b" in d:
+                ratios["b_over_c"] = d["b"]["videos_per_s"] / d["c"]["videos_per_s"]
+            if "c" in d and "c2" in d:
+                ratios["c2_over_c"] = d["c2"]["videos_per_s"] / d["c"]["videos_per_s"]
+            if "d" in d and "b" in d:
+                ratios["b_over_d"] = d["b"]["videos_per_s"] / d["d"]["videos_per_s"]
+            d["ratios"] = ratios
+            if "c2" in d:
+                c2 = d["c2"]
+                print(f"  {dtype} (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "
+                      f"({c2['videos'] / max(c2['read_s'], 1e-9):.0f} videos/s), drawing the clips "
+                      f"{c2['build_s']:.2f} s ({row['clips_per_video']} per video; (a), (c) and (d) draw none)")
+            if "convert_videos_per_s" in d:
+                print(f"  {dtype} conversion (raymcn shards, 1 process): {d['convert_videos_per_s']:.1f} videos/s")
+            targets = ((("b_over_a", 1.6), ("b_over_d", 0.8)) if dtype == "float16" else
+                       (("b_over_a", TARGET_B_OVER_A), ("b_over_c", TARGET_B_OVER_C)))
+            for key, label in (("b_over_a", "(b)/(a)"), ("b_over_c", "(b)/(c)"),
+                               ("c2_over_c", "(c2)/(c), clips drawn in (c2) only"), ("b_over_d", "(b)/(d)")):
+                if key in ratios:
+                    target = dict(targets).get(key)
+                    verdict = "" if target is None else (f"  target >= {target:g}: " +
+                                                         ("met" if ratios[key] >= target else "NOT met"))
+                    print(f"  {dtype} {label} = {ratios[key]:.2f}{verdict}")
     if args.json:
         print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
                           "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (

@@ -174,3 +174,10 @@ def test_the_command_says_which_inputs_go_together(corpus, tmp_path, capsys):
     assert _cli(["--captions", str(corpus.captions), "--word-vectors", str(corpus.word_vectors),
                  "--out", str(tmp_path / "o")]) == 2
     assert "either --features and --audio-features" in capsys.readouterr().err
+
+
+def test_the_command_writes_fp16_features_by_default(corpus, tmp_path):
+    assert _cli(_layout_args(corpus, tmp_path / "default")) == 0
+    manifest = shards.load_manifest(tmp_path / "default")
+    assert manifest["settings"]["feature_dtype"] == "float16"
+    assert shards.feature_dtype(manifest, tmp_path / "default") == "float16"

@@ -33,6 +33,9 @@ def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
 
 
 def write(corpus, out, **kw) -> dict:
+    # fp32 features: these tests pin the format's bytes (bit-exact round trip, the v1 fixture);
+    # fp16 shards are tests/test_shard_dtype.py's
+    kw.setdefault("feature_dtype", "float32")
     kw.setdefault("videos_per_shard", 5)
     kw.setdefault("progress", False)
     kw.setdefault("log", lambda msg: None)

@@ -201,12 +201,13 @@ def test_a_step_without_a_readable_video_takes_the_previous_steps_or_fails_namin
 
 # --- import boundaries ------------------------------------------------------------------------------
 # raymcn modules each data-path module may import (at module level); everything points one way:
-# tarfmt <- sample <- shards / order <- stream <- reader, synthetic -> shards.
+# tarfmt <- sample <- shards / order <- stream <- reader, synthetic -> shards; tarinput -> shards.
 ALLOWED = {
     "tarfmt": set(),
     "sample": {"features", "tarfmt"},
     "order": {"tarfmt"},
-    "shards": {"config", "features", "files", "sample", "words"},
+    "tarinput": {"features"},
+    "shards": {"config", "features", "files", "sample", "tarinput", "words"},
     "stream": {"config", "features", "order", "sample", "tarfmt", "words"},
     "reader": {"config", "order", "stream"},
     "synthetic": {"features", "files", "shards", "words"},
@@ -226,7 +227,7 @@ def test_data_path_imports_point_one_way(module):
     assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "reader" else {"numpy", "pyarrow", "tqdm"})
 
 
-@pytest.mark.parametrize("module", ["tarfmt", "sample", "order", "shards", "stream", "synthetic", "reader"])
+@pytest.mark.parametrize("module", ["tarfmt", "sample", "order", "tarinput", "shards", "stream", "synthetic", "reader"])
 def test_importing_the_data_path_loads_no_torch(module):
     """The read tasks import stream (and reader's module); torch is for the workers' batches only."""
     code = (f"import sys, raymcn.data.{module}; "
