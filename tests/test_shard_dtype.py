@@ -181,3 +181,16 @@ def test_the_command_writes_fp16_features_by_default(corpus, tmp_path):
     manifest = shards.load_manifest(tmp_path / "default")
     assert manifest["settings"]["feature_dtype"] == "float16"
     assert shards.feature_dtype(manifest, tmp_path / "default") == "float16"
+
+
+def test_the_fp16_column_max_equals_the_fp32_max_for_every_sign():
+    from raymcn.data.features import column_max
+
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((40, 2048)) * 50).astype(np.float16)
+    rows[3, :5] = [-0.0, 0.0, np.inf, -np.inf, 65504]
+    rows[:, 7] = -rng.random(40).astype(np.float16) - 1  # a column of negatives only
+    for lo, hi in ((0, 1), (0, 40), (5, 17)):
+        got = column_max(rows[lo:hi])
+        assert got.dtype == np.float32
+        assert np.array_equal(got, rows[lo:hi].astype(np.float32).max(axis=0)), (lo, hi)
