@@ -324,9 +324,6 @@ def ddp_child(args) -> int:
     dist.init_process_group("gloo")
     try:
         cfg = make_config(args.workers, args.epochs, args.overrides)
-    configs = {"raymcn": cfg, INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
-    if "bare" not in args.paths or "raymcn" not in args.paths:
-        p.error("--paths needs bare and raymcn (the ratio compares them)")
         comm = Collectives.from_process_group()
         videos = TrainVideos.load(cfg)
         plan = plan_of(cfg, len(videos.records))
@@ -385,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, set(cores[args.workers:]))
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
-    configs = {"raymcn": cfg, INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
+    configs = {"raymcn": cfg,
+               INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
     if "bare" not in args.paths or "raymcn" not in args.paths:
         p.error("--paths needs bare and raymcn (the ratio compares them)")
     from raymcn.data.stream import TrainVideos
