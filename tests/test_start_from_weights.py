@@ -144,7 +144,7 @@ def no_ray(monkeypatch):
         raise AssertionError("Ray was started before the configuration was checked")
 
     monkeypatch.setattr(cli, "start_ray", refuse)
-    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: 64 << 30)
+    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (64 << 30, ""))
 
 
 def test_train_init_from_missing_path_fails_before_ray(no_ray, tmp_path, capsys):
