@@ -214,7 +214,7 @@ class ScaleConfig:
     # How long a worker group's start waits for its resources before Ray Train decides again (then
     # retried without limit; Ray's default 60 s). After a lost node Ray first retries at the old size,
     # because the lost node's resources still count for a moment: an elastic group shrinks only
-    # after this wait (measured: tests/test_elastic.py, README "Surviving crashes").
+    # after this wait (measured: tests/test_elastic.py, docs/faults.md).
     worker_start_timeout_s: float = setting(20.0, gt=0)
 
     @property
