@@ -35,6 +35,7 @@ SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/progress.py)
+METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/history.py)
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 
 
