@@ -211,7 +211,7 @@ def bn_table(res: dict) -> str:
 
 # --- preflight -------------------------------------------------------------------------------------------
 def preflight_messages() -> list[dict]:
-    cfg = Config().replace({"scale.num_workers": 1, "scale.use_gpu": True})  # README: 128 videos x 32 clips
+    cfg = Config().replace({"scale.num_workers": 1, "scale.use_gpu": True})  # the paper: 128 videos x 32 clips
     out = []
     for label, device in (("24 GB", 24 * 10**9), ("40 GB (A100)", 40 * 10**9)):
         ok, msg, over = footprint.fits(cfg, device)

@@ -7,7 +7,7 @@
     python bench/memory.py --dim 64 --no-recon --no-refit   # only the b×B slabs matter (~15 s)
 
 Peak RSS of the process: ~5.3 GB (at B = 4096), ~2.4 GB with --quick.
-Measured figures: docs/measurements/memory.json (README, Performance).
+Measured figures: docs/measurements/memory.json (docs/performance.md).
 
 What is measured: the loss computation of one training step, forward + backward, starting from the
 embeddings (D = 6144, paper) and the reconstruction (prediction, target) pairs, on CPU in fp32:

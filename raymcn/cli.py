@@ -1,4 +1,4 @@
-"""Command line: ``raymcn train | sweep | synth | shards | eval | import-original | table | watch``.
+"""Command line: ``raymcn train | sweep | config | synth | shards | eval | import-original | table | watch``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -18,6 +19,7 @@ from raymcn.train import preflight
 from raymcn.train.console import Console
 
 DEFAULT_PRESET = "default.yaml"
+SHARDS_ENV = "RAYMCN_SHARDS"  # the default of data.shards when a config names none
 LATEST = "latest"  # --resume latest
 
 
@@ -46,6 +48,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
     cfg = load_config(args.config or preset_path(), overrides)
+    if not cfg.data.shards and os.environ.get(SHARDS_ENV):  # a cluster's shard folder (cluster.yaml sets it)
+        cfg = cfg.replace({"data.shards": os.environ[SHARDS_ENV]})
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
     return cfg
@@ -301,9 +305,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = ("raymcn: train the Multimodal Clustering Network (video, audio and text in one space) with DDP "
+               "on Ray Train, sweep it with Ray Tune, and answer which modality-stage order learns best.")
+EPILOG = ("The lab's path: raymcn shards (features -> shards), raymcn train (one run), raymcn sweep (the "
+          "stage-order question), raymcn table (the answer). `raymcn COMMAND --help` for each.")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    if args.reference:
+        from raymcn.reference import reference
+
+        print(reference(), end="")
+        return 0
+    print(load_config(args.config or preset_path(), args.overrides).dump_text(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raymcn", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="raymcn", description=DESCRIPTION, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     p = sub.add_parser("train", help="train one MCN run on Ray Train")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR (a path or URI) from its latest "
@@ -314,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep (a path or URI); "
                    "'latest': the newest sweep under the storage path")
     p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("config", help="print the resolved configuration of a run, or every setting (--reference)")
+    p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set optim.lr=3e-4 (repeatable)")
+    p.add_argument("--reference", action="store_true",
+                   help="every key with its default, bounds and meaning, as Markdown (docs/settings.md)")
+    p.set_defaults(func=cmd_config)
     from raymcn.data import commands
     from raymcn.results import table
 

@@ -35,6 +35,7 @@ SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/progress.py)
+METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/history.py)
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 
 
@@ -136,14 +137,14 @@ class DataConfig:
     # Batches fetched ahead of the step in a background thread (on CUDA also pinned and copied to
     # the GPU on a side stream), so the step does not wait for its data; 0 = fetched in the step.
     prefetch_batches: int = setting(1, ge=0, le=8)
-    shards: str = ""  # directory of tar shards (~ allowed); "" = the synthetic corpus (generated once, cached)
+    shards: str = ""  # directory of tar shards (~ allowed); "" = $RAYMCN_SHARDS if set, else the synthetic corpus (generated once, cached)
     eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
     word_vectors: str = ""  # word2vec .bin for eval captions; "" = the shards' vocabulary
     eval_audio_frames: int = setting(0, ge=0)  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
     cache_dir: str = ""  # "" = $RAYMCN_CACHE or ~/.cache/raymcn
     synthetic_videos: int = setting(256, ge=1)  # size of the synthetic training corpus
     synthetic_eval_clips: int = setting(256, ge=1)  # size of the held-out synthetic evaluation split
-    synthetic_topics: int = setting(8, ge=1)
+    synthetic_topics: int = setting(8, ge=1)  # latent topics of the synthetic corpus (what retrieval can learn)
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,9 @@ class ModelConfig:
     audio_channels: tuple[int, ...] = setting((128, 128, 256, 512, 1024), check=_five_widths,  # conv1, layer1..4
                                               why="needs 5 positive widths (conv1, layer1..layer4)")
     audio_blocks: int = setting(2, ge=1)  # residual blocks per DAVEnet layer
-    mel_bins: int = setting(40, ge=1)
+    mel_bins: int = setting(40, ge=1)  # log-mel bins of the spectrogram
     recon: bool = True  # build the reconstruction heads
-    recon_hidden: int = setting(1024, ge=1)
+    recon_hidden: int = setting(1024, ge=1)  # hidden width of each reconstruction head
     # SyncBatchNorm in DAVEnet: batch statistics over the global batch, so the forward does not depend
     # on how many workers share it (false keeps per-rank statistics, as DataParallel had)
     sync_batchnorm: bool = False
@@ -169,33 +170,33 @@ class LossConfig:
     queue_steps: int = setting(20, ge=1)  # queue length in steps' worth of rows
     queue_clip_fraction: float = setting(0.5, gt=0, le=1)  # share of each video's clips pushed per step
     refresh_every: int = setting(20, ge=1)  # steps between full k-means refits (independent of the queue length)
-    kmeans_iters: int = setting(100, ge=1)
-    kmeans_tol: float = setting(1e-4, ge=0)
-    queue_dtype: str = setting("float32", choices=("float32", "bfloat16"))
-    cluster_weight: float = setting(1.0, ge=0)
+    kmeans_iters: int = setting(100, ge=1)  # Lloyd iterations of a refit at most
+    kmeans_tol: float = setting(1e-4, ge=0)  # a refit stops once the centroids move less (sum of squared shifts)
+    queue_dtype: str = setting("float32", choices=("float32", "bfloat16"))  # bfloat16 halves the queue's memory
+    cluster_weight: float = setting(1.0, ge=0)  # weight of the clustering term in the total loss
     cluster_on: str = setting("modalities", choices=("modalities", "fused"))  # mean of CE(v), CE(a), CE(t) | CE(mean)
-    recon_weight: float = setting(50.0, ge=0)
+    recon_weight: float = setting(50.0, ge=0)  # weight of the reconstruction term (the paper's 50)
     detach_recon_targets: bool = False  # the original lets gradient flow into audio/text targets
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = setting(1e-4, gt=0)
+    lr: float = setting(1e-4, gt=0)  # Adam's peak learning rate (after the warm-up, then a half cosine to 0)
     # Warm-up length in videos seen (all ranks together): the run warms up for
     # ceil(warmup_videos / data.batch_size) steps, so runs at different batch sizes end their warm-up
     # after the same share of an epoch, and a sweep's rungs compare them at the same point of the
     # LR schedule. 640 000 = the paper's 5000 steps at its batch of 128 videos.
     warmup_videos: int = setting(640_000, ge=0)
     warmup_steps: int = setting(0, ge=0)  # > 0: a fixed step count instead, whatever the batch (the old meaning)
-    weight_decay: float = setting(0.0, ge=0)
+    weight_decay: float = setting(0.0, ge=0)  # Adam's L2 penalty
     grad_clip: float = setting(0.0, ge=0)  # 0 = off
     max_nonfinite_steps: int = setting(3, ge=0)  # consecutive non-finite steps skipped before the run stops
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    epochs: int = setting(30, ge=1)
-    stage_order: str = setting("joint", choices=STAGE_ORDERS)
+    epochs: int = setting(30, ge=1)  # passes over the training corpus
+    stage_order: str = setting("joint", choices=STAGE_ORDERS)  # modalities per stage: AV_T = audio+video, then text too
     stage1_fraction: float = setting(0.5, gt=0, lt=1)  # share of the run's steps spent in stage 1 (not joint)
     steps_per_epoch: int = setting(0, ge=0)  # 0 = videos // batch_size
 
@@ -206,7 +207,7 @@ class ScaleConfig:
     # that runs on the workers that can be placed and grows back when capacity returns
     num_workers: Workers = setting(2, check=_workers_ok,
                                    why="needs a count >= 0, or [min, max] with 1 <= min <= max (elastic)")
-    use_gpu: bool = False
+    use_gpu: bool = False  # one GPU per worker (DDP over NCCL, bf16 autocast); false = CPU workers (gloo)
     cpus_per_worker: float = setting(1.0, gt=0)  # CPUs a worker reserves (the read tasks reserve none)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
@@ -214,7 +215,7 @@ class ScaleConfig:
     # How long a worker group's start waits for its resources before Ray Train decides again (then
     # retried without limit; Ray's default 60 s). After a lost node Ray first retries at the old size,
     # because the lost node's resources still count for a moment: an elastic group shrinks only
-    # after this wait (measured: tests/test_elastic.py, README "Surviving crashes").
+    # after this wait (measured: tests/test_elastic.py, docs/faults.md).
     worker_start_timeout_s: float = setting(20.0, gt=0)
 
     @property
@@ -254,7 +255,7 @@ class ScaleConfig:
 class RunSection:
     name: str = ""  # "" = a unique name per fresh run (a reused name silently resumes)
     storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results; a folder or a bucket URI
-    seed: int = 1
+    seed: int = 1  # model initialisation, data order (epoch permutation, each rank's share, clips), k-means
     checkpoints_to_keep: int = setting(2, ge=1)  # the best by R@10 among epoch ends; the latest is always kept too
     # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
     # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
@@ -278,16 +279,16 @@ class RunSection:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    algorithm: str = setting("random", choices=SEARCH_ALGORITHMS)
+    algorithm: str = setting("random", choices=SEARCH_ALGORITHMS)  # the search (bohb, asha: early stopping by budget)
     suggest: str = setting("random", choices=("random", "optuna"))  # asha only: where new configs come from
-    num_samples: int = setting(4, ge=1)
+    num_samples: int = setting(4, ge=1)  # configurations the search draws (a grid: repeats of the whole grid)
     max_concurrent: int = setting(1, ge=1)  # = total GPUs // GPUs per trial
     grace_epochs: int = setting(1, ge=1)  # first rung of ASHA / HyperBand, in budget epochs (after the stage switch)
-    reduction_factor: int = setting(3, ge=2)
-    seed: int = 0
+    reduction_factor: int = setting(3, ge=2)  # ASHA / HyperBand: 1 in this many trials goes on at each rung
+    seed: int = 0  # the search's own random state (which configurations are drawn)
     space: dict = setting({})  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
-    mlflow: bool = False
-    wandb: bool = False
+    mlflow: bool = False  # log every trial to MLflow (a SQLite store mlflow.db in the experiment folder)
+    wandb: bool = False  # log every trial to Weights & Biases (project raymcn, offline; `wandb sync` uploads)
     max_trial_failures: int = setting(2, ge=0)  # retries of a trial whose driver or node died (permanent errors: none)
     # Every configuration the search proposes is trained this many times, with run.seed, run.seed + 1, ...
     # (the seed is written into each trial's config, so the results table pairs trials by it).

@@ -80,7 +80,7 @@ def test_shares_cover_every_row_once():
 
 
 def test_the_benchmark_reports_the_same_centroids_on_two_ranks():
-    """bench/kmeans.py (the README's before/after figure) at its quick size: 1 rank, then 2."""
+    """bench/kmeans.py (the before/after figure of docs/performance.md) at its quick size: 1 rank, then 2."""
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "bench/kmeans.py", "--quick", "--world", "1", "2", "--iters", "2", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=300)

@@ -10,7 +10,7 @@ policy restarts it from the last checkpoint on what can be placed and, every
 checkpoint). With ``model.sync_batchnorm`` the step's arithmetic does not depend on the world size
 (``tests/test_dist_losses.py``, ``tests/test_syncbn.py``: equal to 1e-5); what a resize may change
 is which videos Ray Data's split puts together in a step, so the final metrics are compared within
-a stated tolerance (``ELASTIC_TOLERANCE``; README, "Surviving crashes").
+a stated tolerance (``ELASTIC_TOLERANCE``; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ EPOCHS = 6
 VIDEOS = 64  # TINY's corpus: every epoch reads each of them once, whatever the world
 # The stated tolerance for a resized run against the uninterrupted one. A resize regroups the
 # videos of every later step (Ray Data's split for the new world), a larger change than a
-# restarted worker's (conftest's restart tolerance). Measured (README, fault table): loss 0.2 % and
+# restarted worker's (conftest's restart tolerance). Measured (docs/faults.md, fault table): loss 0.2 % and
 # 1.1 %, cluster loss 3.0 % and 1.3 %, R@10 3.1 points (2 of 64 queries) both times, on the
 # AVX-512 and the AVX2 kernel path; the uninterrupted runs of the two paths differ by 0.5 % in
 # loss themselves. A run that lost its schedule or its state would be off by far more (epoch 1's

@@ -147,7 +147,7 @@ def test_fits_accepts_a_large_device():
 
 
 def _paper_on_one_gpu() -> Config:
-    return _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True})  # the README's 128 videos x 32 clips
+    return _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True})  # the paper's 128 videos x 32 clips (docs/memory.md)
 
 
 @pytest.mark.parametrize("device", [24 * 10**9, 40 * 10**9, 24 * GIB], ids=["24GB", "40GB-A100", "24GiB"])

@@ -24,6 +24,13 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path):
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_MedR", "total_loss", "cluster_loss",
                 "recon_loss", "contrastive_loss", "run_dir"):
         assert key in summary
+    # metrics.csv beside the checkpoints: one row per epoch, the last one the run's final metrics
+    import pandas as pd
+
+    table = pd.read_csv(Path(summary["run_dir"]) / "metrics.csv")
+    assert list(table["epoch"]) == [1.0, 2.0, 3.0, 4.0]
+    assert table["text_to_video_R@10"].iloc[-1] == pytest.approx(summary["text_to_video_R@10"])
+    assert {"total_loss", "time_forward_s", "samples_per_s", "bad_samples"} <= set(table.columns)
 
 
 def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_path):

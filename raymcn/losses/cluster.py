@@ -2,7 +2,7 @@
 
 Semantics follow the original: assignment by argmax cosine similarity, centroid =
 plain mean of the *un-normalised* member vectors, raw dot-product logits in the cluster CE. Two
-deliberate deviations, both documented in the README:
+deliberate deviations, both documented in docs/fidelity.md:
 
 * an empty cluster is re-seeded with a poorly-fit point instead of becoming a zero vector
   (a zero centroid has no direction, attracts nothing and contributes a constant 0 logit);

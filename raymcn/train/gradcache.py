@@ -30,7 +30,7 @@ gloo ranks with DDP; all to 1e-5):
   batch: with one chunk (n ≥ b), or with BatchNorm in eval mode. MCN's only such dependency is
   DAVEnet's BatchNorm in training mode, which normalises with the statistics of the batch it
   sees: with caching, one chunk's, the same in both passes (so the cached gradient is exact for
-  that forward). The effect of chunk instead of share statistics is measured in the README.
+  that forward). The effect of chunk instead of share statistics is measured in docs/memory.md.
 * **BatchNorm running statistics** are updated once per step, not once per chunk and pass:
   both passes run with the layers' own update off; pass 1 pools each layer's input statistics
   over the chunks (Chan et al.'s parallel mean/variance, float64), and the step ends with one

@@ -144,7 +144,8 @@ def locate_shards(cfg: Config) -> tuple[Path, dict]:
     directory = resolve_shards_dir(cfg)
     where = f"data.shards={cfg.data.shards!r}"
     if not directory.is_dir():
-        raise ConfigError([f"{where}: directory does not exist"])
+        raise ConfigError([f"{where}: directory does not exist (write the shards there with `raymcn shards "
+                           f"--out {cfg.data.shards} ...` from the feature folders or tars)"])
     try:
         manifest = shards.load_manifest(directory)
         shards.feature_dtype(manifest, directory)  # one dtype in the folder, or the shards of each named

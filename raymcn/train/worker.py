@@ -17,11 +17,11 @@ import ray.train
 import ray.train.torch
 import torch
 
-from raymcn.config import MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
+from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
 from raymcn.data import reader
 from raymcn.data.evalsets import load_eval_set
 from raymcn.losses import Collectives
-from raymcn.train import checkpoint, faults, init_from, preflight
+from raymcn.train import checkpoint, faults, history, init_from, preflight
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
 from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.loop import evaluate, fold_progress
@@ -123,6 +123,11 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     def after_epoch(run: Run, metrics: dict[str, float]) -> None:
         save_and_report(run, metrics)
+        if rank == 0:  # metrics.csv beside the checkpoints: one row per epoch
+            try:
+                history.record_epoch(loop_config["run_dir"], metrics)
+            except OSError as e:  # a table of convenience: never worth ending the run for
+                print(f"warning: could not write {METRICS_FILE} in {loop_config['run_dir']}: {e}")
         if say:
             say(epoch_line(run.state.epoch, plan.epochs, metrics, workers=world))
         faults.after_epoch(run.state.epoch)
