@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = args.disk_mb_s / per_video
     print(f"{len(data) / 1e6:.0f} MB of fp16 features + spectrograms ({per_video:.1f} MB per video); "
           f"disk {args.disk_mb_s:g} MB/s, {args.cores} decoding cores; uncompressed: {plain:.0f} videos/s")
-    print(f"| codec | ratio | compress MB/s | decode MB/s (1 core) | videos/s (disk-bound) | videos/s (decode-bound) | "
-          f"read | vs uncompressed |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| codec | ratio | compress MB/s | decode MB/s (1 core) | videos/s (disk-bound) | videos/s (decode-bound) | "
+          "read | vs uncompressed |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for codec, level in CODECS:
         r = measure(data, codec, level)

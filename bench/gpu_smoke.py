@@ -120,7 +120,6 @@ def run_variant(name: str, overrides: dict, device: torch.device, warmup: int, s
            "losses": {k: v for k, v in metrics.items() if k.endswith("_loss")},
            "estimate_bytes": estimate["total"], "peak_bytes": peak,
            "estimate_over_peak": estimate["total"] / peak if peak else None}
-    del run
     return out
 
 

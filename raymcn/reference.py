@@ -73,7 +73,8 @@ def field_comments() -> dict[str, dict[str, str]]:
             while n >= 1 and lines[n - 1].strip().startswith("#"):
                 above.insert(0, comments.get(n, ""))
                 n -= 1
-            trailing = [comments[ln] for ln in range(item.lineno, (item.end_lineno or item.lineno) + 1) if ln in comments]
+            last = item.end_lineno or item.lineno
+            trailing = [comments[ln] for ln in range(item.lineno, last + 1) if ln in comments]
             fields[item.target.id] = " ".join(part for part in (*above, *trailing) if part)
     return out
 

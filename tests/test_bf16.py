@@ -74,14 +74,16 @@ def trained(tmp_path_factory):
 def _step(run, batch, *, ring: bool, chunk: int, bf16: bool, monkeypatch) -> tuple[dict, dict, torch.Tensor]:
     """One training step's terms and gradients from a copy of the run's model and objective state,
     as the loop computes them; and the objective's k-means labels of the step's fused rows."""
-    monkeypatch.setattr(loop, "autocast", bf16_autocast if bf16 else (lambda device: torch.autocast("cpu", enabled=False)))
+    fp32 = lambda device: torch.autocast("cpu", enabled=False)  # noqa: E731
+    monkeypatch.setattr(loop, "autocast", bf16_autocast if bf16 else fp32)
     model = copy.deepcopy(run.model)
     objective = copy.deepcopy(run.objective)
     objective.ring = ring
     step = run.cfg.loss.refresh_every * 100  # a refit step
     model.zero_grad(set_to_none=True)
     if chunk:
-        terms = cached_step(model, objective, batch, ALL, step, chunk, forward_context=lambda: loop.autocast(run.device))
+        terms = cached_step(model, objective, batch, ALL, step, chunk,
+                            forward_context=lambda: loop.autocast(run.device))
     else:
         with loop.autocast(run.device):
             out = model(batch, ALL)

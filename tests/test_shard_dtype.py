@@ -99,7 +99,8 @@ def test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing(corpus, tmp_path,
     assert not out.exists() or not any(out.iterdir())
     assert "24 videos" in text and "float32" in text and "float16" in text and "free at" in text, text
     # the estimate is close to what the writer then writes (within 15 %)
-    est = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(("float32 ", "float16 "))}
+    est = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+           if line.startswith(("float32 ", "float16 "))}
     for dtype, (_, manifest) in both.items():
         assert abs(est[dtype] * 2**20 / manifest["counts"]["bytes"] - 1) < 0.15, (dtype, est, manifest["counts"])
 

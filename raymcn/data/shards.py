@@ -49,7 +49,7 @@ from raymcn.data.features import (FeatureFileError, VideoRecord, load_captions, 
                                   video_id_of)
 from raymcn.data.files import write_text_atomic
 from raymcn.data.sample import FEATURE_DTYPES, MEMBERS, encode_record, key_problem
-from raymcn.data.tarinput import TarFeatures
+from raymcn.data.tarinput import TarFeatures, tar_files
 from raymcn.data.words import Vocab, build_vocab, load_vocab, read_word2vec_bin, save_vocab, tokenize
 
 FORMAT = "raymcn-shards"
@@ -213,12 +213,12 @@ def sample_bytes(paths: Sequence[str], feats, captions, rng: np.random.Generator
     return {d: float(np.mean(v)) for d, v in sizes.items() if v}
 
 
-def _free_bytes(out: Path) -> tuple[int, Path]:
-    """Free bytes of the filesystem that ``out`` is (or will be) on, and the folder measured."""
+def _free_bytes(out: Path) -> int:
+    """Free bytes of the filesystem that ``out`` is (or will be) on (its nearest existing folder's)."""
     where = out.resolve()
     while not where.exists():
         where = where.parent
-    return shutil.disk_usage(where).free, where
+    return shutil.disk_usage(where).free
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def plan_space(src: LayoutSources, out: str | os.PathLike, *, seed: int = 0, pro
     per_video = sample_bytes(found, feats, caps, np.random.default_rng([seed, 0x5EED]))
     if not per_video:
         raise ShardError(f"{src.video_list or 'the tars'}: none of the sampled videos could be read")
-    free, _ = _free_bytes(Path(out))
+    free = _free_bytes(Path(out))
     return SpacePlan(len(paths), len(found), tuple(video_id_of(p) for p in missing[:3]), per_video, Path(out), free)
 
 
@@ -501,8 +501,6 @@ def _build_manifest(out: Path, plan: dict, markers: list[dict], src: LayoutSourc
 
 def layout_sources(features, audio_features, captions, video_list, word_vectors, tars=()) -> LayoutSources:
     """:class:`LayoutSources` of the command's arguments (``tars``: files or folders of ``*.tar``)."""
-    from raymcn.data.tarinput import tar_files
-
     return LayoutSources(Path(features or ""), Path(audio_features or ""), Path(captions),
                          Path(video_list) if video_list else None, Path(word_vectors), tuple(tar_files(tars)))
 
@@ -591,7 +589,7 @@ def shards_from_layout(features: str | os.PathLike | None, audio_features: str |
     # Before anything is written: the shards still to write must fit where they go.
     left = [p for _, _, paths in todo for p in paths]
     per_video = sample_bytes(left, feats, caps, np.random.default_rng([seed, 0x5EED]))
-    free, _ = _free_bytes(out)
+    free = _free_bytes(out)
     if feature_dtype in per_video and len(left) * per_video[feature_dtype] > free:
         half = len(left) * per_video.get("float16", 0)
         raise ShardError(space_refusal(int(len(left) * per_video[feature_dtype]), free, out, feature_dtype,

@@ -149,7 +149,8 @@ class TarFeatures:
         for kind in ("2d", "3d"):
             arr = self.array(vid, kind)
             if arr.ndim != 2 or arr.shape[1] != FEATURE_DIM:
-                raise FeatureFileError(f"video {vid}: {kind} features have shape {arr.shape}, expected (T, {FEATURE_DIM})")
+                raise FeatureFileError(f"video {vid}: {kind} features have shape {arr.shape}, "
+                                       f"expected (T, {FEATURE_DIM})")
             feats.append(np.ascontiguousarray(arr, dtype=np.float32))
         spec = self.array(vid, "spec")
         if spec.ndim != 2 or spec.shape[0] != MEL_BINS:
