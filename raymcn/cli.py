@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -19,7 +18,6 @@ from raymcn.train import preflight
 from raymcn.train.console import Console
 
 DEFAULT_PRESET = "default.yaml"
-SHARDS_ENV = "RAYMCN_SHARDS"  # the default of data.shards when a config names none
 LATEST = "latest"  # --resume latest
 
 
@@ -48,8 +46,6 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
     cfg = load_config(args.config or preset_path(), overrides)
-    if not cfg.data.shards and os.environ.get(SHARDS_ENV):  # a cluster's shard folder (cluster.yaml sets it)
-        cfg = cfg.replace({"data.shards": os.environ[SHARDS_ENV]})
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
     return cfg

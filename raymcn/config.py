@@ -137,7 +137,7 @@ class DataConfig:
     # Batches fetched ahead of the step in a background thread (on CUDA also pinned and copied to
     # the GPU on a side stream), so the step does not wait for its data; 0 = fetched in the step.
     prefetch_batches: int = setting(1, ge=0, le=8)
-    shards: str = ""  # directory of tar shards (~ allowed); "" = $RAYMCN_SHARDS if set, else the synthetic corpus (generated once, cached)
+    shards: str = ""  # directory of tar shards (~ allowed); "" = the synthetic corpus (generated once, cached)
     eval_set: str = "synthetic"  # synthetic | youcook:FILE | msrvtt:FILE
     word_vectors: str = ""  # word2vec .bin for eval captions; "" = the shards' vocabulary
     eval_audio_frames: int = setting(0, ge=0)  # 0 = the length the eval set prescribes (YouCook2 5120, MSR-VTT 3072)
