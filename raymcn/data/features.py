@@ -126,18 +126,27 @@ def _load_npz_array(path: Path, key: str) -> np.ndarray:
         raise FeatureFileError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
 
 
-def _load_visual(path: Path) -> np.ndarray:
-    arr = _load_npz_array(path, "features")
+def visual_array(arr: np.ndarray, where: str) -> np.ndarray:
+    """A 2d/3d feature array checked ((T, 2048)) and as float32; ``where`` names it in the error."""
     if arr.ndim != 2 or arr.shape[1] != FEATURE_DIM:
-        raise FeatureFileError(f"{path}: key 'features' has shape {arr.shape}, expected (T, {FEATURE_DIM})")
+        raise FeatureFileError(f"{where}: key 'features' has shape {arr.shape}, expected (T, {FEATURE_DIM})")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def _load_spec(path: Path) -> np.ndarray:
-    arr = _load_npz_array(path, "arr_0")
+def spec_array(arr: np.ndarray, where: str) -> np.ndarray:
+    """A spectrogram checked ((40, T)) and as float16; ``where`` names it in the error."""
     if arr.ndim != 2 or arr.shape[0] != MEL_BINS:
-        raise FeatureFileError(f"{path}: key 'arr_0' has shape {arr.shape}, expected ({MEL_BINS}, T)")
+        raise FeatureFileError(f"{where}: key 'arr_0' has shape {arr.shape}, expected ({MEL_BINS}, T)")
     return np.ascontiguousarray(arr, dtype=np.float16)
+
+
+def video_record(vid: str, feat_2d: np.ndarray, feat_3d: np.ndarray, spec: np.ndarray, captions: Mapping,
+                 word_to_id: Mapping[str, int], max_words: int | None = None,
+                 caption_source: str = "<captions>") -> VideoRecord:
+    """One video's record from its checked arrays and its captions (the folder and the tar readers')."""
+    starts, ends, tokens = _caption_arrays(vid, captions, word_to_id, max_words, caption_source)
+    flat, offsets = pack_tokens(tokens)
+    return VideoRecord(vid, feat_2d, feat_3d, spec, starts, ends, flat, offsets)
 
 
 def _caption_arrays(video_id: str, captions: Mapping, word_to_id: Mapping[str, int],
@@ -178,12 +187,11 @@ def read_video(path: str, features_root: str | os.PathLike, audio_root: str | os
     """
     vid = video_id_of(path)
     fdir, adir = Path(features_root) / path, Path(audio_root) / path
-    feat_2d = _load_visual(fdir / f"{vid}_2d.npz")
-    feat_3d = _load_visual(fdir / f"{vid}_3d.npz")
-    spec = _load_spec(adir / f"{vid}_spec.npz")
-    starts, ends, tokens = _caption_arrays(vid, captions, word_to_id, max_words, caption_source)
-    flat, offsets = pack_tokens(tokens)
-    return VideoRecord(vid, feat_2d, feat_3d, spec, starts, ends, flat, offsets)
+    feats = [visual_array(_load_npz_array(f, "features"), str(f)) for f in (fdir / f"{vid}_2d.npz",
+                                                                          fdir / f"{vid}_3d.npz")]
+    spec_file = adir / f"{vid}_spec.npz"
+    spec = spec_array(_load_npz_array(spec_file, "arr_0"), str(spec_file))
+    return video_record(vid, feats[0], feats[1], spec, captions, word_to_id, max_words, caption_source)
 
 
 def iter_videos(paths: Iterable[str], features_root, audio_root, captions: Mapping,

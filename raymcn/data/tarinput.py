@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from raymcn.data.features import (FEATURE_DIM, MEL_BINS, FeatureFileError, VideoRecord, _caption_arrays, pack_tokens,
-                                  video_id_of)
+from raymcn.data.features import (FeatureFileError, VideoRecord, spec_array, video_id_of, video_record,
+                                  visual_array)
 
 KINDS = ("2d", "3d", "spec")
 _NAME = (re.compile(r"^(?P<id>[^.]+)\.(?P<kind>2d|3d|spec)\.(?P<ext>npz|npy)$"),  # WebDataset: <key>.<suffix>
@@ -145,17 +145,6 @@ class TarFeatures:
                    caption_source: str = "<captions>") -> VideoRecord:
         """One video as :func:`features.read_video` reads it from the folder layout (the same checks)."""
         vid = video_id_of(path)
-        feats = []
-        for kind in ("2d", "3d"):
-            arr = self.array(vid, kind)
-            if arr.ndim != 2 or arr.shape[1] != FEATURE_DIM:
-                raise FeatureFileError(f"video {vid}: {kind} features have shape {arr.shape}, "
-                                       f"expected (T, {FEATURE_DIM})")
-            feats.append(np.ascontiguousarray(arr, dtype=np.float32))
-        spec = self.array(vid, "spec")
-        if spec.ndim != 2 or spec.shape[0] != MEL_BINS:
-            raise FeatureFileError(f"video {vid}: spectrogram has shape {spec.shape}, expected ({MEL_BINS}, T)")
-        starts, ends, tokens = _caption_arrays(vid, captions, word_to_id, max_words, caption_source)
-        flat, offsets = pack_tokens(tokens)
-        return VideoRecord(vid, feats[0], feats[1], np.ascontiguousarray(spec, dtype=np.float16), starts, ends, flat,
-                           offsets)
+        feats = [visual_array(self.array(vid, kind), f"video {vid}, {kind} member") for kind in ("2d", "3d")]
+        spec = spec_array(self.array(vid, "spec"), f"video {vid}, spec member")
+        return video_record(vid, feats[0], feats[1], spec, captions, word_to_id, max_words, caption_source)
