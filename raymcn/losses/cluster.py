@@ -93,7 +93,8 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
         for _ in range(iters):
             labels, best = _best_cosine(part, centroids, part_norm, chunk_rows)
             counts = comm.all_reduce_sum_(torch.bincount(labels, minlength=k))
-            sums = comm.all_reduce_sum_(torch.zeros(k, d, dtype=torch.float32, device=x.device).index_add_(0, labels, part))
+            sums = torch.zeros(k, d, dtype=torch.float32, device=x.device).index_add_(0, labels, part)
+            sums = comm.all_reduce_sum_(sums)
             new = sums / counts.clamp_min(1).to(sums.dtype)[:, None]
             empty = torch.nonzero(counts == 0).squeeze(1)
             if empty.numel():  # the same decision on every rank: the counts are all-reduced integers

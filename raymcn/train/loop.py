@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -376,9 +375,7 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
     net.eval()
     try:
         n = eval_set.video.shape[0]
-        share = -(-n // comm.world)
-        bounds = [(min(n, r * share), min(n, (r + 1) * share)) for r in range(comm.world)]
-        start, end = bounds[comm.rank]
+        start, end = comm.share(n)
         rows = torch.empty(end - start, 2, net.cfg.embed_dim, dtype=torch.float32, device=device)  # (text, gallery)
         for s in range(start, end, chunk):
             sl = slice(s, min(s + chunk, end))
@@ -388,7 +385,7 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
                 out = net.encode(batch)  # all three branches, no reconstruction heads
             rows[s - start:sl.stop - start, 0] = out["text"].float()
             rows[s - start:sl.stop - start, 1] = out["video"].float() + out["audio"].float()
-        everyone = comm.all_gather(rows, sizes=[e - s for s, e in bounds])  # (N, 2, D): every clip once, in order
+        everyone = comm.all_gather(rows, sizes=comm.share_sizes(n))  # (N, 2, D): every clip once, in order
         total = float(getattr(eval_set, "num_queries_total", None) or n)
         keys = [*RETRIEVAL_METRICS, "eval_size"]
         values = torch.zeros(len(keys), dtype=torch.float64, device=device)
