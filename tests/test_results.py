@@ -166,19 +166,23 @@ def test_markdown_and_csv(exp_dir):
 def test_group_mean_std_match_numpy(exp_dir):
     trials = load_experiment(exp_dir)[0]
     g = group_table(trials, "schedule.stage_order").set_index("schedule.stage_order")
-    assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10 of finished trials: 33, 30, 8
+    assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10 of full-budget trials: 33, 30, none
     for order in ("AV_T", "joint", "VT_A"):
         members = [v for v in TRIALS.values() if v[0] == order]
         assert g.loc[order, "n"] == len(members)  # every trial, any status
-        # errored trials are listed per trial but left out of the group's values
-        best = np.array([max(r) for _, _, r, errored in members if r and not errored])
+        # errored and stopped-early trials are listed per trial but left out of the group's values
+        best = np.array([max(r) for _, _, r, errored in members if len(r) == EPOCHS and not errored])
         assert g.loc[order, "n_finished"] == best.size
+        if best.size == 0:
+            assert math.isnan(g.loc[order, f"best_{R10}_mean"])
+            continue
         assert g.loc[order, f"best_{R10}_mean"] == pytest.approx(np.mean(best))
         if best.size > 1:  # sample std, ddof=1 (pandas' default)
             assert g.loc[order, f"best_{R10}_std"] == pytest.approx(np.std(best, ddof=1))
         else:
             assert math.isnan(g.loc[order, f"best_{R10}_std"])
     assert "1 errored trial not counted" in g.loc["AV_T", "note"]
+    assert g.loc["VT_A", "n_stopped"] == 1 and "1 stopped-early trial" in g.loc["VT_A", "note"]
     md = format_table(g.reset_index(), "md")
     joint = np.array([40.0, 26.0])
     assert f"{joint.mean():.2f} ± {joint.std(ddof=1):.2f}" in md  # "33.00 ± 9.90"

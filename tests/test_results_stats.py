@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from raymcn.results.render import render_table
-from raymcn.results.stats import PAIRED, WELCH, compare, group_statistics, holm, pairing_keys, t_interval
+from raymcn.results.stats import (PAIRED, WELCH, compare, detectable_difference, group_statistics, holm, pairing_keys,
+                                  t_interval)
 from raymcn.results.table import format_statistics, group_table
 
 R10 = "best_text_to_video_R@10"
@@ -111,13 +112,56 @@ def test_holm_matches_statsmodels():
     assert holm([]).size == 0
 
 
+# --- detectable difference ----------------------------------------------------------------------------
+def test_detectable_difference_against_hand_computation():
+    """Hand values: the textbook approximation δ ≈ (t(0.975, dof) + t(0.8, dof))·SE, which for
+    large dof is (1.95996 + 0.84162)·SE = 2.8016·SE. For 10 pairs: t(0.975, 9) = 2.2622,
+    t(0.8, 9) = 0.8834 (tables), so δ ≈ 3.1456·SE; the exact noncentral-t value lies within 1 %."""
+    from scipy import stats as st
+
+    assert detectable_difference(1.0, 10_000) == pytest.approx(1.95996 + 0.84162, rel=1e-3)
+    assert detectable_difference(0.5, 9) == pytest.approx(0.5 * (2.2622 + 0.8834), rel=0.01)
+    for se, dof in ((1.0, 1), (0.3, 2), (2.0, 4), (1.0, 9)):
+        delta = detectable_difference(se, dof)
+        crit = st.t.ppf(0.975, dof)  # at δ the test rejects with probability 0.8 exactly
+        power = st.nct.sf(crit, dof, delta / se) + np.nan_to_num(st.nct.cdf(-crit, dof, delta / se))
+        assert power == pytest.approx(0.8, abs=1e-6)
+        assert delta >= (crit + st.t.ppf(0.8, dof)) * se * 0.999  # never below the approximation's
+    assert detectable_difference(2.0, 9) == pytest.approx(2 * detectable_difference(1.0, 9))  # scales with SE
+    assert math.isnan(detectable_difference(0.0, 5)) and math.isnan(detectable_difference(1.0, 0))
+
+
+def test_paired_mde_uses_the_spread_of_the_differences():
+    best = pd.Series([30.0, 34, 31, 33], index=pd.Index([1, 2, 3, 4], name="run.seed"))
+    other = best - pd.Series([1.0, 3, 2, 2], index=best.index)
+    c = compare(other, best)
+    d = np.array([1.0, 3, 2, 2])
+    assert c.test == PAIRED and c.mde == pytest.approx(detectable_difference(d.std(ddof=1) / 2, 3))
+
+
+def test_pair_on_seed_alone_pairs_groups_with_their_own_configurations():
+    """A confirmation: each order runs its own lr, on the same seeds. Pairing on every swept key
+    would find no pair; pair_on=["run.seed"] pairs the seeds present in both groups and leaves
+    the others out."""
+    rows = [("joint", 1e-3, s, v, "done") for s, v in zip((11, 12, 13, 14), (30.0, 34, 31, 33))]
+    rows += [("AV_T", 3e-3, s, v, "done") for s, v in zip((11, 12, 13, 15), (28.0, 31, 29, 40))]
+    df = pd.DataFrame(rows, columns=["schedule.stage_order", "optim.lr", "run.seed", R10, "status"])
+    assert group_statistics(df, "schedule.stage_order").loc["AV_T", "test"] == WELCH
+    g = group_statistics(df, "schedule.stage_order", pair_on=["run.seed"])
+    assert g.loc["AV_T", "test"] == PAIRED and g.loc["AV_T", "pairs"] == 3  # seeds 11, 12, 13 only
+    assert g.loc["AV_T", "vs_best"] == pytest.approx(np.mean([28 - 30, 31 - 34, 29 - 31]))
+    assert "2 unpaired trial(s) left out" in g.loc["AV_T", "note"]
+
+
 # --- per group ---------------------------------------------------------------------------------------
 def trials_frame() -> pd.DataFrame:
-    """joint (best) and AV_T share seed and lr (paired); AT_V has other lrs (Welch); VT_A has one
+    """joint (best) and AV_T share seed and lr (paired); AV_T also has a trial stopped early (a
+    smaller budget: never in a mean, however good); AT_V has other lrs (Welch); VT_A has one
     finished trial and a running one (n = 1, no interval, no test)."""
     rows = [("joint", 1e-3, s, v, "done") for s, v in zip((1, 2, 3, 4), (30.0, 34, 31, 33))]
     rows += [("AV_T", 1e-3, s, v, "done") for s, v in zip((1, 2, 3, 4), (28.0, 31, 29, 30))]
-    rows += [("AT_V", lr, s, v, "stopped") for s, lr, v in zip((1, 2, 3), (2e-4, 5e-4, 7e-4), (20.0, 25, 22))]
+    rows += [("AV_T", 1e-3, 1, 99.0, "stopped")]
+    rows += [("AT_V", lr, s, v, "done") for s, lr, v in zip((1, 2, 3), (2e-4, 5e-4, 7e-4), (20.0, 25, 22))]
     rows += [("VT_A", 1e-3, 1, 15.0, "done"), ("VT_A", 1e-3, 2, 40.0, "running")]
     df = pd.DataFrame(rows, columns=["schedule.stage_order", "optim.lr", "run.seed", R10, "status"])
     return df.assign(trial=[f"t{i}" for i in range(len(df))], epochs=4)
@@ -133,7 +177,8 @@ def test_group_statistics_rule_and_numbers():
     assert (g.loc["joint", "ci95_low"], g.loc["joint", "ci95_high"]) == pytest.approx((32 - half, 32 + half))
     assert g.loc["joint", "test"] == "" and math.isnan(g.loc["joint", "p"])
     assert g.loc["AV_T", "test"] == PAIRED and g.loc["AV_T", "pairs"] == 4
-    assert g.loc["AV_T", "vs_best"] == pytest.approx(-2.5)
+    assert g.loc["AV_T", "vs_best"] == pytest.approx(-2.5)  # the stopped trial's 99 in neither mean nor pairs
+    assert g.loc["AV_T", "n"] == 4 and g.loc["AV_T", "mean"] == pytest.approx(29.5)
     assert g.loc["AT_V", "test"] == WELCH and g.loc["AT_V", "pairs"] == 0
     assert g.loc["VT_A", "n"] == 1 and math.isnan(g.loc["VT_A", "ci95_low"]) and g.loc["VT_A", "test"] == ""
     assert "n = 1: no interval" in g.loc["VT_A", "note"]
@@ -152,19 +197,24 @@ def test_group_statistics_follows_metric_direction():
 def test_group_table_and_statistics_markdown():
     df = trials_frame()
     grouped = group_table(df, "schedule.stage_order", metric=R10)
-    assert grouped["n"].tolist() == [4, 4, 3, 2] and grouped["n_finished"].tolist() == [4, 4, 3, 1]
-    assert "1 running trial not counted" in grouped.set_index("schedule.stage_order").loc["VT_A", "note"]
+    assert grouped["n"].tolist() == [4, 5, 3, 2] and grouped["n_finished"].tolist() == [4, 4, 3, 1]
+    assert grouped["n_stopped"].tolist() == [0, 1, 0, 0]
+    notes = grouped.set_index("schedule.stage_order")["note"]
+    assert "1 running trial not counted" in notes["VT_A"] and "1 stopped-early trial not counted" in notes["AV_T"]
     md = format_statistics(grouped, "schedule.stage_order", ["optim.lr", "run.seed"], metric=R10)
     lines = md.splitlines()
     assert lines[0] == f"{R10} by schedule.stage_order:"
     header = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert header == ["schedule.stage_order", "trials", "n", "mean", "95% CI (t)", "std", "Δ vs joint", "test",
-                      "pairs", "p", "p (Holm)"]
+    assert header == ["schedule.stage_order", "trials", "stopped early", "n (full budget)", "mean", "95% CI (t)",
+                      "std", "Δ vs joint", "test", "pairs", "p", "p (Holm)", "detectable Δ"]
     rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:8])}
     half = T975[3] * np.std([30.0, 34, 31, 33], ddof=1) / 2
-    assert rows["joint"][3:5] == ["32.00", f"[{32 - half:.2f}, {32 + half:.2f}]"]
-    assert rows["AV_T"][6:9] == ["-2.50", "paired t", "4"]
-    assert rows["AT_V"][7] == "Welch t" and rows["VT_A"][4] == "-" and rows["VT_A"][7] == "-"
+    assert rows["joint"][4:6] == ["32.00", f"[{32 - half:.2f}, {32 + half:.2f}]"]
+    assert rows["AV_T"][1:4] == ["5", "1", "4"]
+    assert rows["AV_T"][7:10] == ["-2.50", "paired t", "4"]
+    d = np.array([28.0, 31, 29, 30]) - np.array([30.0, 34, 31, 33])
+    assert float(rows["AV_T"][12]) == pytest.approx(detectable_difference(d.std(ddof=1) / 2, 3), abs=0.006)
+    assert rows["AT_V"][8] == "Welch t" and rows["VT_A"][5] == "-" and rows["VT_A"][8] == "-"
     assert "same optim.lr, run.seed" in md.replace("\n", " ")
     assert "- VT_A: n = 1: no interval" in md
 

@@ -66,11 +66,12 @@ def test_once_console_contract(exp):
     assert "best_text_to_video_R@10 by schedule.stage_order:" in lines
     stats = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines)
              if r[0] in ("joint", "AV_T", "VT_A")}
-    assert stats["AV_T"][1:3] == ["3", "2"] and stats["AV_T"][7:9] == ["paired t", "2"]  # trials, n; test, pairs
-    assert stats["VT_A"][1:3] == ["1", "0"]
+    # trials, stopped early, n (full budget); test, pairs
+    assert stats["AV_T"][1:4] == ["3", "0", "2"] and stats["AV_T"][8:10] == ["paired t", "2"]
+    assert stats["VT_A"][1:4] == ["1", "0", "0"]
     notes = " ".join(out.split())  # the notes are wrapped at 100 columns
     assert "- AV_T: n = 2: interval uses t(0.975, 1) = 12.71, hence wide; 1 running trial not counted" in notes
-    assert "- VT_A: no trial reported a value; 1 errored trial not counted" in out
+    assert "- VT_A: no trial with a value at the full budget; 1 errored trial not counted" in out
     assert lines[-3:] == [f"plots rewritten at 12:00:00: learning_curves.png, best_by_stage_order.png in {exp}",
                           "skipped metric_vs_lr.png: optim.lr has a single value",
                           f"TensorBoard: tensorboard --logdir {exp}"]
@@ -112,7 +113,7 @@ def test_sweep_with_nothing_finished_yet(tmp_path):
     (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(state))
     code, out = watch([str(exp), "--once", "--no-plots"])
     assert code == 0 and out.splitlines()[1] == "2 trials: 0 done, 0 stopped, 2 running, 0 error"
-    assert "best_text_to_video_R@10 by schedule.stage_order: no finished trial with a value yet" in out
+    assert "best_text_to_video_R@10 by schedule.stage_order:\n\nno trial with a value at the full budget yet" in out
 
 
 def test_terminal_gets_each_refresh_on_a_cleared_screen(exp):

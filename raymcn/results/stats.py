@@ -4,8 +4,11 @@ The lab's question is "which stage order learns the best joint space"; a mean ov
 seeds answers it only with its uncertainty. Per group (by default per ``schedule.stage_order``) of
 one per-trial value (by default ``best_text_to_video_R@10``):
 
-Only finished trials count (:func:`counted`: status done or stopped); running and errored trials
-are listed in the per-trial table but their values are provisional or cut short.
+Only trials at the full budget count (:func:`counted`: status done, i.e. ran every epoch of
+``schedule.epochs``). A trial the scheduler stopped early was measured at a smaller budget: beside
+full-budget trials it would make its group look worse for that reason alone, so it is listed and
+counted per group but never enters a mean. Running and errored trials are listed too; their values
+are provisional or cut short.
 
 * **Interval**: Student t-interval of the mean, ``mean ± t(0.975, n−1) · s / √n`` (``s`` with
   ddof=1). Seeds are few and their spread unknown, so the t (not the normal) quantile. n = 1 has
@@ -22,6 +25,10 @@ are listed in the per-trial table but their values are provisional or cut short.
   ``note`` column says why.
 * **Multiplicity**: the best group is chosen from the same data and compared k − 1 times, so
   ``p_holm`` (Holm's step-down adjustment over those comparisons) is reported next to ``p``.
+* **Detectable difference** (``mde``): the smallest true difference the same test, with this many
+  trials and the spread observed, would find at 80 % power (two-sided, α = 0.05): the δ where the
+  noncentral t (noncentrality δ/SE) exceeds the critical t with probability 0.8. "No significant
+  difference" with an ``mde`` of 3 R@10 points says only that the difference is likely below 3.
 
 Pure functions of DataFrames; scipy for the t distribution and the tests, imported on first use
 (scipy.stats costs about half a second, and every ``raymcn`` command imports the results layer
@@ -39,10 +46,11 @@ import pandas as pd
 from raymcn.results.columns import PRIMARY_BEST, is_config_key, metric_mode
 
 CONFIDENCE = 0.95
+ALPHA, POWER = 0.05, 0.8  # of the detectable difference
 PAIRED, WELCH = "paired t", "Welch t"
-COUNTED = ("done", "stopped")  # finished trials; a running trial's values are provisional
+COUNTED = ("done",)  # trials at the full budget; stopped ones ran fewer epochs, running ones are provisional
 STAT_COLUMNS = ("n", "mean", "std", "ci95_low", "ci95_high", "vs_best", "test", "pairs", "t", "dof", "p",
-                "p_holm", "note")
+                "p_holm", "mde", "note")
 
 
 def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -77,11 +85,33 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
+def detectable_difference(se: float, dof: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true difference a two-sided t-test at level ``alpha`` detects with probability
+    ``power``, given the standard error ``se`` of the difference and the test's degrees of freedom:
+    the δ > 0 with P(|T| > t(1 − α/2, dof)) = power for T noncentral t(dof, δ/se). NaN when
+    ``se`` or ``dof`` gives no test. (For large dof this tends to (z(1−α/2) + z(power))·se =
+    2.80·se; for 4 pairs (dof 3) it is 4.26·se, for 10 pairs 3.15·se.)"""
+    if not (se > 0 and dof >= 1 and math.isfinite(se) and math.isfinite(dof)):
+        return math.nan
+    from scipy import optimize
+    from scipy import stats as st
+
+    crit = st.t.ppf(1 - alpha / 2, dof)
+
+    def shortfall(delta: float) -> float:
+        nc = delta / se
+        wrong_side = st.nct.cdf(-crit, dof, nc)  # ~0 for delta > 0; scipy gives NaN far out in the tail
+        return st.nct.sf(crit, dof, nc) + (0.0 if math.isnan(wrong_side) else wrong_side) - power
+
+    high = (crit + st.t.ppf(power, dof) + 10) * se  # power there is ~1
+    return float(optimize.brentq(shortfall, 0.0, high, xtol=1e-12 * se, rtol=1e-10))
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One group against the best: ``diff`` = mean(group) − mean(best) (paired: mean of the
-    per-pair differences); ``test`` is PAIRED, WELCH or "" (no test); ``note`` says why not
-    paired, or why no test."""
+    per-pair differences); ``test`` is PAIRED, WELCH or "" (no test); ``mde`` is the test's
+    :func:`detectable_difference`; ``note`` says why not paired, or why no test."""
 
     test: str
     pairs: int
@@ -90,6 +120,7 @@ class Comparison:
     dof: float
     p: float
     note: str
+    mde: float = math.nan
 
 
 def compare(values: pd.Series, best: pd.Series) -> Comparison:
@@ -113,7 +144,9 @@ def compare(values: pd.Series, best: pd.Series) -> Comparison:
             return Comparison(PAIRED, len(cells), float(d.mean()), math.nan, len(d) - 1, math.nan,
                               _join(f"all {len(d)} paired differences equal {d[0]:.4g}: no spread, no p-value", note))
         r = st.ttest_rel(cells["a"], cells["b"])
-        return Comparison(PAIRED, len(cells), float(d.mean()), float(r.statistic), float(r.df), float(r.pvalue), note)
+        mde = detectable_difference(float(d.std(ddof=1)) / math.sqrt(len(d)), len(d) - 1)
+        return Comparison(PAIRED, len(cells), float(d.mean()), float(r.statistic), float(r.df), float(r.pvalue),
+                          note, mde)
     if not _pairable(values):
         why = "no swept key to pair on"
     else:
@@ -125,8 +158,9 @@ def compare(values: pd.Series, best: pd.Series) -> Comparison:
         return Comparison(WELCH, len(cells), diff, math.nan, math.nan, math.nan,
                           f"{why}; both groups constant: no spread, no p-value")
     r = st.ttest_ind(values, best, equal_var=False)
+    se = math.sqrt(values.var(ddof=1) / len(values) + best.var(ddof=1) / len(best))
     return Comparison(WELCH, len(cells), diff, float(r.statistic), float(r.df), float(r.pvalue),
-                      f"{why}: Welch's t-test over all trials")
+                      f"{why}: Welch's t-test over all trials", detectable_difference(se, float(r.df)))
 
 
 def _pairable(s: pd.Series) -> bool:
@@ -150,9 +184,10 @@ def _join(*notes: str) -> str:
 
 
 def counted(trials: pd.DataFrame) -> pd.Series:
-    """True for the trials whose values enter the statistics: status done or stopped (all trials
-    when the frame has no status). A running trial's values are provisional and an errored one's
-    were cut short; both are still listed in the per-trial table."""
+    """True for the trials whose values enter the statistics: status done, i.e. at the full budget
+    (all trials when the frame has no status). A stopped trial ran fewer epochs, a running trial's
+    values are provisional and an errored one's were cut short; all are still listed in the
+    per-trial table."""
     if "status" not in trials:
         return pd.Series(True, index=trials.index)
     return trials["status"].isin(COUNTED)
@@ -165,8 +200,12 @@ def pairing_keys(trials: pd.DataFrame, by: str) -> list[str]:
 
 
 def group_statistics(trials: pd.DataFrame, by: str, metric: str = PRIMARY_BEST,
-                     order: list | None = None) -> pd.DataFrame:
+                     order: list | None = None, pair_on: list[str] | None = None) -> pd.DataFrame:
     """Per value of ``by``, statistics of ``metric`` over the :func:`counted` trials that have a value.
+
+    ``pair_on``: the keys two trials must share to pair (default :func:`pairing_keys`: every other
+    swept key). A confirmation pairs on ``run.seed`` alone: each group runs its own best
+    configuration, and the same seeds.
 
     Returns one row per group (index = the group value, name ``by``) with :data:`STAT_COLUMNS`:
     ``n`` (trials with a value), ``mean``, ``std`` (ddof=1), ``ci95_low``/``ci95_high``
@@ -183,7 +222,7 @@ def group_statistics(trials: pd.DataFrame, by: str, metric: str = PRIMARY_BEST,
     for col in (by, metric):
         if col not in trials.columns:
             raise KeyError(f"'{col}' is not a column of the table")
-    keys = pairing_keys(trials, by)
+    keys = pairing_keys(trials, by) if pair_on is None else [k for k in pair_on if k in trials.columns]
     trials = trials.assign(**{metric: trials[metric].where(counted(trials))})
     indexed = trials.set_index(keys)[[by, metric]] if keys else trials[[by, metric]].reset_index(drop=True)
     groups = {g: part[metric].astype(float) for g, part in indexed.groupby(by, sort=False, dropna=False)}
@@ -199,24 +238,22 @@ def group_statistics(trials: pd.DataFrame, by: str, metric: str = PRIMARY_BEST,
         row = {by: g, "n": len(v), "mean": v.mean() if len(v) else math.nan,
                "std": v.std(ddof=1) if len(v) > 1 else math.nan, "ci95_low": low, "ci95_high": high}
         notes = [_interval_note(len(v))]
-        if best is None or g == best:
-            row.update(vs_best=math.nan, test="", pairs=0, t=math.nan, dof=math.nan, p=math.nan)
-        elif len(v) == 0:
-            row.update(vs_best=math.nan, test="", pairs=0, t=math.nan, dof=math.nan, p=math.nan)
+        if best is None or g == best or len(v) == 0:
+            row.update(vs_best=math.nan, test="", pairs=0, t=math.nan, dof=math.nan, p=math.nan, mde=math.nan)
         else:
             c = compare(groups[g], groups[best])
-            row.update(vs_best=c.diff, test=c.test, pairs=c.pairs, t=c.t, dof=c.dof, p=c.p)
+            row.update(vs_best=c.diff, test=c.test, pairs=c.pairs, t=c.t, dof=c.dof, p=c.p, mde=c.mde)
             notes.append(c.note)
         row["note"] = _join(*notes)
         rows.append(row)
-    out = pd.DataFrame(rows, columns=[by, *STAT_COLUMNS[:-2], "note"]).set_index(by)
-    out.insert(len(out.columns) - 1, "p_holm", holm(out["p"].to_numpy(float)))
+    out = pd.DataFrame(rows, columns=[by, *STAT_COLUMNS[:-3], "mde", "note"]).set_index(by)
+    out.insert(len(out.columns) - 2, "p_holm", holm(out["p"].to_numpy(float)))
     return out
 
 
 def _interval_note(n: int) -> str:
     if n == 0:
-        return "no trial reported a value"
+        return "no trial with a value at the full budget"
     if n == 1:
         return "n = 1: no interval (one value has no spread)"
     if n == 2:  # t(0.975, 1) = tan(0.475 π) = 12.71: the interval is about 9 times the std wide

@@ -33,18 +33,21 @@ class GroupKeyError(KeyError):
 
 
 # --- public: grouping ----------------------------------------------------------------------------
-def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BEST) -> pd.DataFrame:
-    """Per value of ``by``, over the group's *finished* trials (status done or stopped, when the
-    table has a status; running and errored trials are counted in ``n`` only, because a running
-    trial's values are provisional and an errored one's were cut short):
+def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BEST,
+                pair_on: list[str] | None = None) -> pd.DataFrame:
+    """Per value of ``by``, over the group's trials *at the full budget* (status done, when the
+    table has a status; stopped, running and errored trials are counted but their values left out:
+    a stopped trial ran fewer epochs, a running one's values are provisional, an errored one's were
+    cut short):
 
-    ``n`` (trials, any status), ``n_finished`` (finished trials with a ``metric``: what the
-    statistics rest on), the statistics of ``metric`` from :func:`stats.group_statistics`
-    (``ci95_low``, ``ci95_high``, ``vs_best``, ``test``, ``pairs``, ``t``, ``dof``, ``p``,
-    ``p_holm``, ``note``; the note also counts the running and errored trials left out), then mean
-    and sample std (``ddof=1``; NaN for a group of one) of every result column as ``<col>_mean``,
-    ``<col>_std``. Trials without a value are left out of that column's mean/std. Groups are
-    sorted by the mean of ``metric``, best first.
+    ``n`` (trials, any status), ``n_stopped`` (stopped early by the scheduler), ``n_finished``
+    (full-budget trials with a ``metric``: what the statistics rest on), the statistics of
+    ``metric`` from :func:`stats.group_statistics` (``ci95_low``, ``ci95_high``, ``vs_best``,
+    ``test``, ``pairs``, ``t``, ``dof``, ``p``, ``p_holm``, ``mde``, ``note``; the note also counts
+    the trials left out), then mean and sample std (``ddof=1``; NaN for a group of one) of every
+    result column as ``<col>_mean``, ``<col>_std``. Trials without a value are left out of that
+    column's mean/std. Groups are sorted by the mean of ``metric``, best first. ``pair_on``: as in
+    :func:`stats.group_statistics`.
 
     Raises:
         GroupKeyError: ``by`` is not a column (e.g. it was not swept); the message lists the swept keys.
@@ -54,12 +57,14 @@ def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BES
         raise GroupKeyError(f"cannot group by '{by}': not a column of the table "
                             f"(swept keys: {', '.join(swept) or 'none'})")
     cols = [c for c in df.columns if is_result_column(c) and c != by]
-    # unfinished trials keep their row (and group) but lose their values
+    # trials short of the full budget keep their row (and group) but lose their values
     finished = counted(df)
     masked = df.copy()
     masked.loc[~finished, cols] = math.nan
     g = masked.groupby(by, sort=False, dropna=False)
     out = g.size().rename("n").to_frame()
+    stopped = df["status"].eq("stopped") if "status" in df else pd.Series(False, index=df.index)
+    out["n_stopped"] = stopped.groupby(df[by], sort=False, dropna=False).sum().reindex(out.index).astype(int)
     if metric in df:
         out["n_finished"] = g[metric].count()
     for c in cols:
@@ -70,11 +75,12 @@ def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BES
         out = out.sort_values(key, ascending=metric_mode(metric) == "min", na_position="last", kind="stable")
     if metric in df:
         # positional: group_statistics returns the groups in exactly the order passed
-        st = group_statistics(masked, by, metric, order=list(out.index)).drop(columns=["n", "mean", "std"])
+        st = group_statistics(masked, by, metric, order=list(out.index), pair_on=pair_on).drop(
+            columns=["n", "mean", "std"])
         left_out = df[~finished].groupby(by, sort=False, dropna=False)["status"].value_counts()
         st["note"] = [_join(note, _not_counted(left_out, g_)) for note, g_ in zip(st["note"], out.index)]
         for i, c in enumerate(st.columns):
-            out.insert(2 + i, c, st[c].to_numpy())
+            out.insert(3 + i, c, st[c].to_numpy())
     return out.reset_index()
 
 
@@ -83,7 +89,7 @@ def _not_counted(counts: pd.Series, group: Any) -> str:
         per_status = counts.loc[group]
     except KeyError:
         return ""
-    words = {"error": "errored"}
+    words = {"error": "errored", "stopped": "stopped-early"}
     return ", ".join(f"{k} {words.get(s, s)} trial{'s' if k > 1 else ''}" for s, k in per_status.items()) + \
         " not counted"
 
@@ -92,7 +98,8 @@ def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
-STATS_COLUMNS = ("ci95_low", "ci95_high", "vs_best", "test", "pairs", "t", "dof", "p", "p_holm", "note")
+STATS_COLUMNS = ("n_stopped", "ci95_low", "ci95_high", "vs_best", "test", "pairs", "t", "dof", "p", "p_holm", "mde",
+                 "note")
 
 
 def means_only(grouped: pd.DataFrame) -> pd.DataFrame:
@@ -137,19 +144,24 @@ def _ci(low: Any, high: Any, spec: str) -> str:
     return f"[{format_cell(low, spec)}, {format_cell(high, spec)}]"
 
 
-def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metric: str = PRIMARY_BEST) -> str:
-    """The answer to "which group is best", as Markdown: per group the trials, n (trials with a
-    value), mean, 95 % t-interval, std, difference to the best group, test, pairs, p and the
-    Holm-adjusted p; below it the rule (naming ``pair_keys``) and each group's note (why an
-    interval or a test is missing, why a test is Welch's)."""
+def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metric: str = PRIMARY_BEST,
+                      heading: str | None = None, confirmation: bool = False) -> str:
+    """The answer to "which group is best", as Markdown: per group the trials (searched, stopped
+    early, at the full budget; a ``confirmation`` shows its seeds instead), mean, 95 % t-interval,
+    std, difference to the best group, test, pairs, p, the Holm-adjusted p and the detectable
+    difference; below it the rule (naming ``pair_keys``) and each group's note (why an interval
+    or a test is missing, why a test is Welch's). ``heading`` replaces the first line."""
+    heading = heading or f"{metric} by {by}:"
     if "ci95_low" not in grouped:
-        return f"no trial reported {metric}: no statistics\n"
+        return f"{heading}\n\nno trial reported {metric}: no statistics\n"
     if grouped[f"{metric}_mean"].isna().all():  # e.g. a sweep whose first trials are still running
-        return f"{metric} by {by}: no finished trial with a value yet\n"
+        return f"{heading}\n\nno trial with a value at the full budget yet\n"
     spec, best = cell_spec(metric), grouped[by].iloc[0]
     tested = grouped["test"] != ""
+    counts = {"seeds": grouped["n_finished"]} if confirmation else {
+        "trials": grouped["n"], "stopped early": grouped["n_stopped"], "n (full budget)": grouped["n_finished"]}
     view = pd.DataFrame({
-        by: grouped[by], "trials": grouped["n"], "n": grouped["n_finished"],
+        by: grouped[by], **counts,
         "mean": [format_cell(v, spec) for v in grouped[f"{metric}_mean"]],
         "95% CI (t)": [_ci(lo, hi, spec) for lo, hi in zip(grouped["ci95_low"], grouped["ci95_high"])],
         "std": [format_cell(v, spec) for v in grouped[f"{metric}_std"]],
@@ -157,15 +169,24 @@ def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metr
         "test": grouped["test"].where(tested, None),
         "pairs": grouped["pairs"].where(tested).astype("Int64"),
         "p": [format_cell(v, ".2g") for v in grouped["p"]],
-        "p (Holm)": [format_cell(v, ".2g") for v in grouped["p_holm"]]})
-    table = render_table(view, "md", right=("mean", "95% CI (t)", "std", f"Δ vs {best}", "p", "p (Holm)"))
+        "p (Holm)": [format_cell(v, ".2g") for v in grouped["p_holm"]],
+        "detectable Δ": [format_cell(v, spec) for v in grouped["mde"]]})
+    table = render_table(view, "md", right=("mean", "95% CI (t)", "std", f"Δ vs {best}", "p", "p (Holm)",
+                                            "detectable Δ"))
     paired_on = ", ".join(pair_keys) if pair_keys else "nothing: no other key was swept"
-    rule = (f"n = finished trials (done or stopped) with a value; 95% CI (t) = Student t-interval "
-            f"mean ± t(0.975, n−1)·s/√n. Δ, test and p: against the best {by} ({best}), two-sided: paired "
-            f"t-test over trials that differ only in {by} (same {paired_on}; repeats of one cell averaged), "
-            "Welch's t-test when fewer than 2 pairs form; p (Holm) adjusts for comparing every group with the "
-            "best one, itself picked from these data.")
-    lines = [f"{metric} by {by}:", "", table.rstrip("\n"), "", *textwrap.wrap(rule, 100)]
+    counted_as = ("seeds = confirmation runs with a value (fresh seeds, full budget, each group its own selected "
+                  "configuration)" if confirmation else
+                  "n = trials that ran the full budget (schedule.epochs) with a value; trials stopped early ran "
+                  "fewer epochs and are counted, never averaged with them")
+    pairing = (f"paired t-test over the seeds both ran ({paired_on})" if confirmation else
+               f"paired t-test over trials that differ only in {by} (same {paired_on}; repeats of one cell "
+               "averaged), Welch's t-test when fewer than 2 pairs form")
+    rule = (f"{counted_as}. 95% CI (t) = Student t-interval mean ± t(0.975, n−1)·s/√n. Δ, test and p: against the "
+            f"best {by} ({best}), two-sided: {pairing}; p (Holm) adjusts for comparing every group with the best "
+            "one, itself picked from these data. Detectable Δ: the smallest true difference this test, with these "
+            "n and the spread seen, finds at 80% power (α = 0.05): a larger p says the difference is likely "
+            "smaller than that, not that there is none.")
+    lines = [heading, "", table.rstrip("\n"), "", *textwrap.wrap(rule, 100)]
     for g, note in zip(grouped[by], grouped["note"]):
         if isinstance(note, str) and note:
             lines += textwrap.wrap(f"- {g}: {note}", 100, subsequent_indent="  ")
