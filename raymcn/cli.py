@@ -179,30 +179,39 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    """A sweep: the search, then (``sweep.confirm``) its confirmation; ``--resume`` continues
+    whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
     from raymcn.data import storage
     from raymcn.sweep import tuner
 
+    if args.resume and args.confirm:
+        raise ConfigError(["--resume and --confirm: give one (--resume also continues a confirmation)"])
     resume = _resume_target(args, tuner.latest_experiment_dir) if args.resume else None
-    cfg = None if resume else resolve_config(args)
-    if cfg is not None and not cfg.sweep.space:
+    existing = resume or (storage.normalize(args.confirm) if args.confirm else None)
+    cfg = None if resume else _confirm_config(args, existing) if existing else resolve_config(args)
+    if cfg is not None and not cfg.sweep.space and not existing:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     if cfg is not None:
         preflight.check(cfg, log=print)
-    exp_dir = resume or tuner.default_experiment_dir(cfg)
+    exp_dir = existing or tuner.default_experiment_dir(cfg)
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
-            what = f"sweep {exp_dir}: {_describe_sweep(cfg)}" if cfg is not None else f"resuming sweep {exp_dir}"
+            what = (f"sweep {exp_dir}: {_describe_sweep(cfg)}" if cfg is not None and not existing else
+                    f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
             started = start_ray(args.address)
             try:
                 if cfg is not None:
                     _check_cluster(cfg)
                 if resume:
-                    result = tuner.resume_sweep(resume, console=console)
+                    result = _resume_sweep(resume, console)
+                elif existing:
+                    result = _confirm(cfg, existing, console)
                 else:
                     result = tuner.run_sweep(cfg, name=storage.basename(exp_dir), storage_path=storage.parent(exp_dir),
                                              console=console)
+                    result = _confirm(cfg, exp_dir, console, after=result)
             finally:
                 if started:
                     import ray
@@ -216,11 +225,69 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if result is None:
             return 130
     print(f"\n{result.num_trials} trials ({result.num_errors} errored) in {result.experiment_dir}")
-    _print_results(result.experiment_dir)
+    _print_results(exp_dir)
     if args.json:
-        print(json.dumps({"experiment_dir": str(result.experiment_dir), "best_config": result.best_config,
+        print(json.dumps({"experiment_dir": str(exp_dir), "best_config": result.best_config,
                           "best_metrics": result.best_metrics}, default=str), flush=True)
     return 0
+
+
+def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
+    """``--confirm EXP``: the sweep's own config, with the command line's ``--set`` on top."""
+    from raymcn.sweep import tuner
+
+    from raymcn.config import parse_override
+
+    cfg = tuner.sweep_config(experiment_dir, "--confirm")
+    return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
+
+
+def _resume_sweep(experiment_dir: str, console: Console):
+    """Continue whichever phase was interrupted: the confirmation once it has started, else the
+    search, then its confirmation (when the sweep has one)."""
+    from raymcn.sweep import tuner
+
+    if tuner.confirmation_started(experiment_dir):
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console)
+    result = tuner.resume_sweep(experiment_dir, console=console)
+    return _confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, after=result)
+
+
+def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
+    """The confirmation phase of ``experiment_dir`` (``results.confirmation``). ``after``: the
+    search's result; the phase starts only when the search ended with no trial unfinished (and
+    then only when ``sweep.confirm`` asks for it), else ``after`` is returned as it is. Without
+    ``after`` (``--confirm EXP``) an empty ``sweep.confirm`` means: per stage order, 5 seeds."""
+    from raymcn.config import default_cache_dir
+    from raymcn.data import storage
+    from raymcn.results import confirmation as confirm
+    from raymcn.results.experiment import load_experiment
+    from raymcn.sweep import tuner
+
+    if after is not None and (after.num_unfinished or not cfg.sweep.confirm):
+        return after
+    if tuner.confirmation_started(experiment_dir):  # --confirm on a sweep whose confirmation began
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console)
+    local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=("train",))
+    trials, _ = load_experiment(local)
+    settings = confirm.settings(cfg, swept=list(trials.columns))
+    if settings is None:
+        raise ConfigError([f"--confirm {experiment_dir}: say what to compare, e.g. --set "
+                           "'sweep.confirm={per: schedule.stage_order, repeats: 5}' (the stage order was not swept)"])
+    try:
+        candidates = confirm.select_candidates(trials, settings, cfg.schedule.epochs)
+    except confirm.NothingToConfirm as e:
+        raise ConfigError([f"cannot confirm {experiment_dir}: {e}"]) from None
+    seeds = confirm.confirmation_seeds(cfg, settings.repeats)
+    console.say(f"confirmation: the best {settings.top} configuration(s) per {settings.per}, each over seeds "
+                f"{', '.join(map(str, seeds))} at the full budget ({cfg.schedule.epochs} epochs):")
+    for c in candidates:
+        keys = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.config.items()
+                         if k != settings.per)
+        console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:.2f} over {c.trials} "
+                    f"trial(s) at the {c.basis})")
+    return tuner.run_confirmation(cfg, experiment_dir, confirm.trial_configs(candidates, seeds),
+                                  confirm.plan_text(settings, candidates, seeds), console)
 
 
 def _describe_sweep(cfg: Config) -> str:
@@ -252,7 +319,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
     if storage.is_uri(args.experiment_dir):
         cache = default_cache_dir(Config()) / "experiments"
-        args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache))
+        args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache, skip=("train",)))
         print(f"(a local copy of the experiment: {args.experiment_dir})", file=sys.stderr)
     return table.run_table(args)
 
@@ -327,8 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("sweep", help="sweep hyper-parameters with Ray Tune (each trial a Ray Train run)")
     _add_config_args(p)
-    p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep (a path or URI); "
-                   "'latest': the newest sweep under the storage path")
+    p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep (a path or URI), "
+                   "its search or its confirmation; 'latest': the newest sweep under the storage path")
+    p.add_argument("--confirm", metavar="EXPERIMENT_DIR", help="confirm a finished search: its best configuration "
+                   "per stage order (or sweep.confirm's per/top) over fresh seeds at the full budget, into the "
+                   "same folder")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("config", help="print the resolved configuration of a run, or every setting (--reference)")
     p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")

@@ -32,6 +32,8 @@ SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
 SWEEP_CONFIG_FILE = "raymcn_sweep.yaml"  # the resolved base config in a sweep's folder
+CONFIRM_DIR = "confirm"  # in a sweep's folder: the confirmation phase's own Tune experiment (sweep.confirm)
+CONFIRM_PLAN_FILE = "confirm_plan.yaml"  # in CONFIRM_DIR: what is confirmed and why, written before its first trial
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/progress.py)
@@ -294,6 +296,10 @@ class SweepConfig:
     # (the seed is written into each trial's config, so the results table pairs trials by it).
     repeats: int = setting(1, ge=1)
     status_every: float = setting(120.0, ge=0)  # seconds between the console's status tables; 0 = none
+    # Search, then confirm: {per: KEY, top: 1, repeats: 5}. When the search ends, the best `top`
+    # configurations of each value of KEY are trained again over `repeats` fresh seeds (the same
+    # seeds for every group) at the full budget; the table then answers from those runs. {} = off.
+    confirm: dict = setting({})
 
 
 @dataclass(frozen=True)
@@ -640,10 +646,35 @@ def validate_sweep(sw: SweepConfig) -> list[str]:
         p.append(f"sweep.repeats={sw.repeats} with {sw.algorithm}: {', '.join(gridded)} is a grid domain, which only "
                  "the grid algorithm enumerates (a repeated search draws configurations): use choice, or "
                  "sweep.algorithm=grid")
+    p.extend(_confirm_problems(sw))
     if sw.repeats > 1 and sw.algorithm == "grid" and drawn:
         p.append(f"sweep.repeats={sw.repeats} with the grid algorithm repeats grid cells, but {', '.join(drawn)} "
                  "would be drawn anew for every seed, so the repeats would not repeat a configuration: give "
                  "them as choice/grid values, or use another algorithm")
+    return p
+
+
+CONFIRM_KEYS = {"per": "the swept key whose groups are compared, e.g. schedule.stage_order",
+                "top": "configurations per group (default 1)", "repeats": "fresh seeds per configuration, >= 2"}
+
+
+def _confirm_problems(sw: SweepConfig) -> list[str]:
+    """Checks of ``sweep.confirm`` (empty = no confirmation phase)."""
+    c = sw.confirm
+    if not c:
+        return []
+    p = [f"sweep.confirm.{k}: unknown (allowed: {', '.join(CONFIRM_KEYS)})" for k in c if k not in CONFIRM_KEYS]
+    per = c.get("per")
+    if per is None:
+        p.append(f"sweep.confirm: needs per ({CONFIRM_KEYS['per']})")
+    elif per not in sw.space:
+        p.append(f"sweep.confirm.per={per!r}: not a swept key (swept: {', '.join(sw.space) or 'none'})")
+    for key, low in (("top", 1), ("repeats", 2)):
+        value = c.get(key, 1 if key == "top" else None)
+        if value is None:
+            p.append(f"sweep.confirm: needs {key} ({CONFIRM_KEYS[key]})")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < low:
+            p.append(f"sweep.confirm.{key}={value!r}: must be a whole number >= {low}")
     return p
 
 

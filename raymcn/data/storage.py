@@ -96,16 +96,24 @@ def fetch(fs: pafs.FileSystem, path: str, local_dir: str | os.PathLike) -> Path:
     return Path(local_dir)
 
 
-def local_copy(location: str, cache_dir: str | os.PathLike) -> Path:
+def local_copy(location: str, cache_dir: str | os.PathLike, skip: tuple[str, ...] = ()) -> Path:
     """A local folder holding ``location``'s files: the folder itself when it is local, else a copy
-    of the remote tree in ``cache_dir`` (refreshed on every call: a running sweep keeps writing)."""
+    of the remote tree in ``cache_dir`` (refreshed on every call: a running sweep keeps writing).
+    ``skip``: folder names not copied at any depth (a sweep's ``train/`` folders hold every trial's
+    checkpoints, gigabytes each at paper size, which no table reads)."""
     location = normalize(location)
     if not is_uri(location):
         return Path(location)
     fs, path = filesystem(location)
     target = Path(cache_dir).expanduser() / basename(location)
+    local = pafs.LocalFileSystem()
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        relative = posixpath.relpath(info.path, path)
+        if info.type != pafs.FileType.File or set(relative.split("/")[:-1]) & set(skip):
+            continue
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        pafs.copy_files(info.path, str(target / relative), source_filesystem=fs, destination_filesystem=local)
     target.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(target), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     return target
 
 

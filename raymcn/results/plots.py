@@ -34,18 +34,26 @@ _ALL = "all trials"  # the single group when the stage order was not swept
 _JOINS = {"AV_T": "text", "VT_A": "audio", "AT_V": "video"}  # the modality stage 2 adds
 
 
-def _groups(trials: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(label, trials) per stage order: the declared orders first, in STAGE_ORDERS order."""
-    if STAGE_KEY not in trials:
+def _groups(trials: pd.DataFrame, by: str = STAGE_KEY) -> list[tuple[str, pd.DataFrame]]:
+    """(label, trials) per value of ``by``: the declared stage orders first, in STAGE_ORDERS order
+    (a confirmation's candidates "AV_T #2" sort with their order)."""
+    if by not in trials:
         return [(_ALL, trials)]
-    present = [str(v) for v in trials[STAGE_KEY].dropna().unique()]
-    labels = [o for o in STAGE_ORDERS if o in present] + sorted(set(present) - set(STAGE_ORDERS))
-    return [(o, trials[trials[STAGE_KEY].astype(str) == o]) for o in labels]
+    present = [str(v) for v in trials[by].dropna().unique()]
+    labels = sorted(present, key=lambda v: (_order_of(v) not in STAGE_ORDERS, STAGE_ORDERS.index(_order_of(v))
+                                            if _order_of(v) in STAGE_ORDERS else 0, v))
+    return [(o, trials[trials[by].astype(str) == o]) for o in labels]
+
+
+def _order_of(label: str) -> str:
+    """The stage order a label names: itself, or the order of a candidate label "AV_T #2"."""
+    return label.split(" #")[0]
 
 
 def _colour(label: str) -> str:
     # fixed per order (not per plot) so AV_T has the same colour in every figure
     known = list(STAGE_ORDERS) + [_ALL]
+    label = label if label in known else _order_of(label)
     return f"C{known.index(label)}" if label in known else f"C{len(known) + zlib.crc32(label.encode()) % 5}"
 
 
@@ -73,17 +81,19 @@ def _mark_switch(ax, label: str, switches: pd.Series) -> None:
     for i, s in enumerate(values):
         ax.axvspan(ax.get_xlim()[0] if i == 0 else values[i - 1], s, color="0.5", alpha=0.08, lw=0)
         ax.axvline(s, color="0.25", ls="--", lw=1.2)
-        joins = f"+ {_JOINS[label]}" if label in _JOINS else "stage 2"
+        joins = f"+ {_JOINS[_order_of(label)]}" if _order_of(label) in _JOINS else "stage 2"
         ax.annotate(f"{joins} (epoch {s:g})", xy=(s, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4),
                     textcoords="offset points", ha="left", va="top", fontsize=8.5, color="0.2")
 
 
-def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame) -> Figure | str:
-    """Primary metric vs epoch: one panel per stage order (shared axes), one line per trial; a
-    staged order's panel shades stage 1 and marks the switch epoch (``switch_epoch`` column)."""
+def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, by: str = STAGE_KEY,
+                           phase: str = "") -> Figure | str:
+    """Primary metric vs epoch: one panel per stage order (per value of ``by``; shared axes), one
+    line per trial; a staged order's panel shades stage 1 and marks the switch epoch
+    (``switch_epoch`` column). ``phase`` ("confirmation") goes into the title."""
     if PRIMARY_METRIC not in curves or curves[PRIMARY_METRIC].notna().sum() == 0:
         return f"no trial reported {PRIMARY_METRIC}"
-    groups = _groups(trials)
+    groups = _groups(trials, by)
     ncols = 1 if len(groups) == 1 else 2
     nrows = math.ceil(len(groups) / ncols)
     fig = _new_figure(7.0 if ncols == 1 else 11.0, 1.0 + 3.2 * nrows)
@@ -109,26 +119,30 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame) -> Figure
     fig.supxlabel("epoch")
     fig.supylabel(PRIMARY_METRIC)
     staged = SWITCH_EPOCH in trials and trials[SWITCH_EPOCH].notna().any()
-    fig.suptitle("learning curves" + (" (shaded: stage 1, dashed: stage switch)" if staged else ""))
+    fig.suptitle(f"{phase} learning curves".strip().capitalize()
+                 + (" (shaded: stage 1, dashed: stage switch)" if staged else ""))
     return fig
 
 
-def best_by_order_figure(trials: pd.DataFrame) -> Figure | str:
+def best_by_order_figure(trials: pd.DataFrame, by: str = STAGE_KEY, pair_on: list[str] | None = None,
+                         phase: str = "") -> Figure | str:
     """Best primary metric per trial (filled dots: finished trials, the ones counted; hollow:
     running or errored) and per order the mean with its 95 % t-interval (black diamond and error
     bar; none for n = 1); tick labels give n and the Holm-adjusted p-value of the test against the
     best order, "(W)" when it is Welch's. The y range follows the dots and the intervals of n >= 3;
-    a wider interval (n = 2: t(0.975, 1) = 12.7) is cut at the edge and its end printed there."""
-    if STAGE_KEY not in trials:
-        return f"{STAGE_KEY} was not swept"
+    a wider interval (n = 2: t(0.975, 1) = 12.7) is cut at the edge and its end printed there.
+    ``by``, ``pair_on``: the groups and the pairing (a confirmation: candidates, paired on the
+    seed); ``phase`` goes into the title."""
+    if by not in trials:
+        return f"{by} was not swept"
     if trials[PRIMARY_BEST].notna().sum() == 0:
         return f"no trial reported {PRIMARY_METRIC}"
-    stats = group_statistics(trials, STAGE_KEY, PRIMARY_BEST)
+    stats = group_statistics(trials, by, PRIMARY_BEST, pair_on=pair_on)
     stats.index = stats.index.map(str)
     best = stats.index[0]
     fig = _new_figure(8.0, 5.0)
     ax = fig.add_subplot()
-    groups = _groups(trials)
+    groups = _groups(trials, by)
     rng = np.random.default_rng(0)  # fixed jitter: the same picture on every refresh
     ticks, bars, span = [], [], list(trials[PRIMARY_BEST].dropna().to_numpy(float))
     for x, (label, group) in enumerate(groups):
@@ -154,16 +168,18 @@ def best_by_order_figure(trials: pd.DataFrame) -> Figure | str:
     ax.set_xticks(range(len(groups)), ticks)
     ax.set_xlim(-0.5, len(groups) - 0.5)
     # the x axis is categorical, so its label is free to say what the p under each order means
-    ax.set_xlabel(f"p: Holm-adjusted, two-sided, against {best} (paired t-test over trials sharing seed and "
-                  "config;\n(W): Welch's t-test, no pairs)", fontsize=8.5, color="0.25")
+    sharing = "seed" if pair_on else "seed and config"
+    ax.set_xlabel(f"p: Holm-adjusted, two-sided, against {best} (paired t-test over trials sharing {sharing};"
+                  "\n(W): Welch's t-test, no pairs)", fontsize=8.5, color="0.25")
     ax.set_ylabel(PRIMARY_BEST)
-    ax.set_title(f"best {PRIMARY_METRIC} per stage order", fontsize=11)
+    ax.set_title(f"{phase}: " * bool(phase) + f"best {PRIMARY_METRIC} per stage order"
+                 + (" (each point one seed, full budget)" if phase else ""), fontsize=11)
     ax.grid(axis="y", alpha=0.3)
-    handles = [Line2D([], [], ls="", marker="o", color="0.5", alpha=0.65, label="one finished trial"),
+    handles = [Line2D([], [], ls="", marker="o", color="0.5", alpha=0.65, label="one trial at the full budget"),
                Line2D([], [], ls="-", marker="D", color="black", label="mean and 95% CI (t-interval)")]
     if not counted(trials[trials[PRIMARY_BEST].notna()]).all():
         handles.insert(1, Line2D([], [], ls="", marker="o", markerfacecolor="none", color="0.4",
-                                 label="running or errored (not counted)"))
+                                 label="stopped early, running or errored (not counted)"))
     ax.legend(handles=handles, loc="best", fontsize=8.5)
     return fig
 
@@ -211,19 +227,24 @@ def metric_vs_lr_figure(trials: pd.DataFrame) -> Figure | str:
 
 
 def write_plots(exp_dir: str | Path, trials: pd.DataFrame, curves: pd.DataFrame,
-                on_skip: Callable[[str], None] | None = None) -> list[Path]:
-    """Write ``learning_curves.png``, ``best_by_stage_order.png`` and ``metric_vs_lr.png`` into
-    ``exp_dir`` and return the paths written. A plot whose column is absent (e.g. lr not swept) is
-    skipped; ``on_skip`` receives "NAME: reason" (default: printed to stderr). Each figure is
-    built by ``<name>_figure``, which returns the reason instead when it cannot be drawn."""
+                on_skip: Callable[[str], None] | None = None, *, prefix: str = "", by: str = STAGE_KEY,
+                pair_on: list[str] | None = None, phase: str = "") -> list[Path]:
+    """Write ``learning_curves.png``, ``best_by_stage_order.png`` and ``metric_vs_lr.png`` (each
+    name behind ``prefix``) into ``exp_dir`` and return the paths written. A plot whose column is
+    absent (e.g. lr not swept) is skipped; ``on_skip`` receives "NAME: reason" (default: printed to
+    stderr). Each figure is built by ``<name>_figure``, which returns the reason instead when it
+    cannot be drawn. ``by``, ``pair_on``, ``phase``: see :func:`best_by_order_figure`; a
+    confirmation (``phase``) has one configuration per group, so no learning-rate plot."""
     exp_dir = Path(exp_dir)
     on_skip = on_skip or (lambda msg: print(f"skipped {msg}", file=sys.stderr))
-    figures = [(LEARNING_CURVES, learning_curves_figure(trials, curves)), (BEST_BY_ORDER, best_by_order_figure(trials)),
-               (METRIC_VS_LR, metric_vs_lr_figure(trials))]
+    figures = [(LEARNING_CURVES, learning_curves_figure(trials, curves, by, phase)),
+               (BEST_BY_ORDER, best_by_order_figure(trials, by, pair_on, phase))]
+    if not phase:
+        figures.append((METRIC_VS_LR, metric_vs_lr_figure(trials)))
     written = []
     for name, outcome in figures:
         if isinstance(outcome, Figure):
-            written.append(_save(outcome, exp_dir / name))
+            written.append(_save(outcome, exp_dir / f"{prefix}{name}"))
         else:
-            on_skip(f"{name}: {outcome}")
+            on_skip(f"{prefix}{name}: {outcome}")
     return written

@@ -18,8 +18,9 @@ from typing import Any
 import pandas as pd
 
 from raymcn.config import RETRIEVAL_METRICS
-from raymcn.results.columns import (PRIMARY_BEST, STAGE_KEY, SWITCH_EPOCH, cell_spec, is_config_key,
+from raymcn.results.columns import (PRIMARY_BEST, SEED_KEY, STAGE_KEY, SWITCH_EPOCH, cell_spec, is_config_key,
                                     is_result_column, is_timing_column, metric_mode)
+from raymcn.results.confirmation import CANDIDATE, Confirmation, load_confirmation
 from raymcn.results.experiment import ExperimentError, load_experiment
 from raymcn.results.render import format_cell, render_table
 from raymcn.results.stats import counted, group_statistics, pairing_keys
@@ -227,10 +228,12 @@ def group_key(trials: pd.DataFrame, requested: str | None) -> str | None:
     return requested or (STAGE_KEY if STAGE_KEY in trials else None)
 
 
-def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief: bool = False) -> str:
+def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief: bool = False,
+           heading: str | None = None) -> str:
     """The Markdown report of ``raymcn table`` (and, ``brief``, of ``raymcn watch``): the per-trial
-    table, then for ``by`` the statistics table and (unless ``brief``) mean ± std of every result
-    column per group. ``brief`` shows the :func:`compact` columns.
+    table, then for ``by`` the statistics table (its first line ``heading``, when given) and
+    (unless ``brief``) mean ± std of every result column per group. ``brief`` shows the
+    :func:`compact` columns.
 
     Raises:
         GroupKeyError: ``by`` is not a column.
@@ -240,27 +243,104 @@ def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief:
     view = compact(trials) if brief else shown(trials.drop(columns=[SWITCH_EPOCH], errors="ignore"))
     parts = [format_table(view, "md")]
     if grouped is not None:
-        parts.append(format_statistics(grouped, by, pairing_keys(trials, by)))
+        parts.append(format_statistics(grouped, by, pairing_keys(trials, by), heading=heading))
         if not brief:
-            parts.append(f"mean ± std (ddof=1) over the finished trials, grouped by {by}:\n\n"
+            parts.append(f"mean ± std (ddof=1) over the full-budget trials, grouped by {by}:\n\n"
                          + format_table(shown(means_only(grouped)), "md"))
     return "\n".join(parts)
 
 
+# --- the confirmation ----------------------------------------------------------------------------------
+def confirmation_grouped(conf: Confirmation) -> pd.DataFrame:
+    """The confirmation's group table: per candidate (per value of ``per`` when top is 1), paired
+    on the seed alone."""
+    return group_table(conf.trials, conf.settings.group_column, pair_on=[SEED_KEY])
+
+
+def confirmation_report(conf: Confirmation, brief: bool = False) -> str:
+    """What was confirmed and why (the selection), the confirmation runs, their statistics and the
+    answer line."""
+    s, spec = conf.settings, cell_spec(PRIMARY_BEST)
+    keys = sorted({k for c in conf.candidates for k in c.config if k != s.per})
+    selection = pd.DataFrame({
+        s.group_column: [c.label for c in conf.candidates],
+        **{k: [c.config.get(k) for c in conf.candidates] for k in keys},
+        "search mean": [format_cell(c.score, spec) for c in conf.candidates],
+        "search trials": [c.trials for c in conf.candidates],
+        "selected at": [c.basis for c in conf.candidates]})
+    done = int((conf.trials["status"] == "done").sum()) if len(conf.trials) else 0
+    parts = [f"Confirmation: the best {s.top} configuration(s) per {s.per} from the search, each trained again "
+             f"over seeds {', '.join(map(str, conf.seeds))} (fresh, the same for every group) at the full budget; "
+             f"{done} of {conf.planned} runs done.\n", render_table(selection, "md", right=("search mean",))]
+    if len(conf.trials):
+        view = compact(conf.trials)
+        if s.top > 1:
+            view.insert(2, CANDIDATE, conf.trials[CANDIDATE])
+        parts.append(format_table(view, "md"))
+        grouped = confirmation_grouped(conf)
+        by = s.group_column
+        parts.append(format_statistics(grouped, by, [SEED_KEY], heading=f"{PRIMARY_BEST} by {by}, confirmation:",
+                                       confirmation=True))
+        parts.append(answer_line(grouped, by, done, conf.planned))
+    return "\n".join(parts)
+
+
+def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric: str = PRIMARY_BEST,
+                alpha: float = 0.05) -> str:
+    """The research question's answer in one paragraph, from the confirmation's group table:
+    the best group with its mean, interval and seeds; the groups it beats (Holm-adjusted p below
+    ``alpha``); the ones it cannot be told from, with the difference this many seeds could detect."""
+    g = grouped[grouped["n_finished"] > 0]
+    if g.empty:
+        return "Answer: none yet (no confirmation run has finished).\n"
+    spec = cell_spec(metric)
+    best = g.iloc[0]
+    text = (f"Answer: {best[by]} learns the best joint space by {metric}: {format_cell(best[f'{metric}_mean'], spec)}"
+            f", 95% CI {_ci(best['ci95_low'], best['ci95_high'], spec)} over {int(best['n_finished'])} seeds")
+    beaten, tied = [], []
+    for _, r in g.iloc[1:].iterrows():
+        diff = f"Δ {format_cell(r['vs_best'], '+' + spec)}"
+        if r["test"] and pd.notna(r["p_holm"]) and r["p_holm"] < alpha:
+            beaten.append(f"{r[by]} ({diff}, p Holm {format_cell(r['p_holm'], '.2g')})")
+        else:
+            why = f"p Holm {format_cell(r['p_holm'], '.2g')}" if r["test"] else "no test"
+            detect = f"; detectable Δ {format_cell(r['mde'], spec)}" if pd.notna(r["mde"]) else ""
+            tied.append(f"{r[by]} ({diff}, {why}{detect})")
+    if beaten:
+        text += f"; better than {', '.join(beaten)}"
+    if tied:
+        text += (f"; not told apart from {', '.join(tied)}: with this many seeds a true difference below the "
+                 "detectable Δ would likely go unseen")
+    if done < planned:
+        text = f"(provisional: {done} of {planned} confirmation runs done) " + text
+    return "\n".join(textwrap.wrap(text + ".", 100)) + "\n"
+
+
 def run_table(args: argparse.Namespace) -> int:
-    """Print the table (and grouped table), write plots; 0 on success, 2 on a bad directory or key."""
+    """Print the table (and grouped table), write plots; 0 on success, 2 on a bad directory or key.
+    A confirmed sweep prints the search (labelled so) and then its confirmation, whose plots take
+    the plain names (the search's get ``search_`` in front)."""
     try:
         trials, curves = load_experiment(args.experiment_dir)
     except ExperimentError as e:
         print(f"raymcn table: {e}", file=sys.stderr)
         return 2
+    conf = load_confirmation(args.experiment_dir)
     by = group_key(trials, args.group_by) if args.format == "md" else args.group_by
     try:
-        if args.format == "csv":
+        if args.format == "csv" and conf is not None and not args.group_by:
+            # the confirmation's group table is the answer: that is what a pipe gets
+            print(format_table(confirmation_grouped(conf), "csv"), end="")
+        elif args.format == "csv":
             # csv goes to a file or a pipe: exactly one table on stdout, notes on stderr
             print(format_table(group_table(trials, by) if by else trials, "csv"), end="")
         else:
-            print(report(trials, by, timing=getattr(args, "timing", False)))
+            heading = None if conf is None else (
+                f"Search ({len(trials)} trials; its best per {conf.settings.per} is confirmed below), "
+                f"{PRIMARY_BEST} by {by}:")
+            print(report(trials, by, timing=getattr(args, "timing", False), heading=heading))
+            if conf is not None:
+                print(confirmation_report(conf))
     except GroupKeyError as e:
         print(f"raymcn table: {e.args[0]}", file=sys.stderr)
         return 2
@@ -269,7 +349,12 @@ def run_table(args: argparse.Namespace) -> int:
         from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
 
         skipped = lambda msg: print(f"skipped {msg}", file=notes)  # noqa: E731
-        for path in write_plots(Path(args.experiment_dir).expanduser(), trials, curves, on_skip=skipped):
+        where = Path(args.experiment_dir).expanduser()
+        written = write_plots(where, trials, curves, on_skip=skipped, prefix="search_" if conf is not None else "")
+        if conf is not None and len(conf.trials):
+            written += write_plots(where, conf.trials, conf.curves, on_skip=skipped, by=conf.settings.group_column,
+                                   pair_on=[SEED_KEY], phase="confirmation")
+        for path in written:
             print(f"plot: {path}", file=notes)
     return 0
 

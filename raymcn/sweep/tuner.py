@@ -18,9 +18,10 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import (MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config,
+from raymcn.config import (CONFIRM_DIR, CONFIRM_PLAN_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config,
                            ConfigError, default_cache_dir, default_storage_path, load_config_text, permanent_cause)
 from raymcn.data import storage
+from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.space import param_space, plain
@@ -169,7 +170,7 @@ def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None)
     if cfg.sweep.wandb:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        callbacks.append(WandbLoggerCallback(project="raymcn", group=experiment_dir.name, mode="offline"))
+        callbacks.append(WandbLoggerCallback(project="raymcn", group=storage.basename(experiment_dir), mode="offline"))
     return callbacks
 
 
@@ -250,15 +251,21 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = N
     return _summarise(tuner.fit(), experiment_dir)
 
 
+def sweep_config(experiment_dir: str, option: str) -> Config:
+    """The config a sweep ran with (its ``raymcn_sweep.yaml``); ``option`` names the command-line
+    option in the error when the folder holds none."""
+    source = storage.join(experiment_dir, SWEEP_CONFIG_FILE)
+    try:
+        return load_config_text(storage.read_text(source), source=source)
+    except FileNotFoundError:
+        raise ConfigError([f"{option} {experiment_dir}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"]) from None
+
+
 def resume_sweep(experiment_dir: str, console: Console | None = None) -> SweepResult:
     """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
     from their Train checkpoints (in the stage they were in), errored ones are retried."""
     experiment_dir = storage.normalize(experiment_dir)
-    source = storage.join(experiment_dir, SWEEP_CONFIG_FILE)
-    try:
-        cfg = load_config_text(storage.read_text(source), source=source)
-    except FileNotFoundError:
-        raise ConfigError([f"--resume {experiment_dir}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"]) from None
+    cfg = sweep_config(experiment_dir, "--resume")
     if not tune.Tuner.can_restore(experiment_dir):
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir),
@@ -273,6 +280,36 @@ def resume_sweep(experiment_dir: str, console: Console | None = None) -> SweepRe
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     return _summarise(tuner.fit(), experiment_dir)
+
+
+def confirm_dir(experiment_dir: str) -> str:
+    """The confirmation phase's experiment folder, inside the sweep's."""
+    return storage.join(experiment_dir, CONFIRM_DIR)
+
+
+def confirmation_started(experiment_dir: str) -> bool:
+    """Whether the sweep's confirmation phase has started (Tune saved its state)."""
+    return tune.Tuner.can_restore(confirm_dir(experiment_dir))
+
+
+def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, Any]], plan: str,
+                     console: Console | None = None) -> SweepResult:
+    """The confirmation phase of the sweep in ``experiment_dir`` (module doc of
+    ``results.confirmation``): writes ``plan``, then trains every config of ``configs`` (swept keys
+    and ``run.seed``) once at the full budget, no early stopping, in ``EXP/confirm/``. An
+    interrupted one continues with ``resume_sweep(confirm_dir(EXP))``: its folder holds its own
+    ``raymcn_sweep.yaml``."""
+    where, base = confirm_dir(experiment_dir), confirm_config(cfg)
+    storage.write_text(storage.join(where, CONFIRM_PLAN_FILE), plan)
+    storage.write_text(storage.join(where, SWEEP_CONFIG_FILE), base.dump_text())
+    tuner = tune.Tuner(
+        _trainable(base, where),
+        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=len(configs),
+                                    max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
+                                    trial_dirname_creator=trial_dirname_creator),
+        run_config=tune.RunConfig(name=CONFIRM_DIR, storage_path=experiment_dir,
+                                  callbacks=_callbacks(base, where, console), failure_config=_failure_config(cfg)))
+    return _summarise(tuner.fit(), where)
 
 
 def trial_errors(experiment_dir: str) -> dict[str, str]:

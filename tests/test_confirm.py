@@ -1,0 +1,123 @@
+"""Search, then confirm: the selection of each group's best configuration, the fresh seeds, the
+plan and the tables, on fixed inputs (the sweep on Ray: tests/test_confirm_ray.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from raymcn.config import ConfigError, load_config
+from raymcn.results.confirmation import (CANDIDATE, ConfirmSettings, NothingToConfirm, confirmation_seeds,
+                                         label_trials, plan_text, read_plan, select_candidates, settings,
+                                         trial_configs)
+from raymcn.results.table import answer_line, group_table
+
+R10 = "best_text_to_video_R@10"
+ORDER, LR, SEED = "schedule.stage_order", "optim.lr", "run.seed"
+PER_ORDER = ConfirmSettings(per=ORDER, top=1, repeats=3)
+
+
+def search_frame() -> pd.DataFrame:
+    """AV_T: lr 1e-3 ran the full 4 epochs twice (seeds 1, 2: mean 30); lr 3e-3 full once (28);
+    lr 1e-2 was stopped early at its best value of all (45) and an errored one reported 50.
+    joint: every trial stopped early (ASHA), the longest at 3 epochs."""
+    rows = [("AV_T", 1e-3, 1, 29.0, "done", 4), ("AV_T", 1e-3, 2, 31.0, "done", 4),
+            ("AV_T", 3e-3, 1, 28.0, "done", 4), ("AV_T", 1e-2, 1, 45.0, "stopped", 2),
+            ("AV_T", 3e-2, 1, 50.0, "error", 3),
+            ("joint", 1e-3, 1, 20.0, "stopped", 3), ("joint", 3e-3, 1, 22.0, "stopped", 2),
+            ("joint", 1e-2, 1, 21.0, "stopped", 3)]
+    df = pd.DataFrame(rows, columns=[ORDER, LR, SEED, R10, "status", "epochs"])
+    return df.assign(trial=[f"t{i}" for i in range(len(df))])
+
+
+def test_the_full_budget_decides_and_a_stopped_or_errored_trial_never_does():
+    picked = {c.group: c for c in select_candidates(search_frame(), PER_ORDER, epochs=4)}
+    av = picked["AV_T"]
+    assert av.config == {ORDER: "AV_T", LR: 1e-3} and av.score == pytest.approx(30.0) and av.trials == 2
+    assert av.basis == "full budget (4 epochs)"
+    joint = picked["joint"]  # nothing at the full budget: the best at the longest budget reached (3)
+    assert joint.config[LR] == 1e-2 and joint.basis.startswith("longest budget reached: 3 of 4 epochs")
+
+
+def test_top_two_are_labelled_and_ranked():
+    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4)
+    assert [(c.label, c.config[LR]) for c in picked] == [("AV_T #1", 1e-3), ("AV_T #2", 3e-3),
+                                                        ("joint #1", 1e-2), ("joint #2", 1e-3)]
+
+
+def test_nothing_to_select_says_what_the_search_holds():
+    errored = search_frame().assign(status="error")
+    with pytest.raises(NothingToConfirm, match="no trial of the search has a best_text_to_video_R@10"):
+        select_candidates(errored, PER_ORDER, epochs=4)
+
+
+def test_fresh_seeds_are_the_same_for_every_group_and_after_the_searchs():
+    cfg = load_config(None, ["run.seed=7", "sweep.algorithm=grid", "sweep.repeats=3",
+                             f"sweep.space={{{ORDER}: {{grid: [AV_T, joint]}}}}"])
+    assert confirmation_seeds(cfg, 4) == [10, 11, 12, 13]  # the search used 7, 8, 9
+    in_space = load_config(None, [f"sweep.space={{{SEED}: {{grid: [1, 40]}}, {ORDER}: {{grid: [AV_T, joint]}}}}"])
+    assert confirmation_seeds(in_space, 2) == [41, 42]
+    picked = select_candidates(search_frame(), PER_ORDER, epochs=4)
+    configs = trial_configs(picked, [10, 11, 12])
+    assert [c[SEED] for c in configs] == [10, 10, 11, 11, 12, 12]  # seed by seed: what ran so far pairs
+    for c in picked:
+        mine = [x for x in configs if x[ORDER] == c.group]
+        assert [x[SEED] for x in mine] == [10, 11, 12] and all(x[LR] == c.config[LR] for x in mine)
+
+
+def test_settings_and_their_validation():
+    space = f"sweep.space={{{ORDER}: {{grid: [AV_T, joint]}}, {LR}: {{grid: [0.001, 0.003]}}}}"
+    cfg = load_config(None, [space, f"sweep.confirm={{per: {ORDER}, repeats: 4}}"])
+    assert settings(cfg) == ConfirmSettings(ORDER, 1, 4)
+    plain = load_config(None, [space])
+    assert settings(plain) is None and settings(plain, swept=[ORDER, LR]) == ConfirmSettings(ORDER, 1, 5)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [space, "sweep.confirm={per: model.embed_dim, top: 0, seeds: 3}"])
+    msg = "\n".join(e.value.problems)
+    assert "sweep.confirm.seeds: unknown (allowed: per, top, repeats)" in msg
+    assert "sweep.confirm.per='model.embed_dim': not a swept key" in msg
+    assert "sweep.confirm.top=0: must be a whole number >= 1" in msg and "needs repeats" in msg
+
+
+def test_plan_round_trip_and_labels(tmp_path):
+    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4)
+    (tmp_path / "confirm").mkdir()
+    (tmp_path / "confirm" / "confirm_plan.yaml").write_text(plan_text(ConfirmSettings(ORDER, 2, 2), picked, [5, 6]))
+    s, back, seeds = read_plan(tmp_path)
+    assert s == ConfirmSettings(ORDER, 2, 2) and back == picked and seeds == [5, 6]
+    assert read_plan(tmp_path / "elsewhere") is None
+    runs = pd.DataFrame(trial_configs(picked, [5, 6]))
+    assert label_trials(runs, picked)[CANDIDATE].tolist() == ["AV_T #1", "AV_T #2", "joint #1", "joint #2"] * 2
+
+
+def confirmation_frame(av_t, joint, vt_a, seeds=(11, 12, 13, 14, 15)) -> pd.DataFrame:
+    rows = []
+    for order, lr, values in (("AV_T", 1e-3, av_t), ("joint", 3e-3, joint), ("VT_A", 1e-2, vt_a)):
+        rows += [(order, lr, s, v, "done") for s, v in zip(seeds, values)]
+    return pd.DataFrame(rows, columns=[ORDER, LR, SEED, R10, "status"]).assign(epochs=4)
+
+
+def test_confirmation_pairs_on_the_seed_and_the_answer_names_what_it_can_and_cannot_tell():
+    df = confirmation_frame(av_t=[30.0, 32, 31, 33, 29], joint=[29.5, 32.5, 30, 33, 29.5], vt_a=[25.0, 26, 24, 27, 25])
+    g = group_table(df, ORDER, pair_on=[SEED]).set_index(ORDER)
+    assert list(g.index) == ["AV_T", "joint", "VT_A"]
+    assert g.loc["joint", "test"] == "paired t" and g.loc["joint", "pairs"] == 5
+    assert g.loc["VT_A", "p_holm"] < 0.05 < g.loc["joint", "p_holm"]
+    text = " ".join(answer_line(g.reset_index(), ORDER, done=15, planned=15).split())
+    assert text.startswith("Answer: AV_T learns the best joint space by best_text_to_video_R@10: 31.00")
+    assert "better than VT_A (Δ -5.60, p Holm" in text
+    mde = g.loc["joint", "mde"]
+    assert math.isfinite(mde) and f"not told apart from joint (Δ -0.10, p Holm" in text
+    assert f"detectable Δ {mde:.2f}" in text and "provisional" not in text
+    assert answer_line(g.reset_index(), ORDER, done=12, planned=15).startswith(
+        "(provisional: 12 of 15 confirmation runs done)")
+
+
+def test_a_seed_missing_on_one_side_is_left_out_of_the_pairs():
+    df = confirmation_frame(av_t=[30.0, 32, 31, 33, 29], joint=[29.5, 32.5, 30, 33, 29.5], vt_a=[25.0, 26, 24, 27, 25])
+    df = df[~((df[ORDER] == "VT_A") & (df[SEED] == 15))]
+    g = group_table(df, ORDER, pair_on=[SEED]).set_index(ORDER)
+    assert g.loc["VT_A", "pairs"] == 4 and "1 unpaired trial(s) left out" in g.loc["VT_A", "note"]
+    assert g.loc["VT_A", "vs_best"] == pytest.approx(sum([25.0 - 30, 26 - 32, 24 - 31, 27 - 33]) / 4)
