@@ -270,6 +270,10 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
         return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console)
     local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=("train",))
     trials, _ = load_experiment(local)
+    unfinished = int((trials["status"] == "running").sum())
+    if unfinished:
+        raise ConfigError([f"--confirm {experiment_dir}: the search has {unfinished} unfinished trial(s); finish it "
+                           f"first (raymcn sweep --resume {experiment_dir}), then confirm"])
     settings = confirm.settings(cfg, swept=list(trials.columns))
     if settings is None:
         raise ConfigError([f"--confirm {experiment_dir}: say what to compare, e.g. --set "
@@ -301,8 +305,11 @@ def _describe_sweep(cfg: Config) -> str:
         trials *= math.prod(len(v) for spec in sw.space.values() for d, v in spec.items() if d in ("choice", "grid"))
         trials *= sw.repeats
     repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
+    c = sw.confirm
+    confirm = (f"; then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
+               if c else "")
     return (f"{sw.algorithm} over {keys}, {trials} trials{repeats}, {cfg.schedule.epochs} epochs each, "
-            f"{cfg.scale.workers_text} worker(s) per trial")
+            f"{cfg.scale.workers_text} worker(s) per trial{confirm}")
 
 
 def _print_results(experiment_dir: str) -> None:

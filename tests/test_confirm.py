@@ -121,3 +121,78 @@ def test_a_seed_missing_on_one_side_is_left_out_of_the_pairs():
     g = group_table(df, ORDER, pair_on=[SEED]).set_index(ORDER)
     assert g.loc["VT_A", "pairs"] == 4 and "1 unpaired trial(s) left out" in g.loc["VT_A", "note"]
     assert g.loc["VT_A", "vs_best"] == pytest.approx(sum([25.0 - 30, 26 - 32, 24 - 31, 27 - 33]) / 4)
+
+
+# --- the table and the live view of a confirmed sweep (files only) -------------------------------------
+def write_trial(where, tid: str, params: dict, r10s: list[float]) -> None:
+    import json
+
+    d = where / f"{params[ORDER]}-{tid}"
+    d.mkdir(parents=True)
+    (d / "params.json").write_text(json.dumps(params))
+    rows = [{"epoch": e, "trial_id": tid, "text_to_video_R@10": r, "text_to_video_R@1": r / 10,
+             "text_to_video_R@5": r / 2, "text_to_video_MedR": 100 - r, "total_loss": 1.0 / e}
+            for e, r in enumerate(r10s, start=1)]
+    (d / "result.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+@pytest.fixture()
+def confirmed(tmp_path):
+    """A finished search (AV_T and joint, 2 lrs each, 2 epochs) and its finished confirmation
+    (seeds 2, 3, 4); AV_T's confirmation runs are clearly better."""
+    import yaml
+
+    exp = tmp_path / "exp"
+    base = {"schedule": {"epochs": 2, "stage_order": "joint", "stage1_fraction": 0.5}, "sweep": {"space": {}}}
+    exp.mkdir()
+    (exp / "raymcn_sweep.yaml").write_text(yaml.safe_dump(base))
+    for i, (order, lr, r) in enumerate([("AV_T", 1e-3, 20.0), ("AV_T", 3e-3, 24.0), ("joint", 1e-3, 22.0),
+                                        ("joint", 3e-3, 19.0)]):
+        write_trial(exp, f"s{i}", {ORDER: order, LR: lr}, [r / 2, r])
+    picked = select_candidates(load_experiment_frame(exp), ConfirmSettings(ORDER, 1, 3), epochs=2)
+    confirm = exp / "confirm"
+    confirm.mkdir()
+    (confirm / "raymcn_sweep.yaml").write_text(yaml.safe_dump(base))
+    (confirm / "confirm_plan.yaml").write_text(plan_text(ConfirmSettings(ORDER, 1, 3), picked, [2, 3, 4]))
+    values = {"AV_T": [30.0, 33, 31], "joint": [22.0, 24, 25]}
+    for i, cfg in enumerate(trial_configs(picked, [2, 3, 4])):
+        write_trial(confirm, f"c{i}", cfg, [10.0, values[cfg[ORDER]][cfg[SEED] - 2]])
+    return exp
+
+
+def load_experiment_frame(exp):
+    from raymcn.results.experiment import load_experiment
+
+    return load_experiment(exp)[0]
+
+
+def test_the_table_of_a_confirmed_sweep_shows_both_phases_and_the_answer(confirmed, capsys):
+    from raymcn.cli import main
+
+    assert main(["table", str(confirmed)]) == 0
+    out = capsys.readouterr().out
+    search = out.index("Search (4 trials; its best per schedule.stage_order is confirmed below)")
+    selection = out.index("| schedule.stage_order | optim.lr | search mean | search trials | selected at |")
+    stats = out.index("best_text_to_video_R@10 by schedule.stage_order, confirmation:")
+    answer = out.index("Answer: AV_T learns the best joint space by best_text_to_video_R@10: 31.33")
+    assert search < selection < stats < answer
+    assert "3 of 3 runs done" not in out and "6 of 6 runs done" in out
+    assert "| AV_T | 0.003 | 24.00 | 1 | full budget (2 epochs) |" in out
+    stats_rows = [line for line in out[stats:answer].splitlines() if line.startswith("| joint")]
+    assert stats_rows and "| paired t | 3 |" in stats_rows[0]
+    for png in ("best_by_stage_order.png", "learning_curves.png", "search_best_by_stage_order.png",
+                "search_learning_curves.png"):
+        assert (confirmed / png).stat().st_size > 5000
+    assert main(["table", str(confirmed), "--format", "csv", "--no-plots"]) == 0
+    csv = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    assert csv[ORDER].tolist() == ["AV_T", "joint"] and csv["n_finished"].tolist() == [3, 3]
+    assert csv.loc[1, "pairs"] == 3 and csv.loc[1, "mde"] > 0
+
+
+def test_watch_shows_the_confirmation_below_the_search(confirmed, capsys):
+    from raymcn.cli import main
+
+    assert main(["watch", str(confirmed), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("Search (4 trials") < out.index("confirmation:") < out.index("Answer: AV_T")
+    assert (confirmed / "search_best_by_stage_order.png").exists() and (confirmed / "best_by_stage_order.png").exists()

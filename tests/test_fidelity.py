@@ -46,10 +46,11 @@ def test_warmup_rounds_up_to_whole_steps():
 def test_multi_fidelity_sweep_over_batch_size_refuses_a_fixed_step_warmup():
     space = {"data.batch_size": {"choice": [8, 32]}}
     with pytest.raises(ConfigError, match="optim.warmup_steps=16 fixes the warm-up in steps"):
-        load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "asha", "sweep.space": space})
+        load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "asha", "sweep.space": space,
+                                    "sweep.confirm": {}})
     # random search trains every trial to the end: no rung to be unfair at
     load_config(preset_path(), {"optim.warmup_steps": 16, "sweep.algorithm": "random", "sweep.space": space,
-                                "sweep.repeats": 1})
+                                "sweep.repeats": 1, "sweep.confirm": {}})
 
 
 @pytest.mark.parametrize("grace, starts", [(1, [1, 3, 9]), (2, [3, 9]), (3, [3, 9]), (4, [9]), (9, [9]), (12, [9])])
@@ -61,7 +62,7 @@ def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
 
     cfg = load_config(preset_path(), {"schedule.epochs": 10, "schedule.stage1_fraction": 0.1, "sweep.algorithm": "bohb",
                                       "sweep.reduction_factor": 3, "sweep.grace_epochs": grace, "sweep.repeats": 1,
-                                      "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}})
+                                      "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}, "sweep.confirm": {}})
     _, hb = build_search(cfg)
     assert sorted(hb._get_r0(s) for s in range(hb._s_max_1)) == starts
 
@@ -71,7 +72,7 @@ def test_preflight_refuses_a_first_rung_inside_the_warmup(tmp_path, monkeypatch)
 
     monkeypatch.setenv("RAYMCN_RESULTS", str(tmp_path))
     base = {"sweep.algorithm": "asha", "schedule.stage1_fraction": 0.1, "schedule.epochs": 10, "sweep.repeats": 1,
-            "sweep.grace_epochs": 1, "sweep.space": {"data.batch_size": {"choice": [8, 32]}}}
+            "sweep.grace_epochs": 1, "sweep.space": {"data.batch_size": {"choice": [8, 32]}}, "sweep.confirm": {}}
     ok = load_config(preset_path(), base)  # warm-up 1 epoch (256 videos), first rung after epoch 2
     assert preflight._rung_problems(ok, 256) == []
     late = ok.replace({"optim.warmup_videos": 768})  # 3 epochs of warm-up

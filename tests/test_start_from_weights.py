@@ -163,7 +163,7 @@ def test_train_init_from_incompatible_weights_fails_before_ray(no_ray, imported,
 
 def test_sweep_cannot_vary_the_architecture_of_shared_weights(no_ray, imported, tmp_path, capsys):
     assert main(["sweep", "--config", str(imported / RUN_CONFIG_FILE), "--init-from", str(imported),
-                 "--set", "sweep.space={model.recon_hidden: {choice: [12, 24]}}",
+                 "--set", "sweep.space={model.recon_hidden: {choice: [12, 24]}}", "--set", "sweep.confirm={}",
                  "--set", f"run.storage_path={tmp_path}"]) == 2
     assert "sweeps model.recon_hidden while run.init_from is set" in capsys.readouterr().err
 
@@ -211,7 +211,7 @@ def test_import_eval_then_train_from_the_weights(ray_local, original, tmp_path, 
 def test_every_sweep_trial_starts_from_the_same_weights(ray_local, imported, tmp_path, capsys):
     assert main(["sweep", "--config", str(imported / RUN_CONFIG_FILE), "--init-from", str(imported), "--json",
                  "--set", "sweep.algorithm=grid", "--set", "sweep.num_samples=1", "--set", "sweep.repeats=1",
-                 "--set", "sweep.space={optim.lr: {grid: [1.0e-12, 2.0e-12]}}",
+                 "--set", "sweep.space={optim.lr: {grid: [1.0e-12, 2.0e-12]}}", "--set", "sweep.confirm={}",
                  "--set", f"run.storage_path={tmp_path}"]) == 0
     experiment = Path(last_json(capsys)["experiment_dir"])
     trials = sorted((experiment / "train").glob("train-*"))

@@ -81,7 +81,7 @@ LR = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
 
 
 def _cfg(**sweep):
-    sweep = {"space": LR, **sweep}
+    sweep = {"space": LR, "confirm": {}, **sweep}
     return load_config(preset_path(), {f"sweep.{k}": v for k, v in sweep.items()})
 
 

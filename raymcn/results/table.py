@@ -257,7 +257,15 @@ def confirmation_grouped(conf: Confirmation) -> pd.DataFrame:
     return group_table(conf.trials, conf.settings.group_column, pair_on=[SEED_KEY])
 
 
-def confirmation_report(conf: Confirmation, brief: bool = False) -> str:
+def search_heading(trials: pd.DataFrame, by: str | None, conf: Confirmation | None) -> str | None:
+    """The search's statistics heading when a confirmation follows it (None: the default heading)."""
+    if conf is None:
+        return None
+    return (f"Search ({len(trials)} trials; its best per {conf.settings.per} is confirmed below), "
+            f"{PRIMARY_BEST} by {by}:")
+
+
+def confirmation_report(conf: Confirmation) -> str:
     """What was confirmed and why (the selection), the confirmation runs, their statistics and the
     answer line."""
     s, spec = conf.settings, cell_spec(PRIMARY_BEST)
@@ -335,10 +343,7 @@ def run_table(args: argparse.Namespace) -> int:
             # csv goes to a file or a pipe: exactly one table on stdout, notes on stderr
             print(format_table(group_table(trials, by) if by else trials, "csv"), end="")
         else:
-            heading = None if conf is None else (
-                f"Search ({len(trials)} trials; its best per {conf.settings.per} is confirmed below), "
-                f"{PRIMARY_BEST} by {by}:")
-            print(report(trials, by, timing=getattr(args, "timing", False), heading=heading))
+            print(report(trials, by, timing=getattr(args, "timing", False), heading=search_heading(trials, by, conf)))
             if conf is not None:
                 print(confirmation_report(conf))
     except GroupKeyError as e:

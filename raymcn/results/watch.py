@@ -20,8 +20,10 @@ from typing import Callable, TextIO
 
 from raymcn.results.columns import SWEEP_CONFIG_FILE
 from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment
-from raymcn.config import PROGRESS_FILE
-from raymcn.results.table import GroupKeyError, group_key, report
+from raymcn.config import CONFIRM_DIR, PROGRESS_FILE
+from raymcn.results.columns import SEED_KEY
+from raymcn.results.confirmation import load_confirmation
+from raymcn.results.table import GroupKeyError, confirmation_report, group_key, report, search_heading
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + erase screen: each refresh replaces the last on a terminal
 _WATCHED = ("params.json", "result.json", "error.txt")
@@ -50,8 +52,9 @@ def _positive(text: str) -> float:
 def signature(exp_dir: Path) -> Signature:
     """(path, mtime_ns, size) of every file the table reads: equal signatures mean equal plots."""
     out = []
-    for path in [exp_dir / SWEEP_CONFIG_FILE, *exp_dir.glob("experiment_state-*.json"),
-                 *(d / name for d in exp_dir.iterdir() if d.is_dir() for name in _WATCHED)]:
+    phases = [exp_dir, *[p for p in [exp_dir / CONFIRM_DIR] if p.is_dir()]]
+    for path in [exp_dir / SWEEP_CONFIG_FILE, *(f for e in phases for f in e.glob("experiment_state-*.json")),
+                 *(d / name for e in phases for d in e.iterdir() if d.is_dir() for name in _WATCHED)]:
         try:
             st = path.stat()
         except OSError:  # absent, or removed while we looked
@@ -77,8 +80,11 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
     except OSError as e:  # a file vanished between listing and reading: the next refresh will do
         return f"{head}\ncould not read {exp_dir} ({e}); retrying\n", last
     counts = trials["status"].value_counts()
+    conf = load_confirmation(exp_dir)
     lines = [head, f"{len(trials)} trials: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES), "",
-             report(trials, group_key(trials, by), brief=True)]
+             report(trials, group_key(trials, by), brief=True, heading=search_heading(trials, group_key(trials, by), conf))]
+    if conf is not None:
+        lines += [confirmation_report(conf)]
     inside = in_epoch_lines(exp_dir, sorted(trials.loc[trials["status"] == "running", "trial"]), time.time())
     if inside:
         lines += ["", "inside the epoch (running trials):", *inside]
@@ -87,7 +93,11 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
             from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
 
             skipped: list[str] = []
-            written = write_plots(exp_dir, trials, curves, on_skip=skipped.append)
+            written = write_plots(exp_dir, trials, curves, on_skip=skipped.append,
+                                  prefix="search_" if conf is not None else "")
+            if conf is not None and len(conf.trials):
+                written += write_plots(exp_dir, conf.trials, conf.curves, on_skip=skipped.append,
+                                       by=conf.settings.group_column, pair_on=[SEED_KEY], phase="confirmation")
             lines.append(f"plots rewritten at {now}: " + ", ".join(p.name for p in written) + f" in {exp_dir}")
             lines += [f"skipped {s}" for s in skipped]
             last = sig
