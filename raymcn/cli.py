@@ -234,9 +234,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
     """``--confirm EXP``: the sweep's own config, with the command line's ``--set`` on top."""
-    from raymcn.sweep import tuner
-
     from raymcn.config import parse_override
+    from raymcn.sweep import tuner
 
     cfg = tuner.sweep_config(experiment_dir, "--confirm")
     return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
@@ -283,7 +282,7 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
     except confirm.NothingToConfirm as e:
         raise ConfigError([f"cannot confirm {experiment_dir}: {e}"]) from None
     seeds = confirm.confirmation_seeds(cfg, settings.repeats)
-    console.say(f"confirmation: the best {settings.top} configuration(s) per {settings.per}, each over seeds "
+    console.say(f"confirmation: {settings.what} per {settings.per}, each over seeds "
                 f"{', '.join(map(str, seeds))} at the full budget ({cfg.schedule.epochs} epochs):")
     for c in candidates:
         keys = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.config.items()

@@ -28,6 +28,7 @@ METRIC_PREFIX = "text_to_video"
 RETRIEVAL_METRICS = tuple(f"{METRIC_PREFIX}_{m}" for m in ("R@1", "R@5", "R@10", "MedR"))
 PRIMARY_METRIC = f"{METRIC_PREFIX}_R@10"
 PRIMARY_MODE = "max"
+TRACKERS = ("mlflow", "wandb", "tensorboard")  # run.trackers
 SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")
 RUN_CONFIG_FILE = "raymcn_config.yaml"  # the resolved config beside a run's checkpoints or an imported checkpoint
@@ -277,6 +278,14 @@ class RunSection:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.
     init_from: str = ""
+    # Where else a `raymcn train` run's per-epoch metrics go, besides metrics.csv: a comma-separated
+    # subset of mlflow, wandb, tensorboard (extras raymcn[mlflow|wandb|tensorboard]); a sweep
+    # logs every trial to them. "" = none.
+    trackers: str = setting("", check=lambda v: all(t in TRACKERS for t in v.split(",") if t),
+                            why=f"a comma-separated subset of {', '.join(TRACKERS)} (or \"\")")
+    wandb_project: str = "raymcn"  # the W&B project of run.trackers' wandb
+    wandb_entity: str = ""  # the W&B team or user; "" = your default entity
+    wandb_mode: str = setting("offline", choices=("offline", "online", "disabled"))  # offline: `wandb sync` uploads
 
 
 @dataclass(frozen=True)
@@ -289,8 +298,6 @@ class SweepConfig:
     reduction_factor: int = setting(3, ge=2)  # ASHA / HyperBand: 1 in this many trials goes on at each rung
     seed: int = 0  # the search's own random state (which configurations are drawn)
     space: dict = setting({})  # dotted key -> {loguniform: [lo, hi]} | {choice: [...]} ...
-    mlflow: bool = False  # log every trial to MLflow (a SQLite store mlflow.db in the experiment folder)
-    wandb: bool = False  # log every trial to Weights & Biases (project raymcn, offline; `wandb sync` uploads)
     max_trial_failures: int = setting(2, ge=0)  # retries of a trial whose driver or node died (permanent errors: none)
     # Every configuration the search proposes is trained this many times, with run.seed, run.seed + 1, ...
     # (the seed is written into each trial's config, so the results table pairs trials by it).

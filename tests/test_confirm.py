@@ -107,9 +107,9 @@ def test_confirmation_pairs_on_the_seed_and_the_answer_names_what_it_can_and_can
     assert g.loc["VT_A", "p_holm"] < 0.05 < g.loc["joint", "p_holm"]
     text = " ".join(answer_line(g.reset_index(), ORDER, done=15, planned=15).split())
     assert text.startswith("Answer: AV_T learns the best joint space by best_text_to_video_R@10: 31.00")
-    assert "better than VT_A (Δ -5.60, p Holm" in text
+    assert "better than VT_A (AV_T ahead by 5.60, p Holm" in text
     mde = g.loc["joint", "mde"]
-    assert math.isfinite(mde) and f"not told apart from joint (Δ -0.10, p Holm" in text
+    assert math.isfinite(mde) and "not told apart from joint (AV_T ahead by 0.10, p Holm" in text
     assert f"detectable Δ {mde:.2f}" in text and "provisional" not in text
     assert answer_line(g.reset_index(), ORDER, done=12, planned=15).startswith(
         "(provisional: 12 of 15 confirmation runs done)")

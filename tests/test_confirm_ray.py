@@ -18,7 +18,7 @@ from raymcn.results.confirmation import read_plan
 from raymcn.results.experiment import load_experiment
 
 from conftest import TINY
-from test_faults import result_rows, trial_statuses
+from tune_dirs import result_rows, trial_statuses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

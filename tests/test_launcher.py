@@ -1,5 +1,6 @@
-"""The lab's own commands, for real: `ray up`, `ray submit cluster.yaml sweep.py -- ...`, a sweep
-interrupted and resumed with `ray submit ... -- --resume latest`, and `ray down`, over SSH.
+"""The lab's own commands, for real: `ray up`, `ray submit --tmux cluster.yaml sweep.py -- ...` (the
+README's), a sweep interrupted and resumed with `ray submit ... -- --resume latest`, and `ray down`,
+over SSH. (Beside a Ray instance of someone else's the tier stands aside: tests/test_launcher_safety.py.)
 
 The project's own cluster.yaml is filled in for one head on 127.0.0.1 (placeholders and paths
 only; the setup and start commands run as written) and the launcher reaches it through an sshd
@@ -10,7 +11,7 @@ find everything installed and install raymcn itself, editable, from the mounted 
 
 What `ray up` writes into the home folder (~/.raymcn_env, the ~/.bashrc line, the mounts, the
 bootstrap files) is removed afterwards and ~/.bashrc is restored byte for byte; sshd is stopped.
-Needs root, sshd and rsync (`.ci/run` installs openssh-server and rsync); skipped otherwise.
+Needs root, sshd, rsync and tmux (`.ci/run` installs them); skipped otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tune_dirs import result_rows, trial_statuses
+
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -41,11 +44,29 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def running_ray() -> str | None:
+    """A Ray instance already running on this machine ("gcs_server pid N"), or None. The suite's
+    own Ray instances are module-scoped and shut down before the next module starts."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "pid"]):
+        if proc.info["name"] in ("gcs_server", "raylet"):
+            return f"{proc.info['name']} pid {proc.info['pid']}"
+    return None
+
+
+RUNNING_RAY = "a Ray instance is running on this machine"
+
+
 def _skip_reason() -> str | None:
+    running = running_ray()
+    if running:  # e.g. `make test` on a cluster head: never end the lab's running sweep
+        return (f"{RUNNING_RAY} ({running}): `ray up` and `ray down` run `ray stop`, which would end it; "
+                "the launcher tier runs only where no Ray runs (CI, a laptop)")
     if os.geteuid() != 0:
         return "the launcher tier logs in as root over SSH on 127.0.0.1 and needs root"
-    if not (os.path.exists(SSHD) and shutil.which("rsync") and shutil.which("ssh")):
-        return "needs sshd, ssh and rsync (apt-get install openssh-server rsync; .ci/run installs them)"
+    if not (os.path.exists(SSHD) and shutil.which("rsync") and shutil.which("ssh") and shutil.which("tmux")):
+        return "needs sshd, ssh, rsync and tmux (apt-get install openssh-server rsync tmux; .ci/run installs them)"
     if _port_open(22):
         return "port 22 on 127.0.0.1 is taken: this test runs its own sshd there"
     return None
@@ -154,26 +175,14 @@ def _last_json(text: str) -> dict:
     return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
 
 
-def _trial_statuses(exp: Path) -> dict[str, str]:
-    states = sorted(exp.glob("experiment_state-*.json"))
-    try:
-        data = json.loads(states[-1].read_text()) if states else {"trial_data": []}
-    except ValueError:  # being rewritten
-        return {}
-    return {json.loads(t[0])["trial_id"]: json.loads(t[0])["status"] for t in data["trial_data"]}
-
-
-def _epochs_by_trial(exp: Path) -> dict[str, list[int]]:
-    rows: dict[str, list[int]] = {}
-    for path in exp.glob("*/result.json"):
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if lines:
-            rows[lines[0]["trial_id"]] = [int(r["epoch"]) for r in lines]
-    return rows
+def _tmux_sessions() -> set[str]:
+    listed = subprocess.run(["tmux", "ls", "-F", "#{session_name}"], capture_output=True, text=True)
+    return set(listed.stdout.split()) if listed.returncode == 0 else set()
 
 
 def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
     key, work = sshd
+    sessions = _tmux_sessions()
     (HOME / ".ray").mkdir(exist_ok=True)
     assert _ray("get-auth-token", "--generate", timeout=60).returncode == 0  # the laptop's one-time step
     cluster = _filled_cluster_yaml(key, work, _cluster_venv(work))
@@ -186,13 +195,18 @@ def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
         own = _ray("exec", str(cluster), "cd ~ && python -c 'import raymcn.cli as c; print(c.__file__)'")
         assert own.returncode == 0 and "/raymcn-src/raymcn/cli.py" in own.stdout, own.stdout[-2000:]
 
-        # The documented command, verbatim (plus a shorter schedule).
-        done = _ray("submit", str(cluster), "sweep.py", "--", "--config", "sweeps/smoke.yaml", "--json", *epochs)
+        # The documented command, verbatim (plus a shorter schedule and a name to find it by): in a
+        # tmux session on the head, so it outlives the laptop's SSH connection; `ray submit`
+        # returns at once.
+        exp = work / "results" / "first"
+        done = _ray("submit", "--tmux", str(cluster), "sweep.py", "--", "--config", "sweeps/smoke.yaml",
+                    "--set", "run.name=first", *epochs)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        first = _last_json(done.stdout)
-        exp = Path(first["experiment_dir"])
-        assert exp.parent == work / "results" and set(_trial_statuses(exp).values()) == {"TERMINATED"}
-        assert (exp / "best_by_stage_order.png").exists()
+        deadline = time.time() + 900
+        while not (exp / "best_by_stage_order.png").exists():  # plotted last, after the table
+            assert time.time() < deadline, "the sweep in tmux did not finish in time"
+            time.sleep(2)
+        assert set(trial_statuses(exp).values()) == {"TERMINATED"} and len(trial_statuses(exp)) == 2
 
         # A sweep whose driver dies after its first trial (the head's reboot), then the one-line recovery.
         interrupted = work / "results" / "interrupted"
@@ -201,7 +215,7 @@ def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.time() + 600
-            while "TERMINATED" not in _trial_statuses(interrupted).values():
+            while "TERMINATED" not in trial_statuses(interrupted).values():
                 assert proc.poll() is None, "the sweep ended before it could be interrupted"
                 assert time.time() < deadline, "no trial finished in time"
                 time.sleep(1)
@@ -209,17 +223,19 @@ def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
             subprocess.run(["pkill", "-KILL", "-f", "sweep.py --config sweeps/smoke.yaml --set run.name=interrupted"])
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        finished = [t for t, s in _trial_statuses(interrupted).items() if s == "TERMINATED"]
-        before = _epochs_by_trial(interrupted)
+        finished = [t for t, s in trial_statuses(interrupted).items() if s == "TERMINATED"]
+        before = result_rows(interrupted)
         resumed = _ray("submit", str(cluster), "sweep.py", "--", "--resume", "latest", "--json")
         assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
         assert _last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
-        after = _epochs_by_trial(interrupted)
-        assert set(_trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
+        after = result_rows(interrupted)
+        assert set(trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
         for t in finished:
             assert after[t] == before[t] == [1, 2]  # kept, not rerun
     finally:
         down = _ray("down", "-y", str(cluster), timeout=300)
+        for session in _tmux_sessions() - sessions:  # the --tmux submit's session (its shell stays open)
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
     left = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout.split()
     assert not left, f"Ray processes left after `ray down`: {left}"

@@ -4,8 +4,9 @@ import cycles. Every import counts, also those inside functions (a lazy import s
 Layers, left to right: config -> data -> model -> losses -> train -> sweep -> results; cli on top;
 bench/ imports raymcn, never the reverse. The table below is the layering, with the deviations the
 README's development section names: data/storage (file access for local folders and bucket URIs)
-is also used by sweep/, sweep/ builds Optuna's sampler for Tune's OptunaSearch, and results/ also
-uses numpy, scipy and yaml (statistics, the sweep file).
+is also used by sweep/, sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
+uses numpy, scipy and yaml (statistics, the sweep file), and train/trackers logs a run to MLflow
+and W&B (optional extras, imported when asked for).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         ray_side = module in RAY_TRAIN_SIDE
         return ({"raymcn.config", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
                 set() if ray_side else RAY_DATA_SIDE | RAY_TRAIN_SIDE,
-                {"torch", "numpy", "yaml"} | ({"ray"} if ray_side else set()))
+                {"torch", "numpy", "yaml"} | ({"ray"} if ray_side else set()) | (
+                    {"mlflow", "wandb"} if module == "raymcn.train.trackers" else set()))
     if layer == "sweep":
         return {"raymcn.config", "raymcn.train", "raymcn.sweep", "raymcn.data.storage"}, set(), {"ray", "numpy", "optuna"}
     if layer == "results":

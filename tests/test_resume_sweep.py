@@ -49,7 +49,8 @@ def test_a_bohb_sweep_checkpointing_mid_epoch_reports_one_result_per_epoch(ray_w
         "scale.num_workers=2", "scale.cpus_per_worker=0.5", *TINY, f"schedule.epochs={epochs}",
         "schedule.stage1_fraction=0.25", "run.checkpoint_every=2", "run.checkpoints_to_keep=50",
         "sweep.algorithm=bohb", "sweep.num_samples=3", "sweep.repeats=1", "sweep.grace_epochs=1",
-        "sweep.reduction_factor=2", "sweep.max_concurrent=1", "sweep.space={optim.lr: {loguniform: [0.001, 0.01]}}", "sweep.confirm={}",
+        "sweep.reduction_factor=2", "sweep.max_concurrent=1", "sweep.space={optim.lr: {loguniform: [0.001, 0.01]}}",
+        "sweep.confirm={}",
         "run.name=bohb", f"run.storage_path={tmp_path}"])
     result = tuner.run_sweep(cfg)
     assert result.num_errors == 0 and result.num_unfinished == 0

@@ -105,7 +105,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
 
     sweeps = f"{bucket}/sweeps"
     assert main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={sweeps}",
-                 "--set", "schedule.epochs=2", "--set", "sweep.mlflow=true"]) == 0
+                 "--set", "schedule.epochs=2", "--set", "run.trackers=mlflow"]) == 0
     out = _last_json(capsys)
     exp = out["experiment_dir"]
     assert exp.startswith(sweeps + "/")

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.ray
 
 def test_cli_smoke_run_learns(ray_local, capsys, tmp_path):
     code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
-                 "--set", f"run.storage_path={tmp_path}"])
+                 "--set", f"run.storage_path={tmp_path}", "--set", "run.trackers=mlflow,tensorboard"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     chance = 100 * 10 / summary["eval_size"]
@@ -31,6 +31,12 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path):
     assert list(table["epoch"]) == [1.0, 2.0, 3.0, 4.0]
     assert table["text_to_video_R@10"].iloc[-1] == pytest.approx(summary["text_to_video_R@10"])
     assert {"total_loss", "time_forward_s", "samples_per_s", "bad_samples"} <= set(table.columns)
+    # run.trackers: the same epochs in MLflow and TensorBoard (tests/test_trackers.py reads them back)
+    from test_trackers import mlflow_history, tensorboard_history
+
+    run_dir = Path(summary["run_dir"])
+    for history in (mlflow_history(run_dir, "text_to_video_R_at_10"), tensorboard_history(run_dir, "text_to_video_R@10")):
+        assert history == pytest.approx(list(table["text_to_video_R@10"]))
 
 
 def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_path):

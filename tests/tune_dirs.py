@@ -68,3 +68,26 @@ def curve(final: float, epochs: int, switch: int | None) -> list[float]:
             start = switch or 0
             out.append(final * (e - start) / (epochs - start))
     return out
+
+
+# --- reading what a real sweep wrote (the Ray tests) ---------------------------------------------------
+def trial_statuses(exp_dir: Path) -> dict[str, str]:
+    """Trial id -> Tune status, from the newest experiment_state file (empty while none is readable)."""
+    states = sorted(exp_dir.glob("experiment_state-*.json"))
+    if not states:
+        return {}
+    try:
+        data = json.loads(states[-1].read_text())
+    except ValueError:  # being rewritten
+        return {}
+    return {json.loads(t[0])["trial_id"]: json.loads(t[0])["status"] for t in data["trial_data"]}
+
+
+def result_rows(exp_dir: Path) -> dict[str, list[int]]:
+    """Trial id -> the epochs its result.json reports, in order."""
+    rows = {}
+    for f in exp_dir.glob("*/result.json"):  # trial dirs are named by sweep.names.trial_dirname
+        lines = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        if lines:
+            rows[lines[0]["trial_id"]] = [int(r["epoch"]) for r in lines]
+    return rows

@@ -44,6 +44,11 @@ class ConfirmSettings:
     repeats: int
 
     @property
+    def what(self) -> str:
+        """"the best configuration" or "the best 2 configurations" (for the console and the table)."""
+        return "the best configuration" if self.top == 1 else f"the best {self.top} configurations"
+
+    @property
     def group_column(self) -> str:
         """What the confirmation table groups by: the key itself, or one candidate each when top > 1."""
         return self.per if self.top == 1 else CANDIDATE

@@ -277,7 +277,7 @@ def confirmation_report(conf: Confirmation) -> str:
         "search trials": [c.trials for c in conf.candidates],
         "selected at": [c.basis for c in conf.candidates]})
     done = int((conf.trials["status"] == "done").sum()) if len(conf.trials) else 0
-    parts = [f"Confirmation: the best {s.top} configuration(s) per {s.per} from the search, each trained again "
+    parts = [f"Confirmation: {s.what} per {s.per} from the search, each trained again "
              f"over seeds {', '.join(map(str, conf.seeds))} (fresh, the same for every group) at the full budget; "
              f"{done} of {conf.planned} runs done.\n", render_table(selection, "md", right=("search mean",))]
     if len(conf.trials):
@@ -307,7 +307,7 @@ def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric:
             f", 95% CI {_ci(best['ci95_low'], best['ci95_high'], spec)} over {int(best['n_finished'])} seeds")
     beaten, tied = [], []
     for _, r in g.iloc[1:].iterrows():
-        diff = f"Δ {format_cell(r['vs_best'], '+' + spec)}"
+        diff = f"{best[by]} ahead by {format_cell(abs(r['vs_best']), spec)}"
         if r["test"] and pd.notna(r["p_holm"]) and r["p_holm"] < alpha:
             beaten.append(f"{r[by]} ({diff}, p Holm {format_cell(r['p_holm'], '.2g')})")
         else:

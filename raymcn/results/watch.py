@@ -82,7 +82,8 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
     counts = trials["status"].value_counts()
     conf = load_confirmation(exp_dir)
     lines = [head, f"{len(trials)} trials: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES), "",
-             report(trials, group_key(trials, by), brief=True, heading=search_heading(trials, group_key(trials, by), conf))]
+             report(trials, group_key(trials, by), brief=True,
+                    heading=search_heading(trials, group_key(trials, by), conf))]
     if conf is not None:
         lines += [confirmation_report(conf)]
     inside = in_epoch_lines(exp_dir, sorted(trials.loc[trials["status"] == "running", "trial"]), time.time())

@@ -18,8 +18,9 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import (CONFIRM_DIR, CONFIRM_PLAN_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE, SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config,
-                           ConfigError, default_cache_dir, default_storage_path, load_config_text, permanent_cause)
+from raymcn.config import (CONFIRM_DIR, CONFIRM_PLAN_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE,
+                           SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError, default_cache_dir,
+                           default_storage_path, load_config_text, permanent_cause)
 from raymcn.data import storage
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
@@ -52,7 +53,9 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) 
     would fail the same way again: it ends here, its error written to ``TRIAL_ERRORS_DIR``, which
     the results table shows as its status, instead of being retried.
     """
-    cfg = Config.from_dict(base).replace(plain(config))
+    # The sweep logs every trial to run.trackers through Tune's callbacks; the trial's Train run
+    # does not log a second time.
+    cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
     try:
         run_trainer(cfg, f"train-{trial_id}", storage.join(experiment_dir, "train"),
@@ -162,15 +165,20 @@ def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None)
         from raymcn.sweep.progress import SweepProgress
 
         callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
-    if cfg.sweep.mlflow:
+    trackers = cfg.run.trackers.split(",")
+    if "mlflow" in trackers:
         # A local SQLite store (MLflow 3 no longer accepts a plain ./mlruns folder by default).
         callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir, cfg),
                                                   experiment_name=storage.basename(experiment_dir),
                                                   save_artifact=False))
-    if cfg.sweep.wandb:
+    if "wandb" in trackers:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
-        callbacks.append(WandbLoggerCallback(project="raymcn", group=storage.basename(experiment_dir), mode="offline"))
+        r = cfg.run
+        callbacks.append(WandbLoggerCallback(project=r.wandb_project, entity=r.wandb_entity or None,
+                                             group=storage.basename(experiment_dir), mode=r.wandb_mode))
+    # tensorboard: Tune writes every trial's event files itself when tensorboardX is installed
+    # (the raymcn[tensorboard] extra), into the trial folders: `tensorboard --logdir EXP`.
     return callbacks
 
 

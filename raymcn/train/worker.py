@@ -21,7 +21,7 @@ from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, C
 from raymcn.data import reader
 from raymcn.data.evalsets import load_eval_set
 from raymcn.losses import Collectives
-from raymcn.train import checkpoint, faults, history, init_from, preflight
+from raymcn.train import checkpoint, faults, history, init_from, preflight, trackers
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
 from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.loop import evaluate, fold_progress
@@ -121,13 +121,18 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                                   # metrics as JSON, where -inf becomes null and breaks its sort.
                                   PRIMARY_METRIC: MID_EPOCH_SCORE})
 
+    tracked = trackers.Trackers(cfg, loop_config["run_dir"], say=say or print) if rank == 0 else None
+
     def after_epoch(run: Run, metrics: dict[str, float]) -> None:
         save_and_report(run, metrics)
-        if rank == 0:  # metrics.csv beside the checkpoints: one row per epoch
+        if rank == 0:  # metrics.csv beside the checkpoints (one row per epoch), and run.trackers
             try:
                 history.record_epoch(loop_config["run_dir"], metrics)
             except OSError as e:  # a table of convenience: never worth ending the run for
                 print(f"warning: could not write {METRICS_FILE} in {loop_config['run_dir']}: {e}")
+            tracked.log(run.state.epoch, metrics)
+            if run.state.epoch == plan.epochs:
+                tracked.close()
         if say:
             say(epoch_line(run.state.epoch, plan.epochs, metrics, workers=world))
         faults.after_epoch(run.state.epoch)

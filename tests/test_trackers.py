@@ -1,0 +1,76 @@
+"""run.trackers of a single run (train/trackers.py): every epoch's metrics in MLflow and
+TensorBoard, a resumed run continuing its MLflow run, a missing tracker dropped with a warning
+(the Ray run that writes them: tests/test_train_ray.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raymcn.config import ConfigError, load_config
+from raymcn.train.trackers import Trackers
+
+
+def mlflow_history(run_dir: Path, metric: str) -> list[float]:
+    """The values of ``metric`` in the run's MLflow store, by epoch."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    run_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
+    return [m.value for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)]
+
+
+def tensorboard_history(run_dir: Path, metric: str) -> list[float]:
+    """The values of ``metric`` in the run's TensorBoard event files, by epoch (read as TensorBoard does)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.value for e in sorted(events.Scalars(metric), key=lambda e: e.step)]
+
+
+def epoch_metrics(epoch: int) -> dict[str, float]:
+    return {"epoch": float(epoch), "text_to_video_R@10": 10.0 * epoch, "total_loss": 5.0 / epoch}
+
+
+def test_every_epoch_reaches_mlflow_and_tensorboard_and_a_resume_continues(tmp_path):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    cfg = load_config(None, ["run.trackers=mlflow,tensorboard", "run.name=r"])
+    run_dir = tmp_path / "r"
+    first = Trackers(cfg, str(run_dir), say=pytest.fail)
+    for epoch in (1, 2):
+        first.log(epoch, epoch_metrics(epoch))
+    first.close()
+    run_id = (run_dir / "mlflow_run_id.txt").read_text()
+    resumed = Trackers(cfg, str(run_dir), say=pytest.fail)  # a restart after epoch 2
+    resumed.log(3, epoch_metrics(3))
+    resumed.close()
+    assert (run_dir / "mlflow_run_id.txt").read_text() == run_id  # the same MLflow run
+    assert mlflow_history(run_dir, "text_to_video_R_at_10") == [10.0, 20.0, 30.0]  # '@' is not allowed there
+    assert tensorboard_history(run_dir, "text_to_video_R@10") == [10.0, 20.0, 30.0]
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}").get_run(run_id).data.params
+    assert params["run.trackers"] == "mlflow,tensorboard" and params["optim.lr"] == str(cfg.optim.lr)
+
+
+def test_a_tracker_that_cannot_start_is_dropped_with_a_warning_and_the_others_go_on(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
+    said: list[str] = []
+    trackers = Trackers(load_config(None, ["run.trackers=wandb,tensorboard"]), str(tmp_path / "r"), say=said.append)
+    trackers.log(1, epoch_metrics(1))
+    trackers.log(2, epoch_metrics(2))
+    trackers.close()
+    assert len(said) == 1 and "run.trackers: wandb dropped for this run" in said[0]
+    assert "pip install 'raymcn[wandb]'" in said[0]
+    assert tensorboard_history(tmp_path / "r", "total_loss") == [5.0, 2.5]
+
+
+def test_unknown_trackers_are_refused_naming_the_allowed_ones():
+    with pytest.raises(ConfigError, match="run.trackers=mlflow,neptune: a comma-separated subset of mlflow, wandb"):
+        load_config(None, ["run.trackers=mlflow,neptune"])
