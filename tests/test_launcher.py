@@ -47,11 +47,13 @@ def _port_open(port: int) -> bool:
 def running_ray() -> str | None:
     """A Ray instance already running on this machine ("gcs_server pid N"), or None. The suite's
     own Ray instances are module-scoped and shut down before the next module starts."""
-    import psutil
-
-    for proc in psutil.process_iter(["name", "pid"]):
-        if proc.info["name"] in ("gcs_server", "raylet"):
-            return f"{proc.info['name']} pid {proc.info['pid']}"
+    for comm in sorted(Path("/proc").glob("[0-9]*/comm")):
+        try:
+            name = comm.read_text().strip()
+        except OSError:  # the process ended while we looked
+            continue
+        if name in ("gcs_server", "raylet"):
+            return f"{name} pid {comm.parent.name}"
     return None
 
 
