@@ -330,6 +330,24 @@ def cmd_table(args: argparse.Namespace) -> int:
     return table.run_table(args)
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    """``raymcn shards``: local processes, or with ``--ray`` Ray actors on every node of a cluster."""
+    from raymcn.data import commands
+
+    if args.ray is None or args.dry_run:
+        return commands.run_shards(args)
+    from raymcn.data.ray_shards import RayWriters
+
+    started = start_ray(args.ray or None)
+    try:
+        return commands.run_shards(args, writer=RayWriters(args.workers or 0))
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Zero-shot retrieval of a checkpoint on an eval set; same JSON keys as ``train --json``."""
     import torch
@@ -421,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.run_synth)
     p = sub.add_parser("shards", help="convert the original feature layout into shuffled tar shards")
     commands.add_shards_arguments(p)
-    p.set_defaults(func=commands.run_shards)
+    p.set_defaults(func=cmd_shards)
     p = sub.add_parser("eval", help="zero-shot text-to-video retrieval of a checkpoint")
     p.add_argument("--checkpoint", required=True, help="a checkpoint directory (or its state.pt)")
     p.add_argument("--eval-set", help="synthetic | youcook:FILE | msrvtt:FILE (default: the run's)")

@@ -46,7 +46,7 @@ def _within(name: str, prefixes: set[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-RAY_DATA_SIDE = {"raymcn.data.reader"}
+RAY_DATA_SIDE = {"raymcn.data.reader", "raymcn.data.ray_shards"}
 RAY_TRAIN_SIDE = {"raymcn.train.worker", "raymcn.train.launch"}
 
 

@@ -121,6 +121,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
                 "epochs", "status", "wall_s", "time_forward_s"):
         assert col in header, header
     local = default_cache_dir(Config()) / "experiments" / exp.rsplit("/", 1)[1]
+    assert not (local / "train").exists()  # the trials' checkpoints stay in the bucket: no table reads them
     trials, curves = load_experiment(local)
     assert len(trials) == 2 and set(trials["status"]) == {"done"}
     assert sorted(trials["schedule.stage_order"]) == ["AV_T", "joint"]

@@ -50,4 +50,4 @@ def test_sweep_console_contract_and_paired_repeats(tmp_path):
     assert (tmp_path / "faults" / "fired-raise_after_epoch").exists()  # the crash did happen
     # the repeats pair across stage orders: same run.seed, nothing else swept
     stats = next(line for line in lines[end:] if line.startswith("| AV_T |") and "paired t" in line)
-    assert stats.split("|")[9].strip() == "2", stats  # the pairs column
+    assert stats.split("|")[10].strip() == "2", stats  # the pairs column

@@ -105,8 +105,13 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--videos-per-shard", type=int, default=None,
                         help="fixed videos per shard instead of --shard-size-mb")
     parser.add_argument("--seed", type=int, default=0, help="seed of the video -> shard permutation (default 0)")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
-                        help="processes writing shards in parallel (default min(4, CPUs))")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes writing shards in parallel (default min(4, CPUs); with --ray: one per CPU "
+                             "of the cluster)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="write the shards with Ray actors on every node of the cluster at ADDRESS (default: "
+                             "RAY_ADDRESS, else the cluster this machine belongs to, else a local Ray); inputs and "
+                             "--out must be on storage every node sees at the same path")
     parser.add_argument("--verify", choices=("sha256", "size"), default="sha256",
                         help="how a rerun checks finished shards (default sha256: rehash them)")
     parser.add_argument("--dtype", choices=tuple(FEATURE_DTYPES), default=DEFAULT_FEATURE_DTYPE,
@@ -119,11 +124,14 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     return parser
 
 
-def run_shards(args: argparse.Namespace) -> int:
+def run_shards(args: argparse.Namespace, writer=None) -> int:
+    """``raymcn shards``; ``writer``: who writes the shards instead of local processes
+    (``shards_from_layout``'s; the command line passes Ray's for ``--ray``)."""
     from raymcn.data.shards import MANIFEST, ShardError, layout_sources, plan_space, shards_from_layout
 
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         return _error("shards", f"--workers={args.workers}: must be >= 0")
+    workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
     if bool(args.tars) == bool(args.features or args.audio_features):
         return _error("shards", "give either --features and --audio-features (the feature folders) or --tars")
     if not args.tars and not (args.features and args.audio_features and args.video_list):
@@ -137,9 +145,9 @@ def run_shards(args: argparse.Namespace) -> int:
             return 0 if space.fits(args.dtype) else _error("shards", space.refusal(args.dtype))
         manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
                                       args.word_vectors, args.out, shard_size_mb=args.shard_size_mb, seed=args.seed,
-                                      workers=args.workers, videos_per_shard=args.videos_per_shard,
+                                      workers=workers, videos_per_shard=args.videos_per_shard,
                                       verify=args.verify, feature_dtype=args.dtype, tars=args.tars or (),
-                                      progress=not args.no_progress)
+                                      progress=not args.no_progress, writer=writer)
     except (ShardError, FeatureFileError) as e:
         return _error("shards", str(e))
     except OSError as e:

@@ -39,7 +39,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -322,11 +322,15 @@ def _make_plan(paths: list[str], src: LayoutSources, feats, seed: int, shard_siz
             "shards": [{"name": SHARD_PATTERN.format(i), "paths": chunk} for i, chunk in enumerate(shards)]}
 
 
-# Worker state (set in the parent before forking, or by the initializer under "spawn").
+# Worker state (set in the parent before forking, or by the initializer under "spawn" and in a
+# Ray actor).
 _WORK: dict[str, Any] = {}
+# A writer of shards elsewhere (``shards_from_layout``'s ``writer``): (state, jobs, on_done) -> None.
+ShardWriters = Callable[[dict, list, Callable[[dict], None]], None]
 
 
-def _init_worker(state: dict) -> None:
+def init_writer(state: dict) -> None:
+    """Make this process a shard writer (before :func:`write_shard`)."""
     if "captions" not in state:  # spawn: load what the fork would have inherited
         state = dict(state, captions=load_captions(state["captions_path"]),
                      word_to_id=load_vocab(state["out"]).word_to_id)
@@ -366,7 +370,7 @@ def write_sample(tar: tarfile.TarFile, key: str, members: list[tuple[str, bytes]
     return start, tar.offset - (-len(members[-1][1]) % tarfile.BLOCKSIZE)
 
 
-def _write_one_shard(job: tuple[int, str, list[str]]) -> dict:
+def write_shard(job: tuple[int, str, list[str]]) -> dict:
     """Write one shard (temp name, then rename) and its done marker; returns the marker dict."""
     index, name, paths = job
     w = _WORK
@@ -511,7 +515,7 @@ def shards_from_layout(features: str | os.PathLike | None, audio_features: str |
                        shard_size_mb: float = DEFAULT_SHARD_SIZE_MB, seed: int = 0, workers: int = 1,
                        videos_per_shard: int | None = None, verify: str = "sha256",
                        feature_dtype: str = DEFAULT_FEATURE_DTYPE, tars: Sequence[str | os.PathLike] = (),
-                       progress: bool = True, log=None) -> dict:
+                       progress: bool = True, log=None, writer: ShardWriters | None = None) -> dict:
     """Write the videos of the original layout into shuffled tar shards in ``out``; returns the manifest.
 
     Resumable: a shard whose done marker matches the plan (and, with ``verify="sha256"``, whose
@@ -533,6 +537,11 @@ def shards_from_layout(features: str | os.PathLike | None, audio_features: str |
         tars: tar files (or folders of them) holding the per-video files instead of the folders
             (``tarinput.py`` lists the accepted member names); the same videos give the same shards.
         log: callable for progress lines (default: print to stderr).
+        writer: who writes the shards still to do, instead of this machine's ``workers`` processes:
+            called as ``writer(state, jobs, on_done)`` with the writer state (without the
+            caption table, which each writer loads from ``state["captions_path"]``), the jobs, and
+            a callback for each shard's done marker (``data.ray_shards``: Ray actors on every
+            node of a cluster). Same plan, same bytes, same markers, same manifest.
 
     Raises:
         ShardError: a missing input, or ``out`` holding shards of a different plan.
@@ -602,27 +611,35 @@ def shards_from_layout(features: str | os.PathLike | None, audio_features: str |
     t0 = time.perf_counter()
     vocab = _ensure_vocab(out, plan, src, caps)
     log(f"shards: {len(todo)} of {len(jobs)} shards to write ({plan['videos_per_shard']} videos each, "
-        f"vocabulary of {len(vocab.words)} words), {max(1, workers)} worker(s)")
+        f"vocabulary of {len(vocab.words)} words), "
+        + (getattr(writer, "description", "other writers") if writer else f"{max(1, workers)} worker(s)"))
     state = {"out": out, "reader": feats, "captions": caps,
              "word_to_id": vocab.word_to_id, "captions_source": str(src.captions), "plan": key,
              "captions_path": src.captions, "feature_dtype": feature_dtype}
+    shipped = {k: v for k, v in state.items() if k not in ("captions", "word_to_id")}  # reloaded where it runs
     try:
-        if workers <= 1 or len(todo) <= 1:
-            _init_worker(state)
+        if writer is not None:
+            with _progress_bar(len(todo), progress) as bar:
+                def finished(marker: dict) -> None:
+                    done[marker["name"]] = marker
+                    bar.update(1)
+
+                writer(shipped, todo, finished)
+        elif workers <= 1 or len(todo) <= 1:
+            init_writer(state)
             with _progress_bar(len(todo), progress) as bar:
                 for job in todo:
-                    marker = _write_one_shard(job)
+                    marker = write_shard(job)
                     done[marker["name"]] = marker
                     bar.update(1)
         else:
             methods = multiprocessing.get_all_start_methods()
             ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            init_state = state if ctx.get_start_method() == "fork" else \
-                {k: v for k, v in state.items() if k not in ("captions", "word_to_id")}
+            init_state = state if ctx.get_start_method() == "fork" else shipped
             # the pool forks before the progress bar starts its monitor thread
-            with ctx.Pool(min(workers, len(todo)), initializer=_init_worker, initargs=(init_state,)) as pool, \
+            with ctx.Pool(min(workers, len(todo)), initializer=init_writer, initargs=(init_state,)) as pool, \
                     _progress_bar(len(todo), progress) as bar:
-                for marker in pool.imap_unordered(_write_one_shard, todo):
+                for marker in pool.imap_unordered(write_shard, todo):
                     done[marker["name"]] = marker
                     bar.update(1)
     finally:
