@@ -12,7 +12,10 @@ from raymcn.config import ConfigError, load_config
 from raymcn.results.confirmation import (CANDIDATE, ConfirmSettings, NothingToConfirm, confirmation_seeds,
                                          label_trials, plan_text, read_plan, select_candidates, settings,
                                          trial_configs)
+from raymcn.results.experiment import load_experiment
 from raymcn.results.table import answer_line, group_table
+
+from tune_dirs import write_sweep_yaml, write_trial
 
 R10 = "best_text_to_video_R@10"
 ORDER, LR, SEED = "schedule.stage_order", "optim.lr", "run.seed"
@@ -124,46 +127,22 @@ def test_a_seed_missing_on_one_side_is_left_out_of_the_pairs():
 
 
 # --- the table and the live view of a confirmed sweep (files only) -------------------------------------
-def write_trial(where, tid: str, params: dict, r10s: list[float]) -> None:
-    import json
-
-    d = where / f"{params[ORDER]}-{tid}"
-    d.mkdir(parents=True)
-    (d / "params.json").write_text(json.dumps(params))
-    rows = [{"epoch": e, "trial_id": tid, "text_to_video_R@10": r, "text_to_video_R@1": r / 10,
-             "text_to_video_R@5": r / 2, "text_to_video_MedR": 100 - r, "total_loss": 1.0 / e}
-            for e, r in enumerate(r10s, start=1)]
-    (d / "result.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-
-
 @pytest.fixture()
 def confirmed(tmp_path):
     """A finished search (AV_T and joint, 2 lrs each, 2 epochs) and its finished confirmation
     (seeds 2, 3, 4); AV_T's confirmation runs are clearly better."""
-    import yaml
-
-    exp = tmp_path / "exp"
-    base = {"schedule": {"epochs": 2, "stage_order": "joint", "stage1_fraction": 0.5}, "sweep": {"space": {}}}
-    exp.mkdir()
-    (exp / "raymcn_sweep.yaml").write_text(yaml.safe_dump(base))
+    exp, confirm = tmp_path / "exp", tmp_path / "exp" / "confirm"
+    write_sweep_yaml(exp, epochs=2)
     for i, (order, lr, r) in enumerate([("AV_T", 1e-3, 20.0), ("AV_T", 3e-3, 24.0), ("joint", 1e-3, 22.0),
                                         ("joint", 3e-3, 19.0)]):
-        write_trial(exp, f"s{i}", {ORDER: order, LR: lr}, [r / 2, r])
-    picked = select_candidates(load_experiment_frame(exp), ConfirmSettings(ORDER, 1, 3), epochs=2)
-    confirm = exp / "confirm"
-    confirm.mkdir()
-    (confirm / "raymcn_sweep.yaml").write_text(yaml.safe_dump(base))
+        write_trial(exp, f"{order}-s{i}", f"s{i}", {ORDER: order, LR: lr}, [r / 2, r])
+    picked = select_candidates(load_experiment(exp)[0], ConfirmSettings(ORDER, 1, 3), epochs=2)
+    write_sweep_yaml(confirm, epochs=2)
     (confirm / "confirm_plan.yaml").write_text(plan_text(ConfirmSettings(ORDER, 1, 3), picked, [2, 3, 4]))
     values = {"AV_T": [30.0, 33, 31], "joint": [22.0, 24, 25]}
     for i, cfg in enumerate(trial_configs(picked, [2, 3, 4])):
-        write_trial(confirm, f"c{i}", cfg, [10.0, values[cfg[ORDER]][cfg[SEED] - 2]])
+        write_trial(confirm, f"{cfg[ORDER]}-c{i}", f"c{i}", cfg, [10.0, values[cfg[ORDER]][cfg[SEED] - 2]])
     return exp
-
-
-def load_experiment_frame(exp):
-    from raymcn.results.experiment import load_experiment
-
-    return load_experiment(exp)[0]
 
 
 def test_the_table_of_a_confirmed_sweep_shows_both_phases_and_the_answer(confirmed, capsys):

@@ -37,12 +37,10 @@ class RayWriters:
 
     def __init__(self, actors: int = 0):
         self.actors = actors
-        self.description = "Ray actors"
+        self.description = f"{actors} Ray actor(s)" if actors else "one Ray actor per CPU of the cluster"
 
     def __call__(self, state: dict, jobs: list, on_done: Callable[[dict], None]) -> None:
         count = min(len(jobs), self.actors or max(1, int(ray.cluster_resources().get("CPU", 1))))
-        nodes = len([n for n in ray.nodes() if n.get("Alive")])
-        self.description = f"{count} Ray actor(s) on {nodes} node(s)"
         writers = [ShardWriter.options(scheduling_strategy="SPREAD").remote(state) for _ in range(count)]
         try:
             for marker, host in ActorPool(writers).map_unordered(lambda a, job: a.write.remote(job), jobs):

@@ -39,9 +39,11 @@ def _groups(trials: pd.DataFrame, by: str = STAGE_KEY) -> list[tuple[str, pd.Dat
     (a confirmation's candidates "AV_T #2" sort with their order)."""
     if by not in trials:
         return [(_ALL, trials)]
-    present = [str(v) for v in trials[by].dropna().unique()]
-    labels = sorted(present, key=lambda v: (_order_of(v) not in STAGE_ORDERS, STAGE_ORDERS.index(_order_of(v))
-                                            if _order_of(v) in STAGE_ORDERS else 0, v))
+    def place(label: str) -> tuple[int, str]:
+        order = _order_of(label)
+        return STAGE_ORDERS.index(order) if order in STAGE_ORDERS else len(STAGE_ORDERS), label
+
+    labels = sorted((str(v) for v in trials[by].dropna().unique()), key=place)
     return [(o, trials[trials[by].astype(str) == o]) for o in labels]
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from ray import tune
 
 from raymcn.config import (CONFIRM_DIR, CONFIRM_PLAN_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE,
-                           SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError, default_cache_dir,
-                           default_storage_path, load_config_text, permanent_cause)
+                           SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError, default_storage_path,
+                           load_config_text, permanent_cause)
 from raymcn.data import storage
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
@@ -29,6 +29,7 @@ from raymcn.sweep.space import param_space, plain
 from raymcn.train.console import Console
 from raymcn.train.launch import run_trainer
 from raymcn.train.stages import budget_offset
+from raymcn.train.trackers import local_folder
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -197,10 +198,9 @@ def _mlflow_callback_class():
 
 
 def mlflow_uri(experiment_dir: str | Path, cfg: Config | None = None) -> str:
-    """A local SQLite store: in the experiment folder, or in the cache when that is a bucket."""
-    experiment_dir = str(experiment_dir)
-    where = Path(experiment_dir) if not storage.is_uri(experiment_dir) else (
-        default_cache_dir(cfg or Config()) / "mlflow" / storage.basename(experiment_dir))
+    """A local SQLite store: in the experiment folder, or in the cache when that is a bucket (the
+    folder a single run's trackers use, ``train.trackers.local_folder``)."""
+    where = local_folder(cfg or Config(), str(experiment_dir))
     where.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{where / 'mlflow.db'}"
 
