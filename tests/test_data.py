@@ -13,7 +13,7 @@ import pytest
 
 from raymcn.config import load_config
 from raymcn.data import evalsets, features, synthetic, words
-from raymcn.data.features import (VideoRecord, audio_clip, audio_frame, collate, grow_span, pack_tokens,
+from raymcn.data.features import (VideoRecord, audio_clip, audio_frame, grow_span, pack_tokens,
                                   read_video, read_video_paths, read_videos, sample_clips, text_clip_ids,
                                   video_rows)
 from raymcn.data.words import Vocab, build_vocab, encode, read_word2vec_bin, tokenize, write_word2vec_bin
@@ -168,8 +168,14 @@ def test_sample_clips_matches_the_spec_on_a_hand_made_video():
         assert out["nframes"][j] == min(1000, audio_frame(e) - audio_frame(s))
         assert np.array_equal(out["text"][j], vocab_matrix[out["text_ids"][j]])
         assert out["text_ids"][j].tolist() == text_clip_ids(rec, order, 5).tolist()
-    batch = collate([out, out], ["a", "b"])
-    assert batch["video"].shape == (12, 4096) and batch["key"][:2] == ["a#0", "a#1"] and batch["key"][6] == "b#0"
+    other = dataclasses.replace(hand_record([0.0, 9.0], [9.0, 15.0], [[2], [4]], t2=16, t3=23, seed=1), video_id="b")
+    batch = features.sample_batch([rec, other], [np.random.default_rng(3), np.random.default_rng(4)], 6, 8.0, 1000, 5,
+                                  vocab_matrix)
+    assert batch["video"].shape == (12, 4096) and batch["key"][:2] == [f"{rec.video_id}#0", f"{rec.video_id}#1"]
+    assert batch["key"][6] == "b#0"
+    alone = sample_clips(other, 6, 8.0, 1000, 5, np.random.default_rng(4), vocab_matrix)
+    for k, v in out.items():  # written in place, each video's rows equal its own sample_clips
+        assert np.array_equal(batch[k][:6], v) and np.array_equal(batch[k][6:], alone[k]), k
 
 
 # --- the on-disk layout ------------------------------------------------------------------------------------
@@ -336,7 +342,7 @@ def test_synthetic_task_is_learnable(tmp_path):
                                     captions, vocab.word_to_id)
     assert problems == []
     rng, n_words = np.random.default_rng(0), len(vocab.words) + 1
-    clips = collate([sample_clips(r, 16, 10.0, 1000, 20, rng, None) for r in records], [r.video_id for r in records])
+    clips = features.sample_batch(records, [rng] * len(records), 16, 10.0, 1000, 20, None)
 
     def bow(ids):
         return np.stack([np.bincount(row[row > 0], minlength=n_words) for row in ids]).astype(np.float64)

@@ -134,9 +134,9 @@ def test_paper_defaults_match_the_spec(paper_params):
     assert 0.9 < davenet / per_clip < 0.95  # "DAVEnet ≈ 92 %"
     gpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 1, "scale.use_gpu": True}), params=paper_params)
     assert 22e9 < gpu["activations"] < 30e9  # "≈ 23–30 GB in bf16" (ours: exactly half of fp32)
-    # §6: activations 23–30 GB + ≈3.6 GB parameters and Adam + ≈2–3 GB queue and k-means, so "one
-    # 80 GB H100 should hold the original batch in bf16".
-    # cuDNN's workspace is not part of the spec's sum; the estimate adds it as a stated margin.
+    # the paper-scale estimate: activations 23–30 GB + ≈3.6 GB parameters and Adam + ≈2–3 GB queue and
+    # k-means, so "one 80 GB H100 should hold the original batch in bf16".
+    # cuDNN's workspace is not part of that sum; the estimate adds it as a stated margin.
     assert 29e9 < gpu["total"] - gpu["conv_workspace"] < 37e9 and gpu["total"] < 0.9 * 80 * GIB
 
 

@@ -27,7 +27,7 @@ def _cfg(**overrides) -> Config:
 
 # --- MMS ------------------------------------------------------------------------------------------
 def _mms_reference(x: torch.Tensor, y: torch.Tensor, margin: float) -> torch.Tensor:
-    """Spec §2.1 literally: full S, S − δI, log_softmax over rows and over columns, diagonal NLL."""
+    """The original loss literally: full S, S − δI, log_softmax over rows and over columns, diagonal NLL."""
     s = x.double() @ y.double().T
     s = s - margin * torch.eye(s.shape[0], dtype=s.dtype)
     rows = -torch.log_softmax(s, dim=1).diagonal().mean()

@@ -185,13 +185,36 @@ def test_the_command_writes_fp16_features_by_default(corpus, tmp_path):
 
 
 def test_the_fp16_column_max_equals_the_fp32_max_for_every_sign():
-    from raymcn.data.features import column_max
+    from raymcn.data.features import fp16_max_bits
 
     rng = np.random.default_rng(0)
     rows = (rng.standard_normal((40, 2048)) * 50).astype(np.float16)
     rows[3, :5] = [-0.0, 0.0, np.inf, -np.inf, 65504]
     rows[:, 7] = -rng.random(40).astype(np.float16) - 1  # a column of negatives only
-    for lo, hi in ((0, 1), (0, 40), (5, 17)):
-        got = column_max(rows[lo:hi])
-        assert got.dtype == np.float32
-        assert np.array_equal(got, rows[lo:hi].astype(np.float32).max(axis=0)), (lo, hi)
+    rows[:, 8] = -0.0  # negatives and -0.0: the max is -0.0
+    rows[5, 8] = -3
+    rows[:, 9] = -np.inf
+    for lo, hi in ((0, 1), (0, 40), (5, 17), (3, 4)):
+        got = fp16_max_bits(rows[lo:hi], np.empty(2048, np.int16)).view(np.float16)
+        want = rows[lo:hi].max(axis=0)
+        assert np.array_equal(got.view(np.int16), want.view(np.int16)), (lo, hi)  # bit for bit, signed zeros too
+    assert np.signbit(fp16_max_bits(rows, np.empty(2048, np.int16)).view(np.float16)[8])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pooling_all_clips_at_once_equals_pooling_each_clip(dtype):
+    """pool_clips (one output array, one normalisation) equals the per-clip recipe bit for bit:
+    rows floor(start·fps)..floor(end·fps) clamped, column max, L2 norm; spans past the end too."""
+    from raymcn.data.features import l2_normalize, pool_clips, video_rows
+
+    rng = np.random.default_rng(1)
+    feat = (rng.standard_normal((30, 2048)) * 4).astype(dtype)
+    starts = rng.uniform(0, 35, 50)
+    ends = starts + rng.uniform(0, 12, 50)
+    got = pool_clips(feat, starts, ends, 1.5)
+    assert got.dtype == np.float32 and got.shape == (50, 2048)
+    for j, (s, e) in enumerate(zip(starts, ends)):
+        lo, hi = video_rows(30, s, e, 1.5)
+        want = l2_normalize(feat[lo:hi + 1].astype(np.float32).max(axis=0))
+        assert np.array_equal(got[j], want), j
+    assert np.array_equal(pool_clips(feat[:0], starts, ends, 1.0), np.zeros((50, 2048), np.float32))

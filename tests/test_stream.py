@@ -145,6 +145,11 @@ def test_read_ranges_returns_each_range_whatever_the_order_and_gaps(tmp_path):
         got = tarfmt.read_ranges(tmp_path / "f", ranges, merge_gap=gap)
         for (a, b), g in zip(ranges, got):
             assert np.array_equal(g, data[a:min(b, len(data))])  # the last one runs past the end: short
+    # the read-ahead hint never fails a read: ranges past the end, empty ones, a file that is gone
+    tarfmt.advise_ranges(tmp_path / "f", [*ranges, (300, 300), (1 << 40, (1 << 40) + 10)])
+    tarfmt.advise_ranges(tmp_path / "gone", ranges)
+    assert all(np.array_equal(g, data[a:min(b, len(data))])
+               for (a, b), g in zip(ranges, tarfmt.read_ranges(tmp_path / "f", ranges)))
 
 
 # --- damage ----------------------------------------------------------------------------------------------
@@ -224,7 +229,8 @@ def test_data_path_imports_point_one_way(module):
             for n in names if n.startswith("raymcn.")}
     assert ours <= ALLOWED[module], ours - ALLOWED[module]
     third_party = {n.split(".")[0] for n in names} - {"raymcn"} - set(sys.stdlib_module_names)
-    assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "reader" else {"numpy", "pyarrow", "tqdm"})
+    # no torch in the data path (the read tasks must not load it); isal: the fast CRC-32
+    assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "reader" else {"numpy", "pyarrow", "tqdm", "isal"})
 
 
 @pytest.mark.parametrize("module", ["tarfmt", "sample", "order", "tarinput", "shards", "stream", "synthetic", "reader"])

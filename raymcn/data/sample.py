@@ -22,11 +22,11 @@ Imports: numpy, ``features`` (VideoRecord and the feature shapes), ``tarfmt`` (n
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from isal.isal_zlib import crc32  # the same values as zlib.crc32, via ISA-L: 58 vs 4.2 GB/s on this machine
 
 from raymcn.data.features import FEATURE_DIM, MEL_BINS, VideoRecord
 from raymcn.data.tarfmt import NAME_MAX, NpyError, SampleSpan, npy_bytes, npy_view, scan_spans, scan_tar
@@ -72,7 +72,7 @@ def encode_record(record: VideoRecord, feature_dtype: str = "float32") -> list[t
         "ends.npy": np.asarray(record.ends, np.float64),
     }
     members = [(name, npy_bytes(arrays[name])) for name in ARRAY_MEMBERS]
-    meta = {"id": record.video_id, "crc32": {name: zlib.crc32(data) for name, data in members}}
+    meta = {"id": record.video_id, "crc32": {name: crc32(data) for name, data in members}}
     members.append((META_MEMBER, json.dumps(meta, sort_keys=True).encode()))
     return members
 
@@ -100,7 +100,7 @@ def check_crc(buf, span: SampleSpan) -> None:
     except (ValueError, KeyError, TypeError):
         raise SampleError("member json is unreadable (damaged bytes)") from None
     for name in ARRAY_MEMBERS:
-        if zlib.crc32(_member(buf, span, name)) != crcs.get(name):
+        if crc32(_member(buf, span, name)) != crcs.get(name):
             raise SampleError(f"member {name} fails its CRC-32 check (damaged bytes)")
 
 

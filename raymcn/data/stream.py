@@ -34,11 +34,11 @@ import numpy as np
 import pyarrow as pa
 
 from raymcn.config import Config
-from raymcn.data.features import (FEATURE_DIM, MEL_BINS, VideoRecord, collate, load_captions, read_video_paths,
-                                  read_videos, sample_clips)
+from raymcn.data.features import (FEATURE_DIM, MEL_BINS, VideoRecord, load_captions, read_video_paths, read_videos,
+                                  sample_batch)
 from raymcn.data.order import StepSlice, VideoIndex, clip_rng, rank_steps
 from raymcn.data.sample import SampleError, ShardChecker, ShardScan, decode_sample_bytes
-from raymcn.data.tarfmt import read_pieces, read_ranges
+from raymcn.data.tarfmt import advise_ranges, read_pieces, read_ranges
 from raymcn.data.words import build_vocab, load_vocab, read_word2vec_bin
 
 if TYPE_CHECKING:
@@ -203,6 +203,16 @@ class SlotRecord:
     error: str | None = None
 
 
+def advise_step(shards_dir: str | os.PathLike, job: StepJob) -> None:
+    """Have the kernel start reading ``job``'s videos (:func:`tarfmt.advise_ranges`): a read task
+    asks for step k+1 once step k is read, so the disk works while the CPU draws step k's clips."""
+    by_shard: dict[str, list[tuple[int, int]]] = {}
+    for _, shard, start, end in job.videos:
+        by_shard.setdefault(shard, []).append((start, end))
+    for shard, ranges in by_shard.items():
+        advise_ranges(Path(shards_dir) / shard, ranges)
+
+
 def read_step_records(shards_dir: str | os.PathLike, job: StepJob, verify: bool = True) -> list[SlotRecord]:
     """The videos of ``job`` read from their shards (each shard opened once, its ranges read front
     to back), each checked (members, with ``verify`` the CRC-32 of every member, .npy headers,
@@ -263,9 +273,8 @@ def assemble_step(slots: Sequence[SlotRecord], first: int, cfg: Config, epoch: i
                                f"{first + len(slots) - 1}): " + "; ".join(f"{s.video_id} in {s.shard}: {s.error}"
                                                                           for s in slots))
     d = cfg.data
-    clips = [sample_clips(rec, d.clips_per_video, d.min_time, d.audio_frames, d.max_words,
-                          clip_rng(cfg.run.seed, epoch, first + j), vocab_matrix) for j, rec in enumerate(used)]
-    return collate(clips, [r.video_id for r in used]), used
+    rngs = [clip_rng(cfg.run.seed, epoch, first + j) for j in range(len(used))]
+    return sample_batch(used, rngs, d.clips_per_video, d.min_time, d.audio_frames, d.max_words, vocab_matrix), used
 
 
 def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
@@ -289,9 +298,11 @@ def read_steps(shards_dir: str, jobs: Sequence[StepJob], cfg: Config, epoch: int
     """A read task: one row (:func:`step_row`) per job, in order, each leaving as soon as it is built."""
     vocab = load_vocab(shards_dir).matrix  # memory-mapped: each task maps it, nothing is copied
     previous: list[VideoRecord] = []
-    for job in jobs:
+    for k, job in enumerate(jobs):
         t0 = time.perf_counter()
         slots = read_step_records(shards_dir, job, verify)
+        if k + 1 < len(jobs):  # the disk reads the next step while this one is checked and drawn
+            advise_step(shards_dir, jobs[k + 1])
         t1 = time.perf_counter()
         batch, previous = assemble_step(slots, job.first, cfg, epoch, vocab, previous)
         yield step_row(job, batch, slots, t1 - t0, time.perf_counter() - t1)

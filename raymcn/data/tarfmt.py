@@ -27,7 +27,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -276,6 +276,26 @@ def scan_file_spans(path: str | os.PathLike) -> list[SampleSpan]:
     if current is not None:
         spans.append(current)
     return spans
+
+
+def advise_ranges(path: str | os.PathLike, ranges: Iterable[tuple[int, int]]) -> None:
+    """Ask the kernel to start reading ``ranges`` of ``path`` into the page cache now, in the
+    background (``posix_fadvise(WILLNEED)``), so that a later :func:`read_ranges` of them finds
+    them there instead of waiting for the disk. A hint: errors and systems without it are ignored."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        for start, end in ranges:
+            if end > start:
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_ranges(path: str | os.PathLike, ranges: list[tuple[int, int]], merge_gap: int = 1 << 16) -> list[np.ndarray]:
