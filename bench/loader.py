@@ -6,10 +6,12 @@ permitted; the table says which), at two per-video sizes — short clips (~0.33 
 HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
 
   (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each;
+  (a2) the same files split over ``--cat-streams`` processes, as a DataLoader's workers load them;
   (b) raymcn's reader as the trainer uses it: each of ``--ranks`` Ray actors (standing in for the
       Ray Train workers, ``--consumer-cpus`` each) consumes its own ``reader.RankStream``: the
       videos of its share of every step, fixed by (seed, epoch, step), read by byte range from
-      the shards in read tasks on its node, checked (CRC-32), clips drawn, one Arrow row per step.
+      the shards in read tasks on its node (each step's bytes requested from the kernel while the
+      step before is drawn), checked (CRC-32), clips drawn, one Arrow row per step.
       Timed: epoch 1 after an epoch 0 (which starts the read-task workers), i.e. what every epoch
       of a run costs, including Ray Data's per-epoch start-up;
   (c) a single-process sequential tar reader without Ray (``stream.iter_shard_records``: same
@@ -18,9 +20,13 @@ HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/
       split into reading (byte ranges in step order + CRC checks: the deterministic order's cost
       against (c), which reads whole shards front to back) and drawing the clips (``data.clips_per_video``
       per video, as the training batches need; (a), (c) and (d) draw none);
-  (d) ``cat`` of the shard files to /dev/null — the physical limit.
+  (d) ``cat`` of the shard files to /dev/null: one sequential stream, the issue's yardstick;
+  (d2) the same files split over ``--cat-streams`` ``cat`` processes at once (default: as many as
+      (b) has read tasks in flight, ranks x ``READ_CONCURRENCY``): what the disk gives to parallel
+      readers, which (b) is (a virtual disk can serve several streams faster than one).
 
-A step holds ``--batch`` videos (the steps of one epoch use ``videos // batch`` x batch videos).
+A step holds ``--batch`` videos (the steps of one epoch use ``videos // batch`` x batch videos); the
+default, 64 over 2 ranks, gives each rank a paper share: the paper's 128 videos per step over 4 GPUs.
 (b), (c), (c2) and (d) run on shards of each ``--dtypes`` (default float32 and float16: the 2d/3d
 features at 4 or 2 bytes), (a) once; a fresh shard folder also times the conversion (``raymcn
 shards`` in one process). Targets: fp32 shards (b) >= 2x (a) and (b) >= 0.6x (c); fp16 shards
@@ -30,7 +36,8 @@ sequential reader.
 
 Usage::
 
-    python bench/loader.py                 # 4000 short videos + 200 long ones (~3.3 GB on disk, twice)
+    python bench/loader.py                 # 4000 short videos + 1024 long ones (~30 GB on disk: the
+                                           # npz files, fp32 and fp16 shards of each)
     python bench/loader.py --quick         # a tiny run to check that everything works: at 200 videos
                                            # Ray Data's per-epoch start-up (~0.2 s) dominates (b)
     python bench/loader.py --json          # the figures as one JSON line at the end
@@ -56,7 +63,7 @@ import numpy as np
 
 from raymcn.data import order, shards, stream
 from raymcn.data.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
-from raymcn.data.reader import DEFAULT_TASK_MB, READ_CPUS
+from raymcn.data.reader import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS
 from raymcn.data.words import write_word2vec_bin
 
 # per-video shapes: (2d rows, 3d rows, spectrogram frames); 1 row/s, 1.5 rows/s, 100 frames/s
@@ -141,11 +148,23 @@ class Cache:
 
 
 # --- (a) the original way ---------------------------------------------------------------------------
-def run_npz(layout: Path, seed: int = 0) -> dict:
+def run_npz(layout: Path, seed: int = 0, processes: int = 1) -> dict:
     paths = read_video_paths(layout / "videos.csv")
     random.Random(seed).shuffle(paths)
-    nbytes = 0
+    if processes > 1:  # like a DataLoader's worker processes, each loading its share of the files
+        import multiprocessing
+
+        t0 = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            parts = pool.starmap(_load_npz_files, [(layout, paths[i::processes]) for i in range(processes)])
+        return {"videos": len(paths), "bytes": sum(parts), "seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
+    nbytes = _load_npz_files(layout, paths)
+    return {"videos": len(paths), "bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+
+def _load_npz_files(layout: Path, paths: list[str]) -> int:
+    nbytes = 0
     for path in paths:
         vid = video_id_of(path)
         files = (layout / "features" / path / f"{vid}_2d.npz", layout / "features" / path / f"{vid}_3d.npz",
@@ -154,7 +173,7 @@ def run_npz(layout: Path, seed: int = 0) -> dict:
             with np.load(f) as z:
                 z[key]
             nbytes += f.stat().st_size
-    return {"videos": len(paths), "bytes": nbytes, "seconds": time.perf_counter() - t0}
+    return nbytes
 
 
 # --- (c) sequential tar reader without Ray ----------------------------------------------------------
@@ -186,11 +205,13 @@ def run_tarfile(shard_dir: Path, manifest: dict) -> dict:
 
 
 # --- (d) physical limit -----------------------------------------------------------------------------
-def run_cat(shard_dir: Path, manifest: dict) -> dict:
+def run_cat(shard_dir: Path, manifest: dict, streams: int = 1) -> dict:
     files = [str(shard_dir / s["name"]) for s in manifest["shards"]]
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        subprocess.run(["cat", *files], stdout=null, check=True)
+        procs = [subprocess.Popen(["cat", *files[i::streams]], stdout=null) for i in range(min(streams, len(files)))]
+        if any(p.wait() != 0 for p in procs):
+            raise RuntimeError("cat failed")
     return {"videos": manifest["counts"]["videos"], "bytes": manifest["counts"]["bytes"],
             "seconds": time.perf_counter() - t0}
 
@@ -322,13 +343,14 @@ def keep_best(row: dict, key: str, r: dict) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--videos", type=int, default=4000, help="short-clip videos (default 4000)")
-    p.add_argument("--long-videos", type=int, default=200, help="HowTo100M-like videos (default 200)")
-    p.add_argument("--quick", action="store_true", help="tiny run: 200 short + 10 long videos")
+    p.add_argument("--long-videos", type=int, default=1024,
+                   help="HowTo100M-like videos (default 1024: 16 paper shares per rank, 8 read tasks each)")
+    p.add_argument("--quick", action="store_true", help="tiny run: 200 short + 10 long videos, steps of 8")
     p.add_argument("--sizes", default="short,long", help="comma list of: short, long")
     p.add_argument("--workdir", default=os.environ.get("RAYMCN_BENCH_DIR", "/tmp/raymcn-bench"),
                    help="where the corpora and shards are generated (reused across runs)")
     p.add_argument("--shard-size-mb", type=float, default=256.0, help="as raymcn shards (default 256)")
-    p.add_argument("--batch", type=int, default=32, help="videos per step, global (default 32)")
+    p.add_argument("--batch", type=int, default=64, help="videos per step, global (default 64: 32 per rank)")
     p.add_argument("--task-mb", type=float, default=DEFAULT_TASK_MB, help="video bytes per read task, in MB")
     p.add_argument("--read-cpus", type=float, default=READ_CPUS,
                    help="CPUs each read task reserves (default as a training run: none)")
@@ -339,7 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--object-store-mb", type=int, default=None)
     p.add_argument("--warm", action="store_true", help="do not drop the page cache")
     p.add_argument("--repeat", type=int, default=1, help="run each measurement N times, report the best")
-    p.add_argument("--only", default="a,b,c,c2,d", help="comma list of the measurements to run")
+    p.add_argument("--only", default="a,a2,b,c,c2,d,d2", help="comma list of the measurements to run")
+    p.add_argument("--cat-streams", type=int, default=None,
+                   help="parallel processes of (a2) and (d2) (default: ranks x the read tasks in flight per rank)")
     p.add_argument("--dtypes", default="float32,float16",
                    help="shard feature dtypes to measure (b), (c), (c2), (d) on (default both)")
     p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
@@ -349,8 +373,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.quick:
-        args.videos, args.long_videos = 200, 10
+    if args.cat_streams is None:
+        args.cat_streams = args.ranks * READ_CONCURRENCY
+    if args.quick:  # steps of 8 videos, so that 10 long videos still make a step
+        args.videos, args.long_videos, args.batch = 200, 10, 8
     counts = {"short": args.videos, "long": args.long_videos}
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     only = set(args.only.split(","))
@@ -376,6 +402,9 @@ def main(argv=None) -> int:
                 if "a" in only:
                     cache.drop()
                     keep_best(row, "a", rates(run_npz(layout)))
+                if "a2" in only:
+                    cache.drop()
+                    keep_best(row, "a2", rates(run_npz(layout, processes=args.cat_streams)))
             for dtype in dtypes:
                 suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
                 shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
@@ -399,6 +428,9 @@ def main(argv=None) -> int:
                     if "d" in only:
                         cache.drop()
                         keep_best(d, "d", rates(run_cat(shard_dir, manifest)))
+                    if "d2" in only:
+                        cache.drop()
+                        keep_best(d, "d2", rates(run_cat(shard_dir, manifest, args.cat_streams)))
                     if args.diagnose:
                         cache.drop()
                         keep_best(d, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
@@ -418,20 +450,22 @@ def report(results: dict, cache: Cache, args) -> None:
     print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
     print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
           f">= {args.task_mb:g} MB, steps of {args.batch} videos, shards ~{args.shard_size_mb:g} MB")
-    names = {"a": "(a) npz files, random order, np.load", "b": "(b) raymcn reader (RankStream)",
+    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.cat_streams} processes", "b": "(b) raymcn reader (RankStream)",
              "c": "(c) sequential tar, 1 process, no Ray", "c2": "(c2) step reads, 1 process, no Ray",
              "d": "(d) cat shards > /dev/null",
+             "d2": f"(d2) the same, {args.cat_streams} cats at once",
              "b_read_webdataset": "    read_webdataset, default decoder",
              "c_tarfile": "    tarfile + np.load, 1 process"}
     for size, row in results.items():
         print(f"\n{SIZES[size]['label']}: {row['videos']} videos")
         print(f"  {'method':40s} {'shards':>8s} {'MB/video':>9s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
-        if "a" in row:
-            r = row["a"]
-            print(f"  {names['a']:40s} {'-':>8s} {'-':>9s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} "
-                  f"{r['seconds']:8.2f}")
+        for k in ("a", "a2"):
+            if k in row:
+                r = row[k]
+                print(f"  {names[k]:40s} {'-':>8s} {'-':>9s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} "
+                      f"{r['seconds']:8.2f}")
         for dtype, d in row["dtypes"].items():
-            for k in ("b", "c", "c2", "d", "b_read_webdataset", "c_tarfile"):
+            for k in ("b", "c", "c2", "d", "d2", "b_read_webdataset", "c_tarfile"):
                 if k in d:
                     r = d[k]
                     print(f"  {names[k]:40s} {dtype:>8s} {d['mb_per_video']:9.2f} {r['videos_per_s']:10.0f} "
@@ -439,12 +473,16 @@ def report(results: dict, cache: Cache, args) -> None:
             ratios = {}
             if "a" in row and "b" in d:
                 ratios["b_over_a"] = d["b"]["videos_per_s"] / row["a"]["videos_per_s"]
+            if "a2" in row and "b" in d:
+                ratios["b_over_a2"] = d["b"]["videos_per_s"] / row["a2"]["videos_per_s"]
             if "c" in d and "b" in d:
                 ratios["b_over_c"] = d["b"]["videos_per_s"] / d["c"]["videos_per_s"]
             if "c" in d and "c2" in d:
                 ratios["c2_over_c"] = d["c2"]["videos_per_s"] / d["c"]["videos_per_s"]
             if "d" in d and "b" in d:
                 ratios["b_over_d"] = d["b"]["videos_per_s"] / d["d"]["videos_per_s"]
+            if "d2" in d and "b" in d:
+                ratios["b_over_d2"] = d["b"]["videos_per_s"] / d["d2"]["videos_per_s"]
             d["ratios"] = ratios
             if "c2" in d:
                 c2 = d["c2"]
@@ -455,8 +493,9 @@ def report(results: dict, cache: Cache, args) -> None:
                 print(f"  {dtype} conversion (raymcn shards, 1 process): {d['convert_videos_per_s']:.1f} videos/s")
             targets = ((("b_over_a", 1.6), ("b_over_d", 0.8)) if dtype == "float16" else
                        (("b_over_a", TARGET_B_OVER_A), ("b_over_c", TARGET_B_OVER_C)))
-            for key, label in (("b_over_a", "(b)/(a)"), ("b_over_c", "(b)/(c)"),
-                               ("c2_over_c", "(c2)/(c), clips drawn in (c2) only"), ("b_over_d", "(b)/(d)")):
+            for key, label in (("b_over_a", "(b)/(a)"), ("b_over_a2", "(b)/(a2)"), ("b_over_c", "(b)/(c)"),
+                               ("c2_over_c", "(c2)/(c), clips drawn in (c2) only"), ("b_over_d", "(b)/(d)"),
+                               ("b_over_d2", "(b)/(d2)")):
                 if key in ratios:
                     target = dict(targets).get(key)
                     verdict = "" if target is None else (f"  target >= {target:g}: " +
@@ -465,7 +504,8 @@ def report(results: dict, cache: Cache, args) -> None:
     if args.json:
         print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
                           "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
-                              "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus")},
+                              "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus",
+                              "cat_streams")},
                           "results": results}, default=float))
 
 
