@@ -65,14 +65,16 @@ def variants(quick: bool, chunk: int) -> dict[str, dict]:
 
 
 def host_batch(cfg: Config, seed: int = 0) -> dict:
-    """One batch of the batch contract at ``cfg``'s dims, on the host (random values)."""
+    """One batch of the batch contract at ``cfg``'s dims, on the host (random values; text in the
+    dtype the reader delivers it in: bfloat16 when ``scale.use_gpu``)."""
     m, d = cfg.model, cfg.data
     b = d.batch_size * d.clips_per_video
     g = torch.Generator().manual_seed(seed)
     return {"video": torch.rand(b, m.video_dim, generator=g),
             "audio": torch.randn(b, m.mel_bins, d.audio_frames, generator=g).half(),
             "nframes": torch.full((b,), d.audio_frames, dtype=torch.int32),
-            "text": torch.randn(b, d.max_words, m.word_dim, generator=g),
+            "text": torch.randn(b, d.max_words, m.word_dim, generator=g).to(
+                torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
             "key": [f"v{i // d.clips_per_video}#{i % d.clips_per_video}" for i in range(b)]}
 
 

@@ -125,6 +125,56 @@ def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg,
     assert_same_batches(from_shards, in_memory)
 
 
+def test_bf16_bits_round_as_torch_does():
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(100_000) * 10.0 ** rng.integers(-40, 38, 100_000),
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45, -1e-45], np.float32)])
+    ties = (rng.integers(0, 1 << 16, 1000, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # exactly halfway
+    x = np.concatenate([x, ties[np.isfinite(ties)]]).astype(np.float32)
+    want = torch.from_numpy(x).to(torch.bfloat16)
+    got = torch.from_numpy(stream.bf16_bits(x).view(np.int16)).view(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan) and nan.sum() == 1  # a NaN stays a NaN (torch's bits vary)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # the rest bit for bit
+
+
+def test_gpu_runs_get_text_in_bf16_and_every_other_number_unchanged(corpus, shard_dir, cfg):
+    """On GPU (bf16 autocast) the batches carry text as bfloat16: the fp32 batch's text rounded as
+    autocast rounds it, every other array bit for bit the same; both data paths agree."""
+    import torch
+
+    gpu = cfg.replace({"scale.use_gpu": True})
+    index = index_of(shard_dir)
+    steps = make_plan(cfg, len(index)).steps_per_epoch
+    fp32 = [stream.to_tensors(b) for b, _ in rank_rows(shard_dir, index, cfg, 1, 0, 2, steps)]
+    bf16 = [stream.to_tensors(b) for b, _ in rank_rows(shard_dir, index, gpu, 1, 0, 2, steps)]
+    in_memory = list(stream.TrainVideos.from_layout(corpus, cfg.data.max_words).batches(gpu, 1, 0, 2, steps))
+    for a, b, c in zip(fp32, bf16, in_memory, strict=True):
+        assert b["text"].dtype == c["text"].dtype == torch.bfloat16
+        assert torch.equal(b["text"], a["text"].to(torch.bfloat16)) and torch.equal(c["text"], b["text"])
+        for k in ("video", "audio", "nframes"):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_the_model_computes_the_same_from_bf16_text_under_autocast():
+    """Why bf16 text changes nothing: the text branch starts with a Linear, which autocast feeds
+    bf16 values; given bf16 text it computes exactly what it computed from fp32 text."""
+    import torch
+
+    from raymcn.config import ModelConfig
+    from raymcn.model.mcn import MCN
+
+    torch.manual_seed(0)
+    model = MCN(ModelConfig(video_dim=64, word_dim=16, embed_dim=32, audio_channels=(8, 8, 8, 8, 8), recon_hidden=16))
+    text = torch.randn(5, 6, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = model({"text": text}, ["text"])
+        b = model({"text": text.to(torch.bfloat16)}, ["text"])
+    assert torch.equal(a["text"], b["text"]) and torch.equal(a["recon_text"][0], b["recon_text"][0])
+
+
 def test_the_index_from_tar_headers_equals_the_manifests_spans(shard_dir):
     manifest = shards.load_manifest(shard_dir)
     assert all(len(s["spans"]) == len(s["videos"]) for s in manifest["shards"])

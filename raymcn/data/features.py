@@ -384,8 +384,9 @@ def empty_clips(n: int, audio_frames: int, max_words: int, vocab_matrix: np.ndar
     out = {"video": np.empty((n, 2 * FEATURE_DIM), np.float32), "audio": np.empty((n, MEL_BINS, audio_frames), np.float16),
            "nframes": np.empty(n, np.int32), "text_ids": np.empty((n, max_words), np.int32),
            "start": np.empty(n, np.float64), "end": np.empty(n, np.float64)}
-    if vocab_matrix is not None:
-        out["text"] = np.empty((n, max_words, vocab_matrix.shape[1]), np.float32)
+    if vocab_matrix is not None:  # float32, or uint16 when the vectors are bfloat16 bit patterns
+        dtype = np.uint16 if vocab_matrix.dtype == np.uint16 else np.float32
+        out["text"] = np.empty((n, max_words, vocab_matrix.shape[1]), dtype)
     return out
 
 
@@ -404,7 +405,8 @@ def sample_clips(record: VideoRecord, n_pair: int, min_time: float, audio_frames
         dict (``out`` if given) with
           video (n_pair, 4096) float32, audio (n_pair, 40, audio_frames) float16,
           nframes (n_pair,) int32, text_ids (n_pair, max_words) int32,
-          text (n_pair, max_words, D) float32 (if vocab_matrix is given),
+          text (n_pair, max_words, D) float32 (if vocab_matrix is given; uint16 if the matrix
+          holds bfloat16 bit patterns),
           start, end (n_pair,) float64: the grown spans in seconds.
     """
     out = empty_clips(n_pair, audio_frames, max_words, vocab_matrix) if out is None else out

@@ -32,8 +32,8 @@ ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which h
                      would keep a second copy)
 autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
                      and saved for the backward
-batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·4 + 4): the batch
-                     contract on the device (audio arrives as fp16); on GPU × (1 +
+batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·(2 on GPU, else 4) + 4): the
+                     batch contract on the device (audio arrives as fp16, text as bf16 on GPU); on GPU × (1 +
                      ``data.prefetch_batches``): the batches copied ahead of the step
                      (``train/feed.py``; on CPU they stay in Ray's object store, outside torch)
 activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
@@ -363,7 +363,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         "adam_moments": 2 * p * FP32,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
-        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * 4 + 4) * (
+        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * (2 if gpu else 4)
+                      + 4) * (
             1 + (d.prefetch_batches if gpu else 0)),
         "activations": (n or b) * per_clip * act + batchnorm_saved_bytes(m) + (
             global_batchnorm_extra_bytes(m, d.audio_frames, n or b) if m.sync_batchnorm and not gpu else 0),
