@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             r.update(features=kind, mb_per_video=per_video, disk_bound_videos_s=disk, cpu_bound_videos_s=cpu,
                      videos_s=min(disk, cpu), uncompressed_videos_s=plain, vs_uncompressed=min(disk, cpu) / plain)
             rows.append(r)
-            print(f"| {r['codec']} | {r['ratio']:.2f} | {r['compress_mb_s']:.0f} | {r['decode_mb_s']:.0f} | {disk:.0f} | "
+            print(f"| {r['codec']} | {r['ratio']:.2f} | {r['compress_mb_s']:.0f} | {r['decode_mb_s']:.0f} | "
+                  f"{disk:.0f} | "
                   f"{cpu:.0f} | {r['videos_s']:.0f} | {r['vs_uncompressed']:.2f}x |")
     if args.json:
         print(json.dumps({"disk_mb_s": args.disk_mb_s, "cores": args.cores, "reader_ms": args.reader_ms,

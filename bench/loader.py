@@ -450,7 +450,8 @@ def report(results: dict, cache: Cache, args) -> None:
     print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
     print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
           f">= {args.task_mb:g} MB, steps of {args.batch} videos, shards ~{args.shard_size_mb:g} MB")
-    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.cat_streams} processes", "b": "(b) raymcn reader (RankStream)",
+    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.cat_streams} processes",
+             "b": "(b) raymcn reader (RankStream)",
              "c": "(c) sequential tar, 1 process, no Ray", "c2": "(c2) step reads, 1 process, no Ray",
              "d": "(d) cat shards > /dev/null",
              "d2": f"(d2) the same, {args.cat_streams} cats at once",

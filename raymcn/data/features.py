@@ -381,7 +381,8 @@ def text_clip_ids(record: VideoRecord, order: list[int], max_words: int) -> np.n
 
 def empty_clips(n: int, audio_frames: int, max_words: int, vocab_matrix: np.ndarray | None) -> dict[str, np.ndarray]:
     """Uninitialised arrays for ``n`` clips: the keys and shapes :func:`sample_clips` returns."""
-    out = {"video": np.empty((n, 2 * FEATURE_DIM), np.float32), "audio": np.empty((n, MEL_BINS, audio_frames), np.float16),
+    out = {"video": np.empty((n, 2 * FEATURE_DIM), np.float32),
+           "audio": np.empty((n, MEL_BINS, audio_frames), np.float16),
            "nframes": np.empty(n, np.int32), "text_ids": np.empty((n, max_words), np.int32),
            "start": np.empty(n, np.float64), "end": np.empty(n, np.float64)}
     if vocab_matrix is not None:  # float32, or uint16 when the vectors are bfloat16 bit patterns

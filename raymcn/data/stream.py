@@ -332,7 +332,8 @@ def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: flo
 
 def read_steps(shards_dir: str, jobs: Sequence[StepJob], cfg: Config, epoch: int, verify: bool = True) -> Iterator[pa.Table]:
     """A read task: one row (:func:`step_row`) per job, in order, each leaving as soon as it is built."""
-    vocab = _shard_vocab(shards_dir, (Path(shards_dir) / "vocab.npy").stat().st_mtime_ns, text_in_bf16(cfg))
+    vocab_file = Path(shards_dir) / "vocab.npy"  # missing: load_vocab names it
+    vocab = _shard_vocab(shards_dir, vocab_file.stat().st_mtime_ns if vocab_file.exists() else 0, text_in_bf16(cfg))
     previous: list[VideoRecord] = []
     for k, job in enumerate(jobs):
         t0 = time.perf_counter()

@@ -177,7 +177,7 @@ def _make_world(s: SynthSettings) -> _World:
 # --- one video ----------------------------------------------------------------------------------
 def _segments(rng: np.random.Generator, seconds: float) -> tuple[np.ndarray, np.ndarray]:
     """Consecutive ASR-like caption spans of 2–6 s with occasional gaps, inside [0, seconds)."""
-    t = 0.0 if rng.random() < 0.3 else float(rng.uniform(0.0, 1.0))  # some start at 0 s (the negative-audio-frame case)
+    t = 0.0 if rng.random() < 0.3 else float(rng.uniform(0.0, 1.0))  # some start at 0 s (negative audio frame)
     starts, ends = [], []
     while True:
         dur = float(rng.uniform(2.0, 6.0))
