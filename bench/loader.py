@@ -6,7 +6,7 @@ permitted; the table says which), at two per-video sizes — short clips (~0.33 
 HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
 
   (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each;
-  (a2) the same files split over ``--cat-streams`` processes, as a DataLoader's workers load them;
+  (a2) the same files split over ``--streams`` processes, as a DataLoader's workers load them;
   (b) raymcn's reader as the trainer uses it: each of ``--ranks`` Ray actors (standing in for the
       Ray Train workers, ``--consumer-cpus`` each) consumes its own ``reader.RankStream``: the
       videos of its share of every step, fixed by (seed, epoch, step), read by byte range from
@@ -20,8 +20,8 @@ HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/
       split into reading (byte ranges in step order + CRC checks: the deterministic order's cost
       against (c), which reads whole shards front to back) and drawing the clips (``data.clips_per_video``
       per video, as the training batches need; (a), (c) and (d) draw none);
-  (d) ``cat`` of the shard files to /dev/null: one sequential stream, the issue's yardstick;
-  (d2) the same files split over ``--cat-streams`` ``cat`` processes at once (default: as many as
+  (d) ``cat`` of the shard files to /dev/null: one sequential stream (the fp16 target's yardstick);
+  (d2) the same files split over ``--streams`` ``cat`` processes at once (default: as many as
       (b) has read tasks in flight, ranks x ``READ_CONCURRENCY``): what the disk gives to parallel
       readers, which (b) is (a virtual disk can serve several streams faster than one).
 
@@ -362,7 +362,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warm", action="store_true", help="do not drop the page cache")
     p.add_argument("--repeat", type=int, default=1, help="run each measurement N times, report the best")
     p.add_argument("--only", default="a,a2,b,c,c2,d,d2", help="comma list of the measurements to run")
-    p.add_argument("--cat-streams", type=int, default=None,
+    p.add_argument("--streams", type=int, default=None,
                    help="parallel processes of (a2) and (d2) (default: ranks x the read tasks in flight per rank)")
     p.add_argument("--dtypes", default="float32,float16",
                    help="shard feature dtypes to measure (b), (c), (c2), (d) on (default both)")
@@ -373,8 +373,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.cat_streams is None:
-        args.cat_streams = args.ranks * READ_CONCURRENCY
+    if args.streams is None:
+        args.streams = args.ranks * READ_CONCURRENCY
     if args.quick:  # steps of 8 videos, so that 10 long videos still make a step
         args.videos, args.long_videos, args.batch = 200, 10, 8
     counts = {"short": args.videos, "long": args.long_videos}
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
                     keep_best(row, "a", rates(run_npz(layout)))
                 if "a2" in only:
                     cache.drop()
-                    keep_best(row, "a2", rates(run_npz(layout, processes=args.cat_streams)))
+                    keep_best(row, "a2", rates(run_npz(layout, processes=args.streams)))
             for dtype in dtypes:
                 suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
                 shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
                         keep_best(d, "d", rates(run_cat(shard_dir, manifest)))
                     if "d2" in only:
                         cache.drop()
-                        keep_best(d, "d2", rates(run_cat(shard_dir, manifest, args.cat_streams)))
+                        keep_best(d, "d2", rates(run_cat(shard_dir, manifest, args.streams)))
                     if args.diagnose:
                         cache.drop()
                         keep_best(d, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
@@ -450,11 +450,11 @@ def report(results: dict, cache: Cache, args) -> None:
     print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
     print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
           f">= {args.task_mb:g} MB, steps of {args.batch} videos, shards ~{args.shard_size_mb:g} MB")
-    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.cat_streams} processes",
+    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.streams} processes",
              "b": "(b) raymcn reader (RankStream)",
              "c": "(c) sequential tar, 1 process, no Ray", "c2": "(c2) step reads, 1 process, no Ray",
              "d": "(d) cat shards > /dev/null",
-             "d2": f"(d2) the same, {args.cat_streams} cats at once",
+             "d2": f"(d2) the same, {args.streams} cats at once",
              "b_read_webdataset": "    read_webdataset, default decoder",
              "c_tarfile": "    tarfile + np.load, 1 process"}
     for size, row in results.items():
@@ -506,7 +506,7 @@ def report(results: dict, cache: Cache, args) -> None:
         print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
                           "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
                               "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus",
-                              "cat_streams")},
+                              "streams")},
                           "results": results}, default=float))
 
 

@@ -206,25 +206,27 @@ class SlotRecord:
     error: str | None = None
 
 
+def slots_by_shard(job: StepJob) -> dict[str, list[int]]:
+    """``job``'s slot indices grouped by the shard file holding their video, in slot order."""
+    by_shard: dict[str, list[int]] = {}
+    for slot, (_, shard, _, _) in enumerate(job.videos):
+        by_shard.setdefault(shard, []).append(slot)
+    return by_shard
+
+
 def advise_step(shards_dir: str | os.PathLike, job: StepJob) -> None:
     """Have the kernel start reading ``job``'s videos (:func:`tarfmt.advise_ranges`): a read task
     asks for step k+1 once step k is read, so the disk works while the CPU draws step k's clips."""
-    by_shard: dict[str, list[tuple[int, int]]] = {}
-    for _, shard, start, end in job.videos:
-        by_shard.setdefault(shard, []).append((start, end))
-    for shard, ranges in by_shard.items():
-        advise_ranges(Path(shards_dir) / shard, ranges)
+    for shard, slots in slots_by_shard(job).items():
+        advise_ranges(Path(shards_dir) / shard, [job.videos[i][2:] for i in slots])
 
 
 def read_step_records(shards_dir: str | os.PathLike, job: StepJob, verify: bool = True) -> list[SlotRecord]:
     """The videos of ``job`` read from their shards (each shard opened once, its ranges read front
     to back), each checked (members, with ``verify`` the CRC-32 of every member, .npy headers,
     shapes) and decoded to zero-copy views. Unreadable ones carry the reason, never raise."""
-    by_shard: dict[str, list[int]] = {}
-    for slot, (_, shard, _, _) in enumerate(job.videos):
-        by_shard.setdefault(shard, []).append(slot)
     out: list[SlotRecord | None] = [None] * len(job.videos)
-    for shard, slots in by_shard.items():
+    for shard, slots in slots_by_shard(job).items():
         ranges = [(job.videos[i][2], job.videos[i][3]) for i in slots]
         try:
             blobs = read_ranges(Path(shards_dir) / shard, ranges)
@@ -299,16 +301,17 @@ def text_in_bf16(cfg: Config) -> bool:
     return bool(cfg.scale.use_gpu)
 
 
-def model_vocab(matrix: np.ndarray, cfg: Config) -> np.ndarray:
-    """The word vectors as the batches carry them (:func:`text_in_bf16`): bf16 bits or float32."""
-    return bf16_bits(matrix) if text_in_bf16(cfg) else np.asarray(matrix, dtype=np.float32)
+def model_vocab(matrix: np.ndarray, bf16: bool) -> np.ndarray:
+    """The word vectors as the batches carry them (:func:`text_in_bf16`): bf16 bits or float32
+    (a float32 matrix, e.g. the shards' memory map, is not copied)."""
+    return bf16_bits(matrix) if bf16 else np.asarray(matrix, dtype=np.float32)
 
 
 @functools.lru_cache(maxsize=4)
 def _shard_vocab(shards_dir: str, mtime_ns: int, bf16: bool) -> np.ndarray:
-    """The shards' vocabulary matrix, converted once per process (read tasks reuse their workers)."""
-    matrix = load_vocab(shards_dir).matrix  # memory-mapped: nothing is copied for float32
-    return bf16_bits(matrix) if bf16 else matrix
+    """The shards' vocabulary matrix as the batches carry it, once per process (read tasks reuse
+    their workers)."""
+    return model_vocab(load_vocab(shards_dir).matrix, bf16)
 
 
 def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
@@ -449,7 +452,7 @@ class TrainVideos:
         (``steps`` = the epoch's steps; the plan's rotating shares of ``data.batch_size``)."""
         slices = rank_steps(cfg.run.seed, epoch, len(self.records), cfg.data.batch_size, steps, rank, world, start)
         previous: list[VideoRecord] = []
-        vocab = model_vocab(self.vocab_matrix, cfg)
+        vocab = model_vocab(self.vocab_matrix, text_in_bf16(cfg))
         for s in slices:
             slots = [SlotRecord(self.records[v].video_id, "", self.records[v]) for v in s.videos]
             batch, previous = assemble_step(slots, s.first, cfg, epoch, vocab, previous)
