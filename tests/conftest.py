@@ -192,3 +192,33 @@ def load_bench(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def read_trace(where) -> dict[int, list[dict]]:
+    """rank -> the steps it traced (``RAYMCN_TRACE``) in the order it ran them; a replayed step
+    appears again."""
+    import json
+    from pathlib import Path
+
+    return {int(p.stem[4:]): [json.loads(x) for x in p.read_text().splitlines()] for p in Path(where).glob("rank*.jsonl")}
+
+
+LOSS_TERMS = ("total_loss", "contrastive_loss", "cluster_loss", "recon_loss")
+
+
+def steps_as_run(where) -> dict[int, dict]:
+    """Global step -> what the run's last attempt at it did over all its ranks: ``world``, the
+    clips' ``keys`` in rank order, the ``inputs`` sums added up and the loss terms averaged (a
+    rank's traced term is its share's part, scaled so that the ranks' mean is the batch's value).
+    An attempt of ``world`` ranks is identified by rank 0's row: the data of a step is a function of
+    (seed, epoch, step, rank, world), so every attempt of that world read the same clips."""
+    ranks = read_trace(where)
+    out = {}
+    for step, row in {r["step"]: r for r in ranks[0]}.items():
+        world = row["world"]
+        rows = [row] + [next(x for x in reversed(ranks[r]) if x["step"] == step and x["world"] == world)
+                        for r in range(1, world)]
+        out[step] = {"world": world, "keys": [k for x in rows for k in x["keys"]],
+                     "inputs": {k: sum(x["inputs"][k] for x in rows) for k in row["inputs"]},
+                     **{t: sum(x[t] for x in rows) / world for t in LOSS_TERMS}}
+    return out

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raymcn.train.console import TAG, epoch_line, tagged
+from raymcn.train.console import TAG, epoch_line
 
 EPOCH_LINE = re.compile(r"^(?:(?P<name>\S+) )?epoch (?P<epoch>\d+)/(?P<epochs>\d+)  R@10 +(?P<r10>[\d.]+)  "
                         r"loss (?P<loss>\S+)  (?P<rate>\d+) samples/s$")

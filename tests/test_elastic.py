@@ -7,14 +7,18 @@ The cluster stands in for the lab's GPU servers: two "GPU servers" (2 CPUs, one 
 server leaves room for exactly one worker, so the group must shrink to go on; Ray Train's elastic
 policy restarts it from the last checkpoint on what can be placed and, every
 ``scale.elastic_resize_interval_s``, grows it when capacity returns (another restart from the last
-checkpoint). With ``model.sync_batchnorm`` the step's arithmetic does not depend on the world size
-(``tests/test_dist_losses.py``, ``tests/test_syncbn.py``: equal to 1e-5); what a resize may change
-is which videos Ray Data's split puts together in a step, so the final metrics are compared within
-a stated tolerance (``ELASTIC_TOLERANCE``; docs/faults.md).
+checkpoint). Every step reads the same videos at any world size (the data order is a function of
+seed, epoch and step), and with ``model.sync_batchnorm`` a step's arithmetic does not depend on the
+world size, so the first step after the shrink, which starts from the uninterrupted run's own
+checkpoint, has its loss terms to 1e-5. Later steps are not compared with a tolerance: one rank
+sums the gradients in another order than an all-reduce of two, and Adam and the k-means refits
+amplify that last-bit difference by an amount that depends on the CPU's kernels (test_resume.py
+says more).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -23,8 +27,8 @@ import pytest
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 
-from conftest import (TINY, event_log_callback, in_background, multinode_cluster, read_events, train_worker_nodes,
-                      wait_for)
+from conftest import (LOSS_TERMS, TINY, event_log_callback, in_background, multinode_cluster, read_events,
+                      steps_as_run, train_worker_nodes, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -32,15 +36,6 @@ ray = pytest.importorskip("ray")
 SERVER = {"num_cpus": 2}  # room for one worker (scale.cpus_per_worker=2), nothing left
 EPOCHS = 6
 VIDEOS = 64  # TINY's corpus: every epoch reads each of them once, whatever the world
-# The stated tolerance for a resized run against the uninterrupted one. A resize regroups the
-# videos of every later step (Ray Data's split for the new world), a larger change than a
-# restarted worker's (conftest's restart tolerance). Measured (docs/faults.md, fault table): loss 0.2 % and
-# 1.1 %, cluster loss 3.0 % and 1.3 %, R@10 3.1 points (2 of 64 queries) both times, on the
-# AVX-512 and the AVX2 kernel path; the uninterrupted runs of the two paths differ by 0.5 % in
-# loss themselves. A run that lost its schedule or its state would be off by far more (epoch 1's
-# loss is ~58 against ~33 at epoch 6).
-ELASTIC_TOLERANCE = {"total_loss": dict(rel=0.03), "cluster_loss": dict(rel=0.10),
-                     "text_to_video_R@10": dict(abs=8.0), "text_to_video_MedR": dict(rel=0.25)}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +64,9 @@ def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_resu
 
     steady_log, log = tmp_path / "steady.jsonl", tmp_path / "elastic.jsonl"
     started = time.time()
+    monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-steady"))
     steady = launch.fit(_cfg(tmp_path, "steady"), callbacks=[event_log_callback(steady_log)])
+    monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-elastic"))
     assert {e["workers"] for e in _epochs(steady_log)} == {2}  # both servers up: the whole group
 
     # The elastic run waits between epochs from epoch 3 on while a hold file exists, so the test,
@@ -108,7 +105,16 @@ def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_resu
     assert all(e["videos_read"] == VIDEOS for e in events), [(e["epoch"], e["videos_read"]) for e in events]
 
     a, b = out["value"].metrics, steady.metrics
-    print("elastic vs uninterrupted:", {k: (a[k], b[k]) for k in ELASTIC_TOLERANCE})
     assert a["epoch"] == b["epoch"] == EPOCHS and a["global_step"] == b["global_step"]  # the schedule did not move
-    for key, tol in ELASTIC_TOLERANCE.items():
-        assert a[key] == pytest.approx(b[key], **tol), f"{key}: elastic {a[key]} vs uninterrupted {b[key]}"
+    assert a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+    ran, uninterrupted = steps_as_run(tmp_path / "trace-elastic"), steps_as_run(tmp_path / "trace-steady")
+    assert sorted(ran) == sorted(uninterrupted) == list(range(int(b["global_step"])))
+    for step, mine in ran.items():  # the same clips at every step, whatever the world
+        assert mine["keys"] == uninterrupted[step]["keys"], step
+        for k, v in mine["inputs"].items():
+            assert v == pytest.approx(uninterrupted[step]["inputs"][k], rel=1e-9), (step, k)
+    first_alone = min(step for step, row in ran.items() if row["world"] == 1)
+    assert all(ran[step]["world"] == 2 for step in range(first_alone))
+    for term in LOSS_TERMS:  # resumed on one worker from the checkpoint both runs share
+        assert ran[first_alone][term] == pytest.approx(uninterrupted[first_alone][term], rel=1e-5, abs=1e-6), term
+    assert all(math.isfinite(a[k]) for k in LOSS_TERMS)

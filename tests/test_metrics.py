@@ -1,6 +1,5 @@
 """Retrieval metrics against a brute-force reference, ties included; LR schedule; stage orders."""
 
-import math
 
 import numpy as np
 import pytest

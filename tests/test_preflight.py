@@ -1,7 +1,6 @@
 """Malformed configs and inputs fail before Ray starts, each with a message naming the problem."""
 
 import json
-import pickle
 
 import pytest
 

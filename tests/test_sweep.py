@@ -1,11 +1,10 @@
 """Sweeps: fair early stopping across stage orders (the real smoke sweep: tests/test_sweep_console.py)."""
 
-import json
 import math
 
 import pytest
 
-from raymcn.cli import main, preset_path
+from raymcn.cli import preset_path
 from raymcn.config import PRIMARY_METRIC, load_config
 from raymcn.train.stages import budget_epoch
 

@@ -103,13 +103,14 @@ def _stalling(batches: Iterable, first_step: int, rank: int, stall: int) -> Iter
         yield batch
 
 
-def trace(step: int, rank: int, values: dict[str, float], batch: dict | None = None) -> None:
+def trace(step: int, rank: int, values: dict[str, float], batch: dict | None = None, world: int = 1) -> None:
     """Append step ``step``'s loss terms to ``$RAYMCN_TRACE/rank<rank>.jsonl`` (when set), with
-    what the rank's batch held: its clips' video ids (``keys``) and the float64 sum of each input
-    (``inputs``; sums add up over ranks, so a test compares a step's data across world sizes)."""
+    the number of ranks that ran it (``world``) and what the rank's batch held: its clips' video
+    ids (``keys``) and the float64 sum of each input (``inputs``; sums add up over ranks, so a test
+    compares a step's data across world sizes)."""
     where = os.environ.get("RAYMCN_TRACE")
     if where:
-        row = {"step": step, **values}
+        row = {"step": step, "world": world, **values}
         if batch is not None:
             row["keys"] = list(batch["key"])
             row["inputs"] = {k: float(batch[k].double().sum()) for k in ("video", "audio", "text")}

@@ -322,7 +322,7 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
         lap("optimizer")
         values = {k: v.item() for k, v in terms.items()}  # one host sync per step
         timer.settle()  # every phase up to the optimizer has run: its events read without waiting
-        faults.trace(state.step - 1, rank, values, batch)
+        faults.trace(state.step - 1, rank, values, batch, world=comm.world if comm else 1)
         for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
             p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
         p.steps += 1
