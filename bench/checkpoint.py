@@ -82,7 +82,7 @@ def bench_worker(conf: dict) -> None:
     import ray.train
 
     from raymcn.config import Config
-    from raymcn.train import checkpoint
+    from raymcn.train.checkpoints import payload as checkpoint
 
     cfg = Config.from_dict(conf["config"])
     run = full_run(cfg)
@@ -178,8 +178,8 @@ class S3Server:
 # --- resume ------------------------------------------------------------------------------------------
 def measure_load(cfg, directory: Path, cache) -> dict:
     """Cold-cache ``checkpoint.load`` of ``directory`` and ``restore`` into a fresh run."""
-    from raymcn.train import checkpoint
     from raymcn.train.build import assemble
+    from raymcn.train.checkpoints import payload as checkpoint
     from raymcn.train.plan import make_plan
 
     run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=torch.device("cpu"))
@@ -193,7 +193,7 @@ def measure_load(cfg, directory: Path, cache) -> dict:
 
 def lab_index(videos: int, per_shard: int = 25):
     """A synthetic index of ``videos`` 10 MB videos, ``per_shard`` to a 256 MB shard (nothing on disk)."""
-    from raymcn.data.order import VideoIndex
+    from raymcn.data.read.order import VideoIndex
 
     i = np.arange(videos)
     size = 10 << 20
@@ -205,7 +205,7 @@ def lab_index(videos: int, per_shard: int = 25):
 def measure_planning(cfg, repeats: int) -> dict:
     """Time to plan rank 0's remaining steps of an epoch (order, slices, byte ranges, read tasks)
     at the lab's scale, resuming at 0 % and at 90 %; nothing is read."""
-    from raymcn.data.reader import RankStepsDatasource, RankStream
+    from raymcn.data.read.datasource import RankStepsDatasource, RankStream
 
     cfg = cfg.replace({"data.batch_size": LAB["batch"]})
     index = lab_index(LAB["videos"])
@@ -229,8 +229,8 @@ def measure_first_batch(cfg, shard_dir: Path, manifest: dict, batch: int, repeat
     resuming at 0 % and at 90 % of the epoch, cold page cache each time."""
     import ray
 
-    from raymcn.data.order import build_index
-    from raymcn.data.reader import RankStream
+    from raymcn.data.read.datasource import RankStream
+    from raymcn.data.read.order import build_index
 
     cfg = cfg.replace({"data.batch_size": batch})
     index = build_index(shard_dir, manifest)
@@ -273,12 +273,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import loader
     import ray
 
-    import loader
     from raymcn.cli import preset_path
     from raymcn.config import Config, load_config
-    from raymcn.train import checkpoint
+    from raymcn.train.checkpoints import payload as checkpoint
 
     cfg = load_config(preset_path()) if args.quick else Config()
     repeats = 1 if args.quick else args.repeats

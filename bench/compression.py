@@ -48,8 +48,8 @@ def shard_video_bytes(shards_dir: str, videos: int) -> list[bytes]:
     """The 2d, 3d and spectrogram bytes of the first ``videos`` videos of a shard folder."""
     from pathlib import Path
 
-    from raymcn.data.shards import load_manifest
-    from raymcn.data.stream import iter_shard_records
+    from raymcn.data.formats.manifest import load_manifest
+    from raymcn.data.read.stream import iter_shard_records
 
     out: list[bytes] = []
     for shard in load_manifest(shards_dir)["shards"]:

@@ -45,9 +45,9 @@ from raymcn.config import Config  # noqa: E402
 from raymcn.losses import Collectives  # noqa: E402
 from raymcn.train.build import assemble  # noqa: E402
 from raymcn.train.feed import Prefetcher  # noqa: E402
-from raymcn.train.footprint import GIB, estimate_worker_memory  # noqa: E402
 from raymcn.train.loop import EpochProgress, train_one_epoch  # noqa: E402
 from raymcn.train.plan import make_plan  # noqa: E402
+from raymcn.train.preflight.footprint import GIB, estimate_worker_memory  # noqa: E402
 
 PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ranks' share of 128 videos
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}

@@ -46,12 +46,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step.py's helpers
 
+import step as stepbench
 import torch
 
-import step as stepbench
 from raymcn.config import Config
 from raymcn.results.render import render_table
-from raymcn.train import footprint
+from raymcn.train.preflight import footprint
 
 GB, MB = 1e9, 1e6
 CPV = 32  # the paper's clips per video
@@ -131,7 +131,7 @@ def step_table(rows: list[dict]) -> str:
 
 def slopes(rows: list[dict]) -> dict:
     """Per-clip growth of the measured peak, with and without caching (least squares over the clips)."""
-    from raymcn.train import meters
+    from raymcn.train.preflight import meters
 
     out = {}
     for label, sel in (("off", [r for r in rows if not r["chunk"]]), ("cached", [r for r in rows if r["chunk"]])):
@@ -157,7 +157,7 @@ def bn_effect(clips: int, chunks: list[int]) -> dict:
     """One step's loss terms and gradients, plain vs cached with each chunk size (fresh model each)."""
     import copy
 
-    from raymcn.data.stream import TrainVideos
+    from raymcn.data import synthetic
     from raymcn.model import MCN
     from raymcn.train.build import build_objective
     from raymcn.train.gradcache import cached_step
@@ -165,7 +165,7 @@ def bn_effect(clips: int, chunks: list[int]) -> dict:
     from raymcn.train.stages import ALL
 
     cfg = step_config(clips)
-    videos = TrainVideos.load(cfg)
+    videos = synthetic.train_videos(cfg)
     batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
     base = MCN(cfg.model).train()

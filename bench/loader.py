@@ -1,6 +1,6 @@
 """Loader benchmark: the original per-video npz loading vs raymcn's shards through Ray Data.
 
-On the same corpus (written in the original layout, then sharded with ``raymcn.data.shards``), with
+On the same corpus (written in the original layout, then sharded with ``raymcn.data.write.shards``), with
 a cold page cache before every measurement (``sync; echo 3 > /proc/sys/vm/drop_caches`` when
 permitted; the table says which), at two per-video sizes — short clips (~0.33 MB) and
 HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
@@ -61,10 +61,12 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.data import order, shards, stream
-from raymcn.data.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
-from raymcn.data.reader import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS
-from raymcn.data.words import write_word2vec_bin
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
+from raymcn.data.formats.words import write_word2vec_bin
+from raymcn.data.read import order, stream
+from raymcn.data.read.datasource import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS
+from raymcn.data.write import shards
 
 # per-video shapes: (2d rows, 3d rows, spectrogram frames); 1 row/s, 1.5 rows/s, 100 frames/s
 SIZES = {
@@ -220,7 +222,7 @@ def run_cat(shard_dir: Path, manifest: dict, streams: int = 1) -> dict:
 def run_steps_inprocess(shard_dir: Path, manifest: dict, cfg, ranks: int) -> dict:
     """Every rank's part of every step of one epoch, read by ``stream.read_steps`` in this process:
     the deterministic order's byte-range reads and clip drawing, without Ray (what (b) costs at best)."""
-    from raymcn.data.order import build_index
+    from raymcn.data.read.order import build_index
 
     index = build_index(shard_dir, manifest)
     steps = len(index) // cfg.data.batch_size
@@ -240,7 +242,7 @@ def run_steps_inprocess(shard_dir: Path, manifest: dict, cfg, ranks: int) -> dic
 
 # --- (b) Ray Data -----------------------------------------------------------------------------------
 def _consumer_class(ray):
-    from raymcn.data import reader
+    from raymcn.data.read import datasource as reader
 
     @ray.remote
     class Consumer:
@@ -287,7 +289,7 @@ class RayBench:
 
     def run(self, shard_dir: Path, manifest: dict, cfg, read_cpus: float | None, task_mb: float,
             cache: Cache) -> dict:
-        from raymcn.data.order import build_index
+        from raymcn.data.read.order import build_index
 
         index = build_index(shard_dir, manifest)
         steps = len(index) // cfg.data.batch_size
@@ -409,7 +411,7 @@ def main(argv=None) -> int:
                 suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
                 shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
                 t0 = time.perf_counter()
-                fresh = not (shard_dir / shards.MANIFEST).is_file()
+                fresh = not (shard_dir / shard_manifest.MANIFEST).is_file()
                 manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=1, dtype=dtype)
                 d: dict = {"mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
                            "shards": manifest["counts"]["shards"]}

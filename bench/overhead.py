@@ -8,7 +8,7 @@
 What runs, N gloo workers on CPU in both paths (``--workers``, default 2), same model, data, seeds
 and step count:
 
-(a) **raymcn**: ``raymcn.train.launch.fit(cfg)`` on a fresh ``ray.init(address="local", num_cpus=N+1)``,
+(a) **raymcn**: ``raymcn.train.on_ray.launch.fit(cfg)`` on a fresh ``ray.init(address="local", num_cpus=N+1)``,
     ``cfg`` = the embedded default preset with ``scale.num_workers=N``, ``scale.cpus_per_worker=1``
     (plus ``--set`` overrides). The extra logical CPU keeps the comparison with the earlier
     figures (measured when the read tasks reserved a CPU; they now reserve none).
@@ -21,7 +21,7 @@ and step count:
     ``DistributedDataParallel(find_unused_parameters=False, gradient_as_bucket_view=True)`` as the
     wrap, and ``run_epochs`` over ``TrainVideos.batches(...)`` for the same epochs. The data are the
     same synthetic corpus (same videos, batch size, clips per video, steps per epoch), held in
-    memory by ``raymcn.data.stream.TrainVideos`` instead of read from the shards through Ray Data;
+    memory by ``raymcn.data.read.stream.TrainVideos`` instead of read from the shards through Ray Data;
     the clips drawn differ, the shapes and amount of work do not. No evaluation, no checkpoints,
     no reporting.
 
@@ -269,7 +269,7 @@ def pin_train_workers(cores: list[int], stop: threading.Event) -> None:
 def run_raymcn(cfg, record_dir: Path, storage: Path, args, cores: list[int]) -> dict:
     import ray
 
-    import raymcn.train.launch as launch
+    import raymcn.train.on_ray.launch as launch
 
     stop = threading.Event()
     pinner = threading.Thread(target=pin_train_workers, args=(cores[:args.workers], stop), daemon=True)
@@ -282,7 +282,7 @@ def run_raymcn(cfg, record_dir: Path, storage: Path, args, cores: list[int]) -> 
             pinner.start()
         try:
             threads = worker_threads(cfg)
-            launch.fit(cfg, name=f"overhead-{record_dir.name}", storage_path=str(storage),
+            launch.fit(cfg, Path(storage) / f"overhead-{record_dir.name}",
                        callbacks=[recorder(record_dir / "raymcn.jsonl")])
             t_end = time.time()
         finally:
@@ -314,7 +314,7 @@ def ddp_child(args) -> int:
     import torch
     import torch.distributed as dist
 
-    from raymcn.data.stream import TrainVideos
+    from raymcn.data import synthetic
     from raymcn.losses import Collectives
     from raymcn.train.build import EpochHooks, assemble, run_epochs
 
@@ -325,7 +325,7 @@ def ddp_child(args) -> int:
     try:
         cfg = make_config(args.workers, args.epochs, args.overrides)
         comm = Collectives.from_process_group()
-        videos = TrainVideos.load(cfg)
+        videos = synthetic.train_videos(cfg)
         plan = plan_of(cfg, len(videos.records))
         run = assemble(cfg, plan, comm=comm, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=False, gradient_as_bucket_view=True))
@@ -386,12 +386,11 @@ def main(argv: list[str] | None = None) -> int:
                INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
     if "bare" not in args.paths or "raymcn" not in args.paths:
         p.error("--paths needs bare and raymcn (the ratio compares them)")
-    from raymcn.data.stream import TrainVideos
-    from raymcn.train.plan import plan_run
+    from raymcn.data import synthetic
+    from raymcn.train.inputs import resolve_inputs
 
-    videos = TrainVideos.load(cfg)  # generate / read the cached corpus once, before any timing
-    shard_plan, _ = plan_run(cfg)  # and raymcn's shards of it
-    steps = shard_plan.steps_per_epoch
+    videos = synthetic.train_videos(cfg)  # generate / read the cached corpus once, before any timing
+    steps = plan_of(cfg, resolve_inputs(cfg).videos).steps_per_epoch  # and raymcn's shards of it
     if steps != plan_of(cfg, len(videos.records)).steps_per_epoch:
         p.error(f"raymcn runs {steps} steps per epoch over its shards; the in-memory corpus gives "
                 f"{plan_of(cfg, len(videos.records)).steps_per_epoch}")

@@ -82,9 +82,9 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int) -> dic
 
     from raymcn.cli import preset_path
     from raymcn.config import PRIMARY_METRIC, load_config
-    from raymcn.data.evalsets import load_eval_set
-    from raymcn.data.stream import TrainVideos
+    from raymcn.data import synthetic
     from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.inputs import eval_set_of
     from raymcn.train.loop import NonFiniteLossError, evaluate
     from raymcn.train.plan import make_plan
 
@@ -94,7 +94,7 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int) -> dic
     d = cfg.data
     key = (d.synthetic_videos, d.synthetic_eval_clips)
     if key not in _DATA:
-        _DATA[key] = (TrainVideos.load(cfg), load_eval_set(d.eval_set, max_words=d.max_words, cfg=cfg))
+        _DATA[key] = (synthetic.train_videos(cfg), eval_set_of(cfg))
     videos, eval_set = _DATA[key]
     plan = make_plan(cfg, videos=len(videos.records))
     run = assemble(cfg, plan, device="cpu")

@@ -9,7 +9,7 @@ What runs: a synthetic corpus like the embedded default's (256 videos, 8 topics)
 full-precision fp32 features (``SynthSettings(full_precision=True)``; the default corpus holds
 fp16-representable values, which an fp16 shard would store exactly), written twice by the real
 writer: ``--dtype float32`` and ``--dtype float16``. Then, for every seed (``run.seed``: model
-initialisation, data order, clips, k-means), the embedded default's run (``raymcn.train.launch.fit``:
+initialisation, data order, clips, k-means), the embedded default's run (``raymcn.train.on_ray.launch.fit``:
 2 Ray Train workers, 4 epochs, Ray Data reading the shards, evaluation on the synthetic held-out
 split every epoch) once per dtype. Same seed, same everything but the features' rounding, so the
 comparison is paired: per metric the mean over seeds per dtype with its 95 % t-interval, and the
@@ -36,8 +36,8 @@ METRICS = ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text
 
 def shard_dirs(cache: Path) -> dict[str, Path]:
     """The full-precision corpus and its shards in both dtypes (generated once into ``cache``)."""
-    from raymcn.data import shards
     from raymcn.data.synthetic import SYNTHETIC_SHARDS, CorpusPaths, SynthSettings, ensure_settings
+    from raymcn.data.write import shards
 
     settings = SynthSettings(full_precision=True)
     corpus = CorpusPaths(ensure_settings(cache, settings))
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from raymcn.cli import preset_path
     from raymcn.config import default_cache_dir, load_config
-    from raymcn.train import launch
+    from raymcn.train.on_ray import launch
 
     base = load_config(preset_path(), [f"schedule.epochs={args.epochs}"])
     dirs = shard_dirs(Path(default_cache_dir(base)))
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = load_config(preset_path(), [f"schedule.epochs={args.epochs}", f"run.seed={seed}",
                                                       f"data.shards={dirs[dtype]}"])
                     log = Path(tmp) / f"{dtype}-{seed}.jsonl"
-                    launch.fit(cfg, name=f"{dtype}-{seed}", storage_path=tmp, callbacks=[recorder(log)])
+                    launch.fit(cfg, Path(tmp) / f"{dtype}-{seed}", callbacks=[recorder(log)])
                     runs[dtype][seed] = [json.loads(x) for x in log.read_text().splitlines()]
                     last = runs[dtype][seed][-1]
                     print(f"seed {seed} {dtype}: loss {last['total_loss']:.4f}, R@1/5/10 "

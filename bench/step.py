@@ -62,7 +62,7 @@ import torch
 
 from raymcn.config import Config
 from raymcn.results.render import render_table
-from raymcn.train import footprint, meters
+from raymcn.train.preflight import footprint, meters
 
 MB = 1e6
 GB = 1e9

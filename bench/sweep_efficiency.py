@@ -15,7 +15,7 @@ Method
   (``raymcn.train.build.assemble`` and ``run_epochs``, with in-memory batches and a Tune report as
   its hooks). No Ray Train: trials here are small enough to run in the trial process. Each epoch it reports ``epoch``,
   ``budget_epoch`` and R@10 with a ``tune.Checkpoint`` holding model, optimizer, LR scheduler,
-  clustering state, loop counters and RNG states (``raymcn.train.checkpoint``), so a trial paused
+  clustering state, loop counters and RNG states (``raymcn.train.checkpoints.payload``), so a trial paused
   by HyperBandForBOHB continues where it stopped instead of restarting. The training seed
   (``run.seed``) is the same for every trial: a config always gives the same curve, and the
   spread over seeds comes from the searchers alone.
@@ -72,16 +72,15 @@ _CACHE: dict[tuple, Any] = {}  # per trial process: the corpus and eval set, loa
 
 # --- the trial (runs in a Tune actor) ---------------------------------------------------------------
 def _data(cfg):
-    from raymcn.data.evalsets import load_eval_set
-    from raymcn.data.stream import TrainVideos
+    from raymcn.data import synthetic
+    from raymcn.train.inputs import eval_set_of
 
     d = cfg.data
     key = (d.cache_dir, d.synthetic_videos, d.synthetic_eval_clips, d.synthetic_topics, d.max_words, d.eval_set,
            d.eval_audio_frames)
     if key not in _CACHE:
-        _CACHE[key] = (TrainVideos.load(cfg),
-                       load_eval_set(d.eval_set, max_words=d.max_words, audio_frames_override=d.eval_audio_frames,
-                                     cfg=cfg))
+        _CACHE[key] = (synthetic.train_videos(cfg),
+                       eval_set_of(cfg))
     return _CACHE[key]
 
 
@@ -92,8 +91,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
 
     from raymcn.config import PRIMARY_METRIC, Config
     from raymcn.sweep.space import plain
-    from raymcn.train import checkpoint
     from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.checkpoints import payload as checkpoint
     from raymcn.train.loop import NonFiniteLossError, evaluate
     from raymcn.train.plan import make_plan
 

@@ -14,8 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, Config, ConfigError, load_config
-from raymcn.train import preflight
-from raymcn.train.console import Console
+from raymcn.train.monitor.console import Console
+from raymcn.train.preflight import checks as preflight
 
 DEFAULT_PRESET = "default.yaml"
 LATEST = "latest"  # --resume latest
@@ -61,20 +61,17 @@ def _has_sweep_section(path: str | None) -> bool:
 
 
 def start_ray(address: str | None) -> bool:
-    """Connect to ``address`` or start a local instance; returns True if this call started it."""
-    import ray
+    """Connect to ``address`` or start a local instance (``on_ray/cluster.py``); True if this call started it."""
+    from raymcn.train.on_ray.cluster import start_ray as start
 
-    if ray.is_initialized():
-        return False
-    ray.init(address=address, log_to_driver=True)
-    return True
+    return start(address)
 
 
 def console_log(where: str, cfg: Config | None = None) -> Path:
     """Where the console log of the run or sweep folder ``where`` goes: inside it, or for a bucket
     URI in the local cache (a log is appended line by line, which an object store cannot do)."""
+    from raymcn import storage
     from raymcn.config import default_cache_dir
-    from raymcn.data import storage
 
     if storage.is_uri(where):
         return default_cache_dir(cfg or Config()) / "logs" / storage.basename(where) / CONSOLE_LOG_FILE
@@ -95,9 +92,9 @@ def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
 
 def _check_cluster(cfg: Config) -> None:
     """The requested workers and GPUs exist (Ray would otherwise wait for them forever)."""
-    from raymcn.train import launch
+    from raymcn.train.on_ray.cluster import cluster_problems
 
-    problems = launch.cluster_problems(cfg)
+    problems = cluster_problems(cfg)
     if problems:
         raise ConfigError(problems)
 
@@ -127,35 +124,32 @@ def _failed(command: str, error: BaseException, resume_hint: str) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from raymcn.train import launch
+    """One run: its folder decided and its inputs resolved here, once; the preflight and the
+    trainer receive its one plan."""
+    from raymcn.train.inputs import resolve_inputs
+    from raymcn.train.on_ray import launch
 
-    resume = _resume_target(args, launch.latest_run_dir) if args.resume else None
-    if resume:
-        cfg = None
+    if args.resume:
+        run_dir = _resume_target(args, launch.latest_run_dir)
+        cfg = launch.saved_config(run_dir, args.overrides)
     else:
         cfg = resolve_config(args)
         if _has_sweep_section(args.config):
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
-    if cfg is not None:
-        preflight.check(cfg, log=print)  # everything that can be checked before Ray starts, reported at once
-    run_dir = resume
-    if cfg is not None:  # name the run here so an interruption can say where it is
-        run_dir = launch.default_run_dir(cfg)
+        run_dir = launch.new_run_dir(cfg)  # named here so an interruption can say where it is
+    # The embedded default is generated here, once; everything that can be checked before Ray
+    # starts is reported at once, and the plan the preflight made is the trainer's.
+    plan = preflight.checked_plan(cfg, resolve_inputs(cfg), log=print)
     log = console_log(run_dir, cfg)
     try:
         # The console owns the terminal only while Ray runs; errors are printed after it let go.
         with Console(log, verbose=args.verbose, show_tagged=True) as console:
             console.say(f"run {run_dir} (Ray's output: {log})")
-            started = start_ray(args.address) if (cfg is None or cfg.scale.max_workers > 0) else False
+            started = start_ray(args.address) if cfg.scale.max_workers > 0 else False
             try:
-                if started and cfg is not None:
+                if started and not args.resume:
                     _check_cluster(cfg)
-                if resume:
-                    result = launch.resume(resume, args.overrides)
-                else:
-                    from raymcn.data import storage
-
-                    result = launch.fit(cfg, name=storage.basename(run_dir), storage_path=storage.parent(run_dir))
+                result = launch.fit(cfg, run_dir, plan=plan)
             finally:
                 if started:
                     import ray
@@ -181,37 +175,39 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """A sweep: the search, then (``sweep.confirm``) its confirmation; ``--resume`` continues
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
-    from raymcn.data import storage
+    from raymcn import storage
     from raymcn.sweep import tuner
+    from raymcn.train.inputs import resolve_inputs
 
     if args.resume and args.confirm:
         raise ConfigError(["--resume and --confirm: give one (--resume also continues a confirmation)"])
     resume = _resume_target(args, tuner.latest_experiment_dir) if args.resume else None
     existing = resume or (storage.normalize(args.confirm) if args.confirm else None)
-    cfg = None if resume else _confirm_config(args, existing) if existing else resolve_config(args)
-    if cfg is not None and not cfg.sweep.space and not existing:
+    cfg = (tuner.sweep_config(resume, "--resume") if resume else _confirm_config(args, existing) if existing
+           else resolve_config(args))
+    if not cfg.sweep.space and not existing:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
-    if cfg is not None:
-        preflight.check(cfg, log=print)
+    inputs = resolve_inputs(cfg)  # once, for every trial of the search and the confirmation
+    if not resume:
+        preflight.checked_plan(cfg, inputs, log=print)  # each trial makes its own plan from the inputs
     exp_dir = existing or tuner.default_experiment_dir(cfg)
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
-            what = (f"sweep {exp_dir}: {_describe_sweep(cfg)}" if cfg is not None and not existing else
+            what = (f"sweep {exp_dir}: {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
             started = start_ray(args.address)
             try:
-                if cfg is not None:
+                if not resume:
                     _check_cluster(cfg)
                 if resume:
-                    result = _resume_sweep(resume, console)
+                    result = _resume_sweep(resume, console, inputs)
                 elif existing:
-                    result = _confirm(cfg, existing, console)
+                    result = _confirm(cfg, existing, console, inputs)
                 else:
-                    result = tuner.run_sweep(cfg, name=storage.basename(exp_dir), storage_path=storage.parent(exp_dir),
-                                             console=console)
-                    result = _confirm(cfg, exp_dir, console, after=result)
+                    result = tuner.run_sweep(cfg, exp_dir, console=console, inputs=inputs)
+                    result = _confirm(cfg, exp_dir, console, inputs, after=result)
             finally:
                 if started:
                     import ray
@@ -241,24 +237,24 @@ def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
     return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
 
 
-def _resume_sweep(experiment_dir: str, console: Console):
+def _resume_sweep(experiment_dir: str, console: Console, inputs):
     """Continue whichever phase was interrupted: the confirmation once it has started, else the
     search, then its confirmation (when the sweep has one)."""
     from raymcn.sweep import tuner
 
     if tuner.confirmation_started(experiment_dir):
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console)
-    result = tuner.resume_sweep(experiment_dir, console=console)
-    return _confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, after=result)
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
+    result = tuner.resume_sweep(experiment_dir, console=console, inputs=inputs)
+    return _confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, inputs, after=result)
 
 
-def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
+def _confirm(cfg: Config, experiment_dir: str, console: Console, inputs, after=None):
     """The confirmation phase of ``experiment_dir`` (``results.confirmation``). ``after``: the
     search's result; the phase starts only when the search ended with no trial unfinished (and
     then only when ``sweep.confirm`` asks for it), else ``after`` is returned as it is. Without
     ``after`` (``--confirm EXP``) an empty ``sweep.confirm`` means: per stage order, 5 seeds."""
+    from raymcn import storage
     from raymcn.config import default_cache_dir
-    from raymcn.data import storage
     from raymcn.results import confirmation as confirm
     from raymcn.results.experiment import load_experiment
     from raymcn.sweep import tuner
@@ -266,7 +262,7 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
     if after is not None and (after.num_unfinished or not cfg.sweep.confirm):
         return after
     if tuner.confirmation_started(experiment_dir):  # --confirm on a sweep whose confirmation began
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console)
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
     local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=("train",))
     trials, _ = load_experiment(local)
     unfinished = int((trials["status"] == "running").sum())
@@ -290,7 +286,7 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, after=None):
         console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:.2f} over {c.trials} "
                     f"trial(s) at the {c.basis})")
     return tuner.run_confirmation(cfg, experiment_dir, confirm.trial_configs(candidates, seeds),
-                                  confirm.plan_text(settings, candidates, seeds), console)
+                                  confirm.plan_text(settings, candidates, seeds), console, inputs)
 
 
 def _describe_sweep(cfg: Config) -> str:
@@ -319,8 +315,8 @@ def _print_results(experiment_dir: str) -> None:
 
 def cmd_table(args: argparse.Namespace) -> int:
     """``raymcn table EXP``: EXP may be a bucket URI, read through a local copy in the cache."""
+    from raymcn import storage
     from raymcn.config import default_cache_dir
-    from raymcn.data import storage
     from raymcn.results import table
 
     if storage.is_uri(args.experiment_dir):
@@ -332,11 +328,11 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_shards(args: argparse.Namespace) -> int:
     """``raymcn shards``: local processes, or with ``--ray`` Ray actors on every node of a cluster."""
-    from raymcn.data import commands
+    from raymcn.data.write import commands
 
     if args.ray is None or args.dry_run:
         return commands.run_shards(args)
-    from raymcn.data.ray_shards import RayWriters
+    from raymcn.data.write.ray_writers import RayWriters
 
     started = start_ray(args.ray or None)
     try:
@@ -352,9 +348,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Zero-shot retrieval of a checkpoint on an eval set; same JSON keys as ``train --json``."""
     import torch
 
-    from raymcn.data.evalsets import EvalSetError, load_eval_set
+    from raymcn.data.evalsets import EvalSetError
     from raymcn.model import MCN
-    from raymcn.train import checkpoint
+    from raymcn.train.checkpoints import payload as checkpoint
+    from raymcn.train.inputs import eval_set_of
     from raymcn.train.loop import evaluate
 
     path = Path(args.checkpoint)
@@ -365,15 +362,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = Config.from_dict(payload["config"])
     if args.eval_set:
         cfg = cfg.replace({"data.eval_set": args.eval_set})
-    words = args.word_vectors or cfg.data.word_vectors or None
-    if words is None and cfg.data.eval_set != "synthetic":
-        from raymcn.train.plan import resolve_shards_dir
-        from raymcn.data.words import load_vocab
-
-        words = load_vocab(resolve_shards_dir(cfg))
+    if args.word_vectors:
+        cfg = cfg.replace({"data.word_vectors": args.word_vectors})
     try:
-        eval_set = load_eval_set(cfg.data.eval_set, word_vectors=words, max_words=cfg.data.max_words,
-                                 audio_frames_override=cfg.data.eval_audio_frames, cfg=cfg)
+        eval_set = eval_set_of(cfg)  # the eval pickle and its words, as a run of this config reads them
     except (EvalSetError, OSError) as e:
         raise ConfigError([f"--eval-set {cfg.data.eval_set}: {e}"]) from None
     if eval_set.note:
@@ -431,12 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="every key with its default, bounds and meaning, as Markdown (docs/settings.md)")
     p.set_defaults(func=cmd_config)
-    from raymcn.data import commands
+    from raymcn.data import synthetic
+    from raymcn.data.write import commands
     from raymcn.results import table
 
     p = sub.add_parser("synth", help="write a synthetic corpus in the original HowTo100M feature layout")
-    commands.add_synth_arguments(p)
-    p.set_defaults(func=commands.run_synth)
+    synthetic.add_synth_arguments(p)
+    p.set_defaults(func=synthetic.run_synth)
     p = sub.add_parser("shards", help="convert the original feature layout into shuffled tar shards")
     commands.add_shards_arguments(p)
     p.set_defaults(func=cmd_shards)
@@ -448,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to score (auto: the GPU if there is one, in bf16; cpu: fp32)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line last")
     p.set_defaults(func=cmd_eval)
-    from raymcn.train import importer
+    from raymcn.train.checkpoints import importer
 
     p = sub.add_parser("import-original", help=importer.HELP)
     importer.add_arguments(p)

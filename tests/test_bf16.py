@@ -24,12 +24,12 @@ import torch
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.data.evalsets import load_eval_set
-from raymcn.data.stream import TrainVideos
+from raymcn.data import synthetic
 from raymcn.losses.cluster import assign_clusters
 from raymcn.train import loop
 from raymcn.train.build import assemble
 from raymcn.train.gradcache import cached_step
+from raymcn.train.inputs import eval_set_of
 from raymcn.train.loop import evaluate, train_one_epoch
 from raymcn.train.plan import make_plan
 
@@ -58,7 +58,7 @@ def bf16_autocast(device):
 def trained(tmp_path_factory):
     """(cfg, run, a batch of the next epoch, the eval set): the tiny MCN after EPOCHS fp32 epochs."""
     cfg = load_config(preset_path(), ["scale.num_workers=0", "data.prefetch_batches=0"])
-    videos = TrainVideos.load(cfg)
+    videos = synthetic.train_videos(cfg)
     plan = make_plan(cfg, len(videos.records))
     run = assemble(cfg, plan)
     for epoch in range(EPOCHS):
@@ -67,7 +67,7 @@ def trained(tmp_path_factory):
                         videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch), cfg=cfg, state=run.state,
                         device=run.device, switch=plan.switch_step)
     batch = next(videos.batches(cfg, EPOCHS, 0, 1, plan.steps_per_epoch))
-    eval_set = load_eval_set("synthetic", max_words=cfg.data.max_words, cfg=cfg)
+    eval_set = eval_set_of(cfg)
     return cfg, run, batch, eval_set
 
 

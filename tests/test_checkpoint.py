@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from raymcn.train import checkpoint
-from raymcn.train.checkpoint import CheckpointError
+from raymcn.train.checkpoints import payload as checkpoint
+from raymcn.train.checkpoints.payload import CheckpointError
 from raymcn.train.loop import LoopState
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from raymcn.config import Config, ConfigError, all_keys, load_config
 from raymcn.cli import preset_path
+from raymcn.config import Config, ConfigError, all_keys, load_config
 
 REQUIRED_KEYS = ["optim.lr", "data.batch_size", "data.clips_per_video", "loss.num_clusters", "schedule.epochs",
                  "schedule.stage_order", "schedule.stage1_fraction", "scale.num_workers", "scale.use_gpu",

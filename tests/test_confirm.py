@@ -7,15 +7,23 @@ import math
 
 import pandas as pd
 import pytest
+from tune_dirs import write_sweep_yaml, write_trial
 
 from raymcn.config import ConfigError, load_config
-from raymcn.results.confirmation import (CANDIDATE, ConfirmSettings, NothingToConfirm, confirmation_seeds,
-                                         label_trials, plan_text, read_plan, select_candidates, settings,
-                                         trial_configs)
+from raymcn.results.confirmation import (
+    CANDIDATE,
+    ConfirmSettings,
+    NothingToConfirm,
+    confirmation_seeds,
+    label_trials,
+    plan_text,
+    read_plan,
+    select_candidates,
+    settings,
+    trial_configs,
+)
 from raymcn.results.experiment import load_experiment
 from raymcn.results.table import answer_line, group_table
-
-from tune_dirs import write_sweep_yaml, write_trial
 
 R10 = "best_text_to_video_R@10"
 ORDER, LR, SEED = "schedule.stage_order", "optim.lr", "run.seed"

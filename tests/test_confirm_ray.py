@@ -13,12 +13,11 @@ import sys
 import time
 
 import pytest
+from conftest import TINY
+from tune_dirs import result_rows, trial_statuses
 
 from raymcn.results.confirmation import read_plan
 from raymcn.results.experiment import load_experiment
-
-from conftest import TINY
-from tune_dirs import result_rows, trial_statuses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from raymcn.train.console import TAG, epoch_line
+from raymcn.train.monitor.console import TAG, epoch_line
 
 EPOCH_LINE = re.compile(r"^(?:(?P<name>\S+) )?epoch (?P<epoch>\d+)/(?P<epochs>\d+)  R@10 +(?P<r10>[\d.]+)  "
                         r"loss (?P<loss>\S+)  (?P<rate>\d+) samples/s$")
@@ -30,7 +30,7 @@ def test_epoch_line_format():
 
 SCRIPT = textwrap.dedent(r"""
     import logging, os, subprocess, sys, time
-    from raymcn.train.console import Console, tagged
+    from raymcn.train.monitor.console import Console, tagged
     log = sys.argv[1]
     logging.basicConfig()  # a handler writing to stderr, as Ray's loggers have
     print("before the console")
@@ -154,7 +154,7 @@ def test_progress_pickles_without_its_console(progress):
 FAILING_RUN = textwrap.dedent(r"""
     import sys
     from raymcn import cli
-    from raymcn.train import launch
+    from raymcn.train.on_ray import launch
     from raymcn.train.loop import NonFiniteLossError
 
     def fail(*args, **kwargs):

@@ -12,13 +12,25 @@ import numpy as np
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import evalsets, features, synthetic, words
-from raymcn.data.features import (VideoRecord, audio_clip, audio_frame, grow_span, pack_tokens,
-                                  read_video, read_video_paths, read_videos, sample_clips, text_clip_ids,
-                                  video_rows)
-from raymcn.data.words import Vocab, build_vocab, encode, read_word2vec_bin, tokenize, write_word2vec_bin
+from raymcn.data import evalsets, synthetic
+from raymcn.data.formats import features, words
+from raymcn.data.formats.features import (
+    VideoRecord,
+    audio_clip,
+    audio_frame,
+    grow_span,
+    pack_tokens,
+    read_video,
+    read_video_paths,
+    read_videos,
+    sample_clips,
+    text_clip_ids,
+    video_rows,
+)
+from raymcn.data.formats.words import Vocab, build_vocab, encode, read_word2vec_bin, tokenize, write_word2vec_bin
+from raymcn.train.inputs import eval_set_of
 
-DATA_DIR = Path(features.__file__).parent
+DATA_DIR = Path(features.__file__).parents[1]  # raymcn/data
 
 
 # --- fixtures ------------------------------------------------------------------------------------------
@@ -312,7 +324,7 @@ def test_ensure_corpus_generates_once_and_reuses(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(synthetic, "write_corpus", lambda *a, **k: calls.append(a))
     assert synthetic.ensure_corpus(cfg) == root and calls == []
-    ev = evalsets.load_eval_set("synthetic", None, max_words=7, cfg=cfg)
+    ev = eval_set_of(cfg.replace({"data.max_words": 7}))  # the corpus's held-out set, as the entry points load it
     assert len(ev) == 3 and ev.audio.shape == (3, 40, evalsets.SYNTHETIC_FRAMES) and ev.text.shape == (3, 7, 8)
     bigger = cfg.replace({"data.synthetic_videos": 3})
     assert synthetic.settings_from_config(bigger).digest() != synthetic.settings_from_config(cfg).digest()
@@ -358,7 +370,7 @@ def test_synthetic_task_is_learnable(tmp_path):
 
 
 # --- layering ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("module", ["words.py", "features.py", "synthetic.py", "evalsets.py"])
+@pytest.mark.parametrize("module", ["formats/words.py", "formats/features.py", "synthetic.py", "evalsets.py"])
 def test_data_modules_import_neither_ray_nor_torch_distributed(module):
     tree = ast.parse((DATA_DIR / module).read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]

@@ -24,14 +24,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import linear_mcn, objective_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from raymcn.config import Config
 from raymcn.losses import Collectives
 from raymcn.train.gradcache import cached_step
 from raymcn.train.plan import share
-
-from conftest import linear_mcn, objective_for
 
 pytestmark = pytest.mark.dist
 
@@ -241,7 +240,7 @@ def _loop_worker(rank: int, world: int, init_file: str, out_dir: str, cache_clip
             batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
         metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
                                   batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
-                                  rank=rank, comm=comm)
+                                  comm=comm)
         torch.save({"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}},
                    f"{out_dir}/rank{rank}.pt")
         # Every rank's last gloo work done before the group goes: destroying it right after the

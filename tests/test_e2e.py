@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raymcn.cli import main
-from raymcn.train import checkpoint
+from raymcn.train.checkpoints import payload as checkpoint
 
 pytestmark = pytest.mark.ray
 

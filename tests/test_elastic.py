@@ -23,12 +23,20 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    LOSS_TERMS,
+    TINY,
+    event_log_callback,
+    in_background,
+    multinode_cluster,
+    read_events,
+    steps_as_run,
+    train_worker_nodes,
+    wait_for,
+)
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-
-from conftest import (LOSS_TERMS, TINY, event_log_callback, in_background, multinode_cluster, read_events,
-                      steps_as_run, train_worker_nodes, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -60,7 +68,7 @@ def _epochs(log: Path) -> list[dict]:
 
 
 def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_results(cluster, tmp_path, monkeypatch):
-    from raymcn.train import launch
+    from raymcn.train.on_ray import launch
 
     steady_log, log = tmp_path / "steady.jsonl", tmp_path / "elastic.jsonl"
     started = time.time()

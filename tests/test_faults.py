@@ -3,13 +3,13 @@
 (A SIGKILLed worker and a reboot mid-epoch: tests/test_resume.py; a killed sweep driver:
 tests/test_confirm_ray.py and the launcher tier.)"""
 
+
 import pytest
+from conftest import TINY, event_log_callback, read_events
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.train import launch
-
-from conftest import TINY, event_log_callback, read_events
+from raymcn.train.on_ray import launch
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -22,6 +22,6 @@ def test_a_permanent_error_fails_at_once_instead_of_being_retried(ray_local, tmp
     monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=2")
     log = tmp_path / "events.jsonl"
     with pytest.raises(Exception, match="NonFiniteLossError.*not retried"):
-        launch.fit(cfg, name="diverged", storage_path=tmp_path, callbacks=[event_log_callback(log)])
+        launch.fit(cfg, tmp_path / "diverged", callbacks=[event_log_callback(log)])
     failures = [e for e in read_events(log) if "failure" in e]
     assert len(failures) == 1 and failures[0]["errors"] == ["NonFiniteLossError"], failures

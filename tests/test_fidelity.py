@@ -68,7 +68,7 @@ def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
 
 
 def test_preflight_refuses_a_first_rung_inside_the_warmup(tmp_path, monkeypatch):
-    from raymcn.train import preflight
+    from raymcn.train.preflight import checks as preflight
 
     monkeypatch.setenv("RAYMCN_RESULTS", str(tmp_path))
     base = {"sweep.algorithm": "asha", "schedule.stage1_fraction": 0.1, "schedule.epochs": 10, "sweep.repeats": 1,

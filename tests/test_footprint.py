@@ -1,4 +1,4 @@
-"""Per-worker memory estimate (raymcn.train.footprint): scaling of each component, the paper
+"""Per-worker memory estimate (raymcn.train.preflight.footprint): scaling of each component, the paper
 numbers of the original's memory accounting, the fit check, and the formulas against measured tiny-model runs."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import sys
 
 import pytest
 import torch
+from conftest import objective_for
 
 from raymcn.config import Config, ModelConfig
-from raymcn.train import footprint, meters
-from raymcn.train.footprint import GIB, estimate_worker_memory, fits
-
-from conftest import objective_for
+from raymcn.train.preflight import footprint, meters
+from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
 
 TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
         "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}
@@ -471,11 +470,11 @@ def _no_sync_grads_worker(rank: int, world: int, init_file: str, out_dir: str) -
     import contextlib
 
     import torch.distributed as dist
+    from conftest import linear_mcn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from raymcn.losses import Collectives
     from raymcn.train.gradcache import cached_step
-    from conftest import linear_mcn
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

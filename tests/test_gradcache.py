@@ -20,14 +20,13 @@ import copy
 
 import pytest
 import torch
+from conftest import linear_mcn, objective_for
 
 from raymcn.config import STAGE_ORDERS, Config, ConfigError
 from raymcn.model import MCN
 from raymcn.train import gradcache
 from raymcn.train.gradcache import cached_step, chunk_bounds, slice_batch
 from raymcn.train.stages import ALL, first_stage
-
-from conftest import linear_mcn, objective_for
 
 TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
         "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}

@@ -1,8 +1,8 @@
-"""metrics.csv (train/history.py): one row per epoch, an epoch replayed after a restart replaces its row."""
+"""metrics.csv (train/monitor/history.py): one row per epoch, an epoch replayed after a restart replaces its row."""
 
 import csv
 
-from raymcn.train.history import record_epoch
+from raymcn.train.monitor.history import record_epoch
 
 
 def test_rows_per_epoch_with_every_metric_and_a_replayed_epoch_replaced(tmp_path):

@@ -13,16 +13,14 @@ import json
 import pytest
 import torch
 import yaml
+from original_ref import SMALL, Dims, OriginalReference, original_shapes, original_state_dict, save_original
 
 from raymcn.cli import main
 from raymcn.config import RUN_CONFIG_FILE, Config, ModelConfig, load_config
 from raymcn.model import MCN
-from raymcn.model.original import (NAME_TABLE, OriginalCheckpointError, convert, to_original_name,
-                                   to_raymcn_name)
-from raymcn.train import checkpoint
-from raymcn.train.importer import import_original
-
-from original_ref import SMALL, Dims, OriginalReference, original_shapes, original_state_dict, save_original
+from raymcn.model.original import NAME_TABLE, OriginalCheckpointError, convert, to_original_name, to_raymcn_name
+from raymcn.train.checkpoints import payload as checkpoint
+from raymcn.train.checkpoints.importer import import_original
 
 SMALL_CFG = ModelConfig(video_dim=4096, word_dim=24, embed_dim=32, audio_channels=(4, 4, 8, 8, 16), audio_blocks=2,
                         mel_bins=40, recon=True, recon_hidden=12)

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tune_dirs import result_rows, trial_statuses
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]

@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from test_launcher import RAY, RUNNING_RAY, running_ray
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]

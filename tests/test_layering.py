@@ -1,12 +1,16 @@
 """The package layering, checked over every module of raymcn: what each may import, and no
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
-Layers, left to right: config -> data -> model -> losses -> train -> sweep -> results; cli on top;
-bench/ imports raymcn, never the reverse. The table below is the layering, with the deviations the
-README's development section names: data/storage (file access for local folders and bucket URIs)
-is also used by sweep/, sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
-uses numpy, scipy and yaml (statistics, the sweep file), and train/trackers logs a run to MLflow
-and W&B (optional extras, imported when asked for).
+Layers, left to right: config, storage -> data -> model -> losses -> train -> sweep -> results;
+cli and doctor on top; bench/ imports raymcn, never the reverse. The rules are per folder (a file
+moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
+it, and the corpora (synthetic, evalsets) sit on top; inside train/, the run itself (the modules
+at its root) and the checkpoints/, monitor/ and preflight/ rooms never import on_ray/, the only
+folder of train/ that imports Ray. Two data modules import Ray, each the Ray side of its room:
+read/datasource (Ray Data) and write/ray_writers (Ray actors); the rest of data/ imports without
+Ray. Other deviations: sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
+uses numpy, scipy and yaml (statistics, the sweep file), and monitor/trackers logs a run to
+MLflow and W&B (optional extras, imported when asked for).
 """
 
 from __future__ import annotations
@@ -46,36 +50,50 @@ def _within(name: str, prefixes: set[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-RAY_DATA_SIDE = {"raymcn.data.reader", "raymcn.data.ray_shards"}
-RAY_TRAIN_SIDE = {"raymcn.train.worker", "raymcn.train.launch"}
+RAY_DATA_SIDE = {"raymcn.data.read.datasource", "raymcn.data.write.ray_writers"}
+TRAIN_ROOMS = {"raymcn.train." + room for room in ("checkpoints", "monitor", "preflight")}
+NOT_ON_RAY = {"raymcn.train.on_ray", *RAY_DATA_SIDE}
+
+
+def folder(module: str) -> str:
+    """The package ``module`` lives in (a package's own ``__init__`` lives in itself)."""
+    return module if MODULES[module].name == "__init__.py" else module.rsplit(".", 1)[0]
 
 
 def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     """(raymcn names it may import, raymcn names it may not, third-party packages it may import)."""
-    layer = module.split(".")[1] if "." in module else ""
+    where = folder(module)
     if module == "raymcn.config":
         return set(), set(), {"yaml"}
+    if module == "raymcn.storage":
+        return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
         return {"raymcn.config"}, set(), set()
-    if module in ("raymcn.cli", "raymcn"):
+    if module in ("raymcn.cli", "raymcn", "raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
-    if layer == "data":
-        ray_side = module in RAY_DATA_SIDE
-        return {"raymcn.config", "raymcn.data"}, set() if ray_side else RAY_DATA_SIDE, DATA_LIBS | (
-            {"ray"} if ray_side else set())
-    if layer == "model":
+    ray = {"ray"} if module in RAY_DATA_SIDE else set()
+    forbidden = set() if module in RAY_DATA_SIDE else RAY_DATA_SIDE
+    if where == "raymcn.data.formats":
+        return {"raymcn.config", "raymcn.data.formats"}, set(), DATA_LIBS
+    if where in ("raymcn.data.write", "raymcn.data.read"):
+        return {"raymcn.config", "raymcn.data.formats", where}, forbidden, DATA_LIBS | ray
+    if where == "raymcn.data":
+        return {"raymcn.config", "raymcn.data"}, forbidden, DATA_LIBS
+    if where == "raymcn.model":
         return {"raymcn.config.ModelConfig", "raymcn.config.MODALITIES", "raymcn.model"}, set(), {"torch"}
-    if layer == "losses":
+    if where == "raymcn.losses":
         return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.losses"}, set(), {"torch"}
-    if layer == "train":
-        ray_side = module in RAY_TRAIN_SIDE
-        return ({"raymcn.config", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
-                set() if ray_side else RAY_DATA_SIDE | RAY_TRAIN_SIDE,
-                {"torch", "numpy", "yaml"} | ({"ray"} if ray_side else set()) | (
-                    {"mlflow", "wandb"} if module == "raymcn.train.trackers" else set()))
-    if layer == "sweep":
-        return {"raymcn.config", "raymcn.train", "raymcn.sweep", "raymcn.data.storage"}, set(), {"ray", "numpy", "optuna"}
-    if layer == "results":
+    if where == "raymcn.train.on_ray":
+        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+                {"raymcn.data.write.ray_writers"}, {"torch", "numpy", "yaml", "ray"})
+    if where == "raymcn.train" or where in TRAIN_ROOMS:
+        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+                NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
+                    {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()))
+    if where == "raymcn.sweep":
+        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.train", "raymcn.sweep"},
+                {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})
+    if where == "raymcn.results":
         return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "yaml"}
     raise AssertionError(f"{module}: no layer")
 
@@ -104,10 +122,12 @@ def test_the_checker_can_fail():
     """What a review found earlier is refused: the objective importing the whole Config, preflight importing
     Ray, the results importing torch, a Ray-free data module importing the datasource."""
     assert problems_of("raymcn.losses.objective", {"raymcn.config.Config"})
-    assert problems_of("raymcn.train.preflight", {"ray.train"})
+    assert problems_of("raymcn.train.preflight.checks", {"ray.train"})
     assert problems_of("raymcn.results.table", {"torch"})
-    assert problems_of("raymcn.data.shards", {"raymcn.data.reader.rank_dataset"})
-    assert not problems_of("raymcn.train.worker", {"raymcn.data.reader.RankStream", "ray.train"})
+    assert problems_of("raymcn.data.write.shards", {"raymcn.data.read.datasource.rank_dataset"})
+    assert problems_of("raymcn.data.formats.sample", {"raymcn.data.write.shards"})  # formats come first
+    assert problems_of("raymcn.train.monitor.console", {"raymcn.train.on_ray.launch"})
+    assert not problems_of("raymcn.train.on_ray.worker", {"raymcn.data.read.datasource.RankStream", "ray.train"})
 
 
 def _edges() -> dict[str, set[str]]:

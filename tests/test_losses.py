@@ -8,13 +8,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import objective_for
 
 from raymcn.config import Config
-from raymcn.losses import (Collectives, FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans, mms_loss,
-                           recon_loss, world_info)
+from raymcn.losses import (
+    Collectives,
+    FeatureQueue,
+    assign_clusters,
+    cluster_ce,
+    cosine_kmeans,
+    mms_loss,
+    recon_loss,
+    world_info,
+)
 from raymcn.losses.ring import ring_mms_loss
-
-from conftest import objective_for
 
 
 def _cfg(**overrides) -> Config:

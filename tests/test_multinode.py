@@ -13,12 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    NODE_STORE,
+    TINY,
+    event_log_callback,
+    in_background,
+    multinode_cluster,
+    read_events,
+    train_worker_nodes,
+    wait_for,
+)
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-
-from conftest import (NODE_STORE, TINY, event_log_callback, in_background, multinode_cluster, read_events,
-                      train_worker_nodes, wait_for)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -52,7 +59,7 @@ def test_workers_on_two_nodes_read_on_their_own_nodes_and_a_lost_node_costs_one_
     """(No mid-epoch checkpoint here: the default run.checkpoint_every is longer than this run.)"""
     from ray.util.state import list_tasks
 
-    from raymcn.train import launch
+    from raymcn.train.on_ray import launch
 
     epochs = 6
     cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "run.name=lost-node")
@@ -86,7 +93,7 @@ def test_workers_on_two_nodes_read_on_their_own_nodes_and_a_lost_node_costs_one_
 def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path):
     """The lab's case: a two-stage run (VT_A) lost in stage 2 continues in stage 2 from its checkpoint."""
     from raymcn.sweep import tuner
-    from raymcn.train import checkpoint
+    from raymcn.train.checkpoints import payload as checkpoint
 
     epochs = 6
     cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "schedule.stage_order=VT_A", "schedule.stage1_fraction=0.5",

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import raymcn.cli as cli
-from raymcn.train import preflight
+from raymcn.train.preflight import checks as preflight
 
 CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--set", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
@@ -52,11 +52,11 @@ def inputs(tmp_path, monkeypatch):
     trunc.mkdir()
     (trunc / "shard-000000.tar").write_bytes(b"x" * 10)
     (trunc / "vocab.npy").write_bytes(b"")
-    from raymcn.data import shards
+    from raymcn.data.formats import manifest as shard_manifest
 
-    manifest = {"format": shards.FORMAT, "version": shards.FORMAT_VERSION, "counts": {"videos": 3},
+    manifest = {"format": shard_manifest.FORMAT, "version": shard_manifest.FORMAT_VERSION, "counts": {"videos": 3},
                 "shards": [{"name": "shard-000000.tar", "videos": ["a", "b", "c"], "bytes": 20, "sha256": "0"}]}
-    (trunc / shards.MANIFEST).write_text(json.dumps(manifest))
+    (trunc / shard_manifest.MANIFEST).write_text(json.dumps(manifest))
 
     def no_ray(*_):
         raise AssertionError("Ray was started before the configuration was checked")
@@ -92,12 +92,12 @@ def test_the_cluster_check_takes_an_elastic_groups_minimum(monkeypatch, workers,
     import ray
 
     from raymcn.config import load_config
-    from raymcn.train import launch
+    from raymcn.train.on_ray.cluster import cluster_problems
 
     gpu = ["scale.use_gpu=true"] if "GPU" in have else []
     cfg = load_config(None, [f"scale.num_workers={workers}", "data.batch_size=8", "loss.num_clusters=8", *gpu])
     monkeypatch.setattr(ray, "cluster_resources", lambda: have)
-    problems = launch.cluster_problems(cfg)
+    problems = cluster_problems(cfg)
     assert (problems == []) if fragment is None else any(fragment in p for p in problems), problems
 
 

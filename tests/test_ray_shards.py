@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_shards import SETTINGS, write
 
 from raymcn.data import synthetic
-
-from test_shards import SETTINGS, write
 
 pytestmark = pytest.mark.ray
 
@@ -25,7 +24,7 @@ def shard_bytes(manifest: dict) -> list[tuple[str, list[str], str]]:
 
 def test_ray_actors_write_the_local_writers_shards_and_resume_alike(ray_local, corpus, tmp_path, capsys):
     from raymcn.cli import main
-    from raymcn.data.ray_shards import RayWriters
+    from raymcn.data.write.ray_writers import RayWriters
 
     local = write(corpus, tmp_path / "local", workers=1)
     on_ray = write(corpus, tmp_path / "ray", writer=RayWriters())

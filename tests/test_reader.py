@@ -19,8 +19,13 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from raymcn.config import ConfigError, load_config  # noqa: E402
-from raymcn.data import order, reader, shards, stream, synthetic, tarfmt  # noqa: E402
-from raymcn.data.features import FEATURE_DIM, MEL_BINS  # noqa: E402
+from raymcn.data import synthetic  # noqa: E402
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.formats import tarfmt
+from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS  # noqa: E402
+from raymcn.data.read import datasource as reader
+from raymcn.data.read import order, stream
+from raymcn.data.write import shards
 from raymcn.train.plan import make_plan  # noqa: E402
 
 VIDEOS, PER_SHARD = 24, 3
@@ -56,7 +61,7 @@ def cfg(tmp_path_factory):
 
 
 def stream_of(shard_dir, cfg, rank=0, world=1, epochs=3, **kw):
-    manifest = shards.load_manifest(shard_dir)
+    manifest = shard_manifest.load_manifest(shard_dir)
     index = order.build_index(shard_dir, manifest)
     steps = make_plan(cfg, len(index)).steps_per_epoch
     return reader.RankStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps, epochs=epochs, **kw), index, steps
@@ -140,7 +145,7 @@ def test_stream_requests_each_next_epoch_before_the_loop_asks(shard_dir, cfg):
 def corrupt(src: Path, dst: Path) -> dict[str, int]:
     """Copy the shards and damage three of them; returns the bad videos per shard name."""
     shutil.copytree(src, dst)
-    manifest = shards.load_manifest(dst)
+    manifest = shard_manifest.load_manifest(dst)
     a, b, c = (dst / s["name"] for s in manifest["shards"][:3])
     raw = a.read_bytes()
     spans = list(tarfmt.scan_tar(raw))
@@ -181,7 +186,7 @@ def test_corrupted_shards_are_survived_and_counted(shard_dir, cfg, tmp_path):
 def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
     d = tmp_path / "missing"
     shutil.copytree(shard_dir, d)
-    manifest = shards.load_manifest(d)
+    manifest = shard_manifest.load_manifest(d)
     (d / manifest["shards"][0]["name"]).unlink()
     rank_stream, _, steps = stream_of(d, cfg, log=None)
     batches, stats = rank_stream.epoch(0)
@@ -191,8 +196,8 @@ def test_missing_shard_file_is_counted(shard_dir, cfg, tmp_path):
 
 def test_helpers_raise_clear_errors(shard_dir, cfg, tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
-        shards.load_manifest(tmp_path)
-    videos = shards.load_manifest(shard_dir)["counts"]["videos"]
+        shard_manifest.load_manifest(tmp_path)
+    videos = shard_manifest.load_manifest(shard_dir)["counts"]["videos"]
     with pytest.raises(ConfigError, match="fewer than one step"):
         make_plan(cfg.replace({"data.batch_size": 64}), videos)
     assert make_plan(cfg.replace({"schedule.steps_per_epoch": 1}), videos).steps_per_epoch == 1
@@ -202,7 +207,7 @@ def test_helpers_raise_clear_errors(shard_dir, cfg, tmp_path):
 
 def test_read_webdataset_reads_the_shards_too(shard_dir):
     """The shards are plain WebDataset tars: Ray's own reader decodes them (slowly) as well."""
-    manifest = shards.load_manifest(shard_dir)
+    manifest = shard_manifest.load_manifest(shard_dir)
     first = manifest["shards"][0]
     ds = ray.data.read_webdataset(str(shard_dir / first["name"]))
     row = ds.take(1)[0]
@@ -215,7 +220,7 @@ def test_shards_of_the_v1_writer_load_through_ray_data(cfg):
     """The committed shards of the first writer (tests/data/shards-v1, a manifest without byte
     spans): the index is found from the tar headers, and Ray Data reads their videos."""
     v1 = Path(__file__).parent / "data" / "shards-v1"
-    manifest = shards.load_manifest(v1)
+    manifest = shard_manifest.load_manifest(v1)
     assert "spans" not in manifest["shards"][0]
     index = order.build_index(v1, manifest)
     records = {}

@@ -14,8 +14,16 @@ import pandas as pd
 import pytest
 
 from raymcn.results.render import render_table
-from raymcn.results.stats import (PAIRED, WELCH, compare, detectable_difference, group_statistics, holm, pairing_keys,
-                                  t_interval)
+from raymcn.results.stats import (
+    PAIRED,
+    WELCH,
+    compare,
+    detectable_difference,
+    group_statistics,
+    holm,
+    pairing_keys,
+    t_interval,
+)
 from raymcn.results.table import format_statistics, group_table
 
 R10 = "best_text_to_video_R@10"

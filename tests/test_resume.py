@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import LOSS_TERMS, TINY, event_log_callback, read_events, read_trace, steps_as_run, wait_for
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.train import checkpoint, launch
+from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import lr_factor
+from raymcn.train.on_ray import launch
 from raymcn.train.plan import warmup_steps
-
-from conftest import LOSS_TERMS, TINY, event_log_callback, read_events, read_trace, steps_as_run, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -90,7 +90,7 @@ def reference(ray_local, tmp_path_factory):
     try:
         cfg = load_config(preset_path(), EVERY)
         log = where / "events.jsonl"
-        result = launch.fit(cfg, name="reference", storage_path=where, callbacks=[event_log_callback(log)])
+        result = launch.fit(cfg, where / "reference", callbacks=[event_log_callback(log)])
     finally:
         del os.environ["RAYMCN_TRACE"]
     return {"result": result, "dir": where / "reference", "trace": read_trace(where / "trace"), "events": read_events(log)}
@@ -119,7 +119,7 @@ def test_a_killed_worker_resumes_at_the_step_after_the_mid_epoch_checkpoint(refe
     hold_until_registered(tmp_path / "markers", tmp_path / "killed", 6)
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace"))
     log = tmp_path / "events.jsonl"
-    killed = launch.fit(cfg, name="killed", storage_path=tmp_path, callbacks=[event_log_callback(log)])
+    killed = launch.fit(cfg, tmp_path / "killed", callbacks=[event_log_callback(log)])
     assert (tmp_path / "markers" / "fired-kill_at_step").exists()
     assert [e for e in read_events(log) if "failure" in e]  # the group did fail and restart
     got = read_trace(tmp_path / "trace")
@@ -154,13 +154,13 @@ def test_a_run_resumed_on_another_number_of_workers_continues_with_the_same_step
     that arithmetic, which is no property of raymcn's."""
     settings = [*EVERY, "model.sync_batchnorm=true"]
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-full"))
-    full = launch.fit(load_config(preset_path(), settings), name="full", storage_path=tmp_path)
+    full = launch.fit(load_config(preset_path(), settings), tmp_path / "full")
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-resized"))
     monkeypatch.setenv("RAYMCN_FAULT", "hold_at_step=7,kill_at_step=7")
     monkeypatch.setenv("RAYMCN_FAULT_DIR", str(tmp_path / "markers"))
     hold_until_registered(tmp_path / "markers", tmp_path / "crash", 6)
     with pytest.raises(Exception):
-        launch.fit(load_config(preset_path(), [*settings, "scale.max_failures=0"]), name="crash", storage_path=tmp_path)
+        launch.fit(load_config(preset_path(), [*settings, "scale.max_failures=0"]), tmp_path / "crash")
     monkeypatch.delenv("RAYMCN_FAULT")
     payload = checkpoint.load(checkpoint.list_checkpoints(tmp_path / "crash")[-1])
     assert payload["loop"]["step"] == 6 and payload["loop"]["progress"]["steps"] == 2  # inside epoch 2

@@ -14,13 +14,12 @@ import json
 import os
 
 import pytest
+from conftest import TINY
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.train import checkpoint
+from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.stages import budget_epoch
-
-from conftest import TINY
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 

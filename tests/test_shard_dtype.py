@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raymcn.data import shards
-from raymcn.data.commands import add_shards_arguments, run_shards
-from raymcn.data.stream import iter_shard_records
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.read.stream import iter_shard_records
 from raymcn.data.synthetic import CorpusPaths, SynthSettings, write_corpus
+from raymcn.data.write import shards
+from raymcn.data.write.commands import add_shards_arguments, run_shards
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +70,15 @@ def test_a_folder_of_mixed_dtypes_is_refused_naming_the_shards(both, tmp_path):
     (d32, m32), (d16, m16) = both["float32"], both["float16"]
     mixed = json.loads(json.dumps(m16))
     mixed["shards"][1]["feature_dtype"] = "float32"  # e.g. one shard rewritten by another writer
-    with pytest.raises(shards.ShardError, match=r"mixed feature dtypes.*float16: shard-000000.tar, shard-000002.tar"
+    with pytest.raises(shard_manifest.ShardError, match=r"mixed feature dtypes.*float16: shard-000000.tar, shard-000002.tar"
                                                 r".*float32: shard-000001.tar"):
-        shards.feature_dtype(mixed, "/data/shards")
-    assert shards.feature_dtype(m16, d16) == "float16"
+        shard_manifest.feature_dtype(mixed, "/data/shards")
+    assert shard_manifest.feature_dtype(m16, d16) == "float16"
     legacy = json.loads(json.dumps(m32))  # written before the dtype was recorded: fp32
     del legacy["settings"]["feature_dtype"]
     for s in legacy["shards"]:
         del s["feature_dtype"]
-    assert shards.feature_dtype(legacy, d32) == "float32"
+    assert shard_manifest.feature_dtype(legacy, d32) == "float32"
 
 
 def _cli(argv: list[str]) -> int:
@@ -123,7 +124,7 @@ def _tar_the_layout(corpus: CorpusPaths, out: Path, style: str, per_tar: int = 1
     (``<id>.2d.npz``) or under their original names inside folders (``Cat/Sub/<id>_2d.npz``)."""
     import tarfile
 
-    from raymcn.data.features import read_video_paths, video_id_of
+    from raymcn.data.formats.features import read_video_paths, video_id_of
 
     paths = read_video_paths(corpus.video_csv)
     out.mkdir()
@@ -165,7 +166,7 @@ def test_without_a_video_list_the_tars_videos_are_taken_and_a_damaged_member_is_
     assert _cli(["--tars", str(tmp_path / "tars"), "--captions", str(corpus.captions), "--word-vectors",
                  str(corpus.word_vectors), "--out", str(tmp_path / "out"), "--videos-per-shard", "8",
                  "--no-progress"]) == 0
-    manifest = shards.load_manifest(tmp_path / "out")
+    manifest = shard_manifest.load_manifest(tmp_path / "out")
     assert manifest["counts"]["videos"] == 23 and manifest["sources"]["video_list"] is None
     (skipped,) = manifest["skipped"]
     assert f"{tars[0]}:" in skipped["reason"] and "unreadable" in skipped["reason"], skipped
@@ -179,13 +180,13 @@ def test_the_command_says_which_inputs_go_together(corpus, tmp_path, capsys):
 
 def test_the_command_writes_fp16_features_by_default(corpus, tmp_path):
     assert _cli(_layout_args(corpus, tmp_path / "default")) == 0
-    manifest = shards.load_manifest(tmp_path / "default")
+    manifest = shard_manifest.load_manifest(tmp_path / "default")
     assert manifest["settings"]["feature_dtype"] == "float16"
-    assert shards.feature_dtype(manifest, tmp_path / "default") == "float16"
+    assert shard_manifest.feature_dtype(manifest, tmp_path / "default") == "float16"
 
 
 def test_the_fp16_column_max_equals_the_fp32_max_for_every_sign():
-    from raymcn.data.features import fp16_max_bits
+    from raymcn.data.formats.features import fp16_max_bits
 
     rng = np.random.default_rng(0)
     rows = (rng.standard_normal((40, 2048)) * 50).astype(np.float16)
@@ -205,7 +206,7 @@ def test_the_fp16_column_max_equals_the_fp32_max_for_every_sign():
 def test_pooling_all_clips_at_once_equals_pooling_each_clip(dtype):
     """pool_clips (one output array, one normalisation) equals the per-clip recipe bit for bit:
     rows floor(start·fps)..floor(end·fps) clamped, column max, L2 norm; spans past the end too."""
-    from raymcn.data.features import l2_normalize, pool_clips, video_rows
+    from raymcn.data.formats.features import l2_normalize, pool_clips, video_rows
 
     rng = np.random.default_rng(1)
     feat = (rng.standard_normal((30, 2048)) * 4).astype(dtype)

@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import commands, sample, shards, stream, synthetic, tarfmt
-from raymcn.data.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
-from raymcn.data.sample import SampleError
-from raymcn.data.shards import ShardError
-from raymcn.data.words import load_vocab
+from raymcn.data import synthetic
+from raymcn.data.formats import sample, tarfmt
+from raymcn.data.formats.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
+from raymcn.data.formats.manifest import ShardError
+from raymcn.data.formats.sample import SampleError
+from raymcn.data.formats.words import load_vocab
+from raymcn.data.read import stream
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.write import commands, shards, writer
 
 ARRAYS = ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
 V1 = Path(__file__).parent / "data" / "shards-v1"  # written by the FORMAT_VERSION 1 writer (make_shards_v1.py)
@@ -80,8 +84,8 @@ def test_manifest_sizes_and_sha256(written):
         assert s["bytes"] == len(data)
         assert s["sha256"] == hashlib.sha256(data).hexdigest()
     assert manifest["counts"]["bytes"] == sum(s["bytes"] for s in manifest["shards"])
-    assert json.loads((out / shards.MANIFEST).read_text()) == manifest
-    assert shards.load_manifest(out) == manifest
+    assert json.loads((out / shard_manifest.MANIFEST).read_text()) == manifest
+    assert shard_manifest.load_manifest(out) == manifest
 
 
 def test_videos_are_shuffled_across_shards(corpus, written):
@@ -138,7 +142,7 @@ def array_digests(rec) -> dict:
 @pytest.mark.parametrize("chunk", [2048, 32 << 20])
 def test_shards_of_the_v1_writer_still_load(chunk):
     """A shard directory written by the first writer (committed bytes) decodes to its source arrays."""
-    manifest = shards.load_manifest(V1)
+    manifest = shard_manifest.load_manifest(V1)
     assert (manifest["version"], manifest["counts"]["videos"], manifest["counts"]["shards"]) == (1, 3, 2)
     assert [s["video"] for s in manifest["skipped"]] == ["gone0001"]
     assert load_vocab(V1).matrix.shape == (9, 4)
@@ -155,13 +159,13 @@ def test_todays_writer_writes_the_v1_bytes():
     """The v1 samples written again (decode, encode, tarfile USTAR): the very same bytes, then zeros
     up to a multiple of 10240 (tarfile pads the end-of-archive to a full record; the v1 writer
     stopped after two zero blocks). One scanner reads both."""
-    for s in shards.load_manifest(V1)["shards"]:
+    for s in shard_manifest.load_manifest(V1)["shards"]:
         old = (V1 / s["name"]).read_bytes()
         old_spans = list(tarfmt.scan_tar(old))
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for span in old_spans:
-                shards.write_sample(tar, span.key, sample.encode_record(sample.decode_span(old, span)))
+                writer.write_sample(tar, span.key, sample.encode_record(sample.decode_span(old, span)))
         new = out.getvalue()
         assert new[:len(old)] == old and len(new) % 10240 == 0 and not any(new[len(old):])
         assert [(sp.key, sp.start, sp.end, sp.members) for sp in tarfmt.scan_tar(new)] == \
@@ -202,7 +206,7 @@ def test_resume_rewrites_only_missing_or_damaged_shards(corpus, written, tmp_pat
 def test_interrupted_write_leaves_no_partial_shard(corpus, tmp_path, monkeypatch):
     """A crash mid-shard leaves only a hidden temp file; the rerun completes the set."""
     calls = {"n": 0}
-    real = shards.write_sample
+    real = writer.write_sample
 
     def crash_on_7th(out, key, members):
         calls["n"] += 1
@@ -210,12 +214,12 @@ def test_interrupted_write_leaves_no_partial_shard(corpus, tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real(out, key, members)
 
-    monkeypatch.setattr(shards, "write_sample", crash_on_7th)
+    monkeypatch.setattr(writer, "write_sample", crash_on_7th)
     with pytest.raises(KeyboardInterrupt):
         write(corpus, tmp_path / "o")
     visible = sorted(p.name for p in (tmp_path / "o").glob("shard-*.tar"))
-    assert visible == ["shard-000000.tar"] and not (tmp_path / "o" / shards.MANIFEST).exists()
-    monkeypatch.setattr(shards, "write_sample", real)
+    assert visible == ["shard-000000.tar"] and not (tmp_path / "o" / shard_manifest.MANIFEST).exists()
+    monkeypatch.setattr(writer, "write_sample", real)
     manifest = write(corpus, tmp_path / "o")
     assert manifest["counts"]["videos"] == 12
 
@@ -357,13 +361,13 @@ def test_npy_view_refuses_bad_members():
 # --- load_manifest, the embedded default, the commands ------------------------------------------------
 def test_load_manifest_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
-        shards.load_manifest(tmp_path)
+        shard_manifest.load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ShardError, match="manifest.json"):
-        shards.load_manifest(tmp_path)
+        shard_manifest.load_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ShardError, match="not a raymcn-shards manifest"):
-        shards.load_manifest(tmp_path)
+        shard_manifest.load_manifest(tmp_path)
 
 
 def test_ensure_synthetic_shards_once(tmp_path):
@@ -373,19 +377,19 @@ def test_ensure_synthetic_shards_once(tmp_path):
                                       "data.synthetic_eval_clips=2", "data.synthetic_topics=2", "model.word_dim=8",
                                       "data.batch_size=2", "loss.num_clusters=2"])
     d = synthetic.ensure_synthetic_shards(cfg)
-    manifest = shards.load_manifest(d)
+    manifest = shard_manifest.load_manifest(d)
     assert manifest["counts"]["videos"] == 6 and d.parent == tmp_path
     before = file_state(d)
     assert synthetic.ensure_synthetic_shards(cfg) == d and file_state(d) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".shards-")]  # no temp dir left
     assert load_vocab(d).dim == 8
     from raymcn.config import ConfigError
-    from raymcn.train.plan import locate_shards, resolve_shards_dir
+    from raymcn.train.inputs import resolve_inputs, shard_folder
 
-    assert resolve_shards_dir(cfg) == d
-    assert locate_shards(cfg.replace({"data.shards": str(d)}))[0] == d.resolve()
+    assert shard_folder(cfg) == d
+    assert resolve_inputs(cfg.replace({"data.shards": str(d)})).shards_dir == str(d.resolve())
     with pytest.raises(ConfigError, match="directory does not exist"):
-        locate_shards(cfg.replace({"data.shards": str(tmp_path / "nowhere")}))
+        resolve_inputs(cfg.replace({"data.shards": str(tmp_path / "nowhere")}))
 
 
 def shards_args(corpus, out, **kw) -> argparse.Namespace:
@@ -419,17 +423,17 @@ def test_shards_command_errors_name_the_files(corpus, tmp_path, capsys):
 
 
 def test_synth_command_writes_the_original_layout(tmp_path, capsys):
-    parser = commands.add_synth_arguments(argparse.ArgumentParser())
+    parser = synthetic.add_synth_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--out", str(tmp_path / "s"), "--videos", "2", "--eval-clips", "2",
                               "--word-dim", "8", "--json"])
-    assert commands.run_synth(args) == 0
+    assert synthetic.run_synth(args) == 0
     info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = read_video_paths(info["video_list"])
     vid = video_id_of(rows[0])
     assert len(rows) == 2 and (Path(info["features"]) / rows[0] / f"{vid}_2d.npz").is_file()
     assert (Path(info["audio_features"]) / rows[0] / f"{vid}_spec.npz").is_file()
     assert Path(info["eval"]).is_file() and Path(info["captions"]).is_file()
-    assert commands.run_synth(parser.parse_args(["--out", str(tmp_path / "t"), "--videos", "0"])) == 2
+    assert synthetic.run_synth(parser.parse_args(["--out", str(tmp_path / "t"), "--videos", "0"])) == 2
 
 
 def test_feature_file_error_is_exported():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from original_ref import SMALL, OriginalReference, original_state_dict, save_original
 
 import raymcn.cli as cli
 from raymcn.cli import main, preset_path
@@ -20,12 +21,13 @@ from raymcn.config import RUN_CONFIG_FILE, Config, ModelConfig, load_config
 from raymcn.data.evalsets import load_eval_set
 from raymcn.data.synthetic import SynthSettings, write_corpus
 from raymcn.model import MCN
-from raymcn.train import checkpoint, init_from, preflight
-from raymcn.train.checkpoint import CheckpointError
-from raymcn.train.importer import import_original
+from raymcn.train.checkpoints import init_from
+from raymcn.train.checkpoints import payload as checkpoint
+from raymcn.train.checkpoints.importer import import_original
+from raymcn.train.checkpoints.payload import CheckpointError
+from raymcn.train.inputs import resolve_inputs
 from raymcn.train.loop import LoopState
-
-from original_ref import SMALL, OriginalReference, original_state_dict, save_original
+from raymcn.train.preflight import checks as preflight
 
 # Run settings small enough for a CPU test; the model section comes from the weights.
 RUN = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=1",
@@ -179,7 +181,7 @@ def test_compatible_run_and_sweep_pass_the_preflight(imported, tmp_path, monkeyp
                                           imported.name, "--set", f"run.storage_path={tmp_path}"])
     cfg = cli.resolve_config(args)
     assert cfg.run.init_from == str(imported.resolve())
-    assert preflight.static_problems(cfg, device_bytes=64 << 30) == []
+    assert preflight.static_problems(cfg, resolve_inputs(cfg), device_bytes=64 << 30) == []
     trial = Config.from_dict(cfg.to_dict()).replace({"optim.lr": 1e-3})  # as sweep.tuner.trial_fn builds a trial
     assert trial.run.init_from == cfg.run.init_from  # every trial starts from the same weights
 

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 from raymcn.cli import main
-
-from conftest import TINY
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 MOTO = Path(sys.executable).with_name("moto_server")
@@ -66,7 +65,7 @@ def bucket():
 def _keys(uri: str) -> list[str]:
     import pyarrow.fs as pafs
 
-    from raymcn.data import storage
+    from raymcn import storage
 
     fs, path = storage.filesystem(uri)
     return sorted(i.path.removeprefix(path + "/") for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)))

@@ -14,14 +14,19 @@ import numpy as np
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import order, shards, stream, synthetic, tarfmt
-from raymcn.data.sample import decode_sample_bytes
-from raymcn.data.words import load_vocab
+from raymcn.data import synthetic
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.formats import tarfmt
+from raymcn.data.formats.sample import decode_sample_bytes
+from raymcn.data.formats.words import load_vocab
+from raymcn.data.read import order, stream
+from raymcn.data.read.in_memory import TrainVideos
+from raymcn.data.write import shards
 from raymcn.train.plan import make_plan
 
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))
-DATA_DIR = Path(stream.__file__).parent
+DATA_DIR = Path(stream.__file__).parents[1]  # raymcn/data
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,7 @@ def cfg():
 
 
 def shard_records(shard_dir: Path) -> dict:
-    manifest = shards.load_manifest(shard_dir)
+    manifest = shard_manifest.load_manifest(shard_dir)
     out = {}
     for s in manifest["shards"]:
         for vid, rec, err in stream.iter_shard_records(shard_dir / s["name"], s["videos"]):
@@ -62,7 +67,7 @@ def same_arrays(a, b) -> bool:
 
 # --- the data order: a function of (seed, epoch, step) alone ----------------------------------------
 def index_of(shard_dir):
-    return order.build_index(shard_dir, shards.load_manifest(shard_dir))
+    return order.build_index(shard_dir, shard_manifest.load_manifest(shard_dir))
 
 
 def rank_rows(shard_dir, index, cfg, epoch, rank, world, steps, start=0):
@@ -114,7 +119,7 @@ def test_the_order_changes_with_the_epoch_and_the_seed_and_a_resume_reads_the_ta
 
 @pytest.mark.parametrize("epoch,rank,world,start", [(0, 0, 1, 0), (3, 1, 2, 1)])
 def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg, epoch, rank, world, start):
-    tv = stream.TrainVideos.from_layout(corpus, cfg.data.max_words)
+    tv = TrainVideos.from_layout(corpus, cfg.data.max_words)
     index = index_of(shard_dir)
     assert [r.video_id for r in tv.records] == list(index.ids)  # both sorted by id, whatever the sharding
     steps = make_plan(cfg, len(tv.records)).steps_per_epoch
@@ -150,7 +155,7 @@ def test_gpu_runs_get_text_in_bf16_and_every_other_number_unchanged(corpus, shar
     steps = make_plan(cfg, len(index)).steps_per_epoch
     fp32 = [stream.to_tensors(b) for b, _ in rank_rows(shard_dir, index, cfg, 1, 0, 2, steps)]
     bf16 = [stream.to_tensors(b) for b, _ in rank_rows(shard_dir, index, gpu, 1, 0, 2, steps)]
-    in_memory = list(stream.TrainVideos.from_layout(corpus, cfg.data.max_words).batches(gpu, 1, 0, 2, steps))
+    in_memory = list(TrainVideos.from_layout(corpus, cfg.data.max_words).batches(gpu, 1, 0, 2, steps))
     for a, b, c in zip(fp32, bf16, in_memory, strict=True):
         assert b["text"].dtype == c["text"].dtype == torch.bfloat16
         assert torch.equal(b["text"], a["text"].to(torch.bfloat16)) and torch.equal(c["text"], b["text"])
@@ -176,7 +181,7 @@ def test_the_model_computes_the_same_from_bf16_text_under_autocast():
 
 
 def test_the_index_from_tar_headers_equals_the_manifests_spans(shard_dir):
-    manifest = shards.load_manifest(shard_dir)
+    manifest = shard_manifest.load_manifest(shard_dir)
     assert all(len(s["spans"]) == len(s["videos"]) for s in manifest["shards"])
     without = {**manifest, "shards": [{k: v for k, v in s.items() if k != "spans"} for s in manifest["shards"]]}
     a, b = order.build_index(shard_dir, manifest), order.build_index(shard_dir, without)
@@ -207,7 +212,7 @@ def damaged_copy(shard_dir, dst):
     """Copy the shards; truncate the first (its last 2 samples lost), flip a byte in one sample of
     the second, delete the third. Returns {shard: bad videos}."""
     shutil.copytree(shard_dir, dst)
-    manifest = shards.load_manifest(dst)
+    manifest = shard_manifest.load_manifest(dst)
     a, b, c = manifest["shards"][:3]
     raw = (dst / a["name"]).read_bytes()
     spans = list(tarfmt.scan_tar(raw))
@@ -258,14 +263,18 @@ def test_a_step_without_a_readable_video_takes_the_previous_steps_or_fails_namin
 # raymcn modules each data-path module may import (at module level); everything points one way:
 # tarfmt <- sample <- shards / order <- stream <- reader, synthetic -> shards; tarinput -> shards.
 ALLOWED = {
-    "tarfmt": set(),
-    "sample": {"features", "tarfmt"},
-    "order": {"tarfmt"},
-    "tarinput": {"features"},
-    "shards": {"config", "features", "files", "sample", "tarinput", "words"},
-    "stream": {"config", "features", "order", "sample", "tarfmt", "words"},
-    "reader": {"config", "order", "stream"},
-    "synthetic": {"features", "files", "shards", "words"},
+    "formats/tarfmt": set(),
+    "formats/sample": {"features", "tarfmt"},
+    "formats/manifest": {"config", "sample"},
+    "read/order": {"tarfmt"},
+    "write/tarinput": {"features"},
+    "write/captions": {"features", "files", "manifest"},
+    "write/writer": {"captions", "features", "files", "sample", "words"},
+    "write/shards": {"captions", "features", "files", "manifest", "plan", "sample", "sources", "space", "vocab",
+                     "words", "write", "writer"},
+    "read/stream": {"config", "features", "order", "sample", "tarfmt", "words"},
+    "read/datasource": {"config", "order", "stream"},
+    "synthetic": {"commands", "features", "files", "in_memory", "manifest", "shards", "words"},
 }
 
 
@@ -275,18 +284,22 @@ def test_data_path_imports_point_one_way(module):
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in top if isinstance(n, ast.ImportFrom) and n.module]
+    names += [f"{n.module}.{a.name}" for n in top if isinstance(n, ast.ImportFrom) and n.module  # from raymcn.data.write import captions
+              and n.module.count(".") == 2 and n.module.startswith("raymcn.data.") for a in n.names]
     ours = {n.split(".")[-1] if n.startswith("raymcn.data.") else n.split(".")[1]
             for n in names if n.startswith("raymcn.")}
     assert ours <= ALLOWED[module], ours - ALLOWED[module]
     third_party = {n.split(".")[0] for n in names} - {"raymcn"} - set(sys.stdlib_module_names)
     # no torch in the data path (the read tasks must not load it); isal: the fast CRC-32
-    assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "reader" else {"numpy", "pyarrow", "tqdm", "isal"})
+    assert third_party <= ({"numpy", "pyarrow", "ray"} if module == "read/datasource"
+                           else {"numpy", "pyarrow", "tqdm", "isal"})
 
 
-@pytest.mark.parametrize("module", ["tarfmt", "sample", "order", "tarinput", "shards", "stream", "synthetic", "reader"])
+@pytest.mark.parametrize("module", ["formats.tarfmt", "formats.sample", "read.order", "write.tarinput", "write.shards",
+                                    "read.stream", "synthetic", "read.datasource"])
 def test_importing_the_data_path_loads_no_torch(module):
-    """The read tasks import stream (and reader's module); torch is for the workers' batches only."""
+    """The read tasks import stream (and the datasource's module); torch is for the workers' batches only."""
     code = (f"import sys, raymcn.data.{module}; "
             "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == ("['ray']" if module == "reader" else "[]")
+    assert out.strip() == ("['ray']" if module == "read.datasource" else "[]")

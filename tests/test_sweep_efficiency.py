@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import load_bench
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "sweep_efficiency.py"

@@ -64,9 +64,9 @@ def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
         def fit(self):
             return Grid()
 
-    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir: (lambda config: None))
+    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir, inputs: (lambda config: None))
     monkeypatch.setattr(tuner.tune, "Tuner", Recorder)
-    tuner.run_sweep(load_config(preset_path()), name="named", storage_path=tmp_path)
+    tuner.run_sweep(load_config(preset_path()), str(tmp_path / "named"))
     creator = seen["tune_config"].trial_dirname_creator
     assert creator(SimpleNamespace(config={"schedule.stage_order": "AT_V"}, trial_id="ab_1")) == "AT_V-ab_1"
     assert not ray.is_initialized()

@@ -10,8 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
-from raymcn.data import sample, shards, tarfmt
-from raymcn.data.features import FEATURE_DIM, MEL_BINS, VideoRecord
+from raymcn.data.formats import sample, tarfmt
+from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, VideoRecord
+from raymcn.data.write import writer
 
 
 def member(name: str, data: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:
@@ -143,11 +144,11 @@ def video(key: str, seconds: int = 3, seed: int = 0) -> VideoRecord:
 
 
 def written(records: list[VideoRecord]) -> bytes:
-    """Samples as raymcn's writer puts them in a shard (shards.write_sample on a USTAR tarfile)."""
+    """Samples as raymcn's writer puts them in a shard (writer.write_sample on a USTAR tarfile)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for rec in records:
-            shards.write_sample(tar, rec.video_id, sample.encode_record(rec))
+            writer.write_sample(tar, rec.video_id, sample.encode_record(rec))
     return out.getvalue()
 
 

@@ -1,4 +1,4 @@
-"""run.trackers of a single run (train/trackers.py): every epoch's metrics in MLflow and
+"""run.trackers of a single run (train/monitor/trackers.py): every epoch's metrics in MLflow and
 TensorBoard, a resumed run continuing its MLflow run, a missing tracker dropped with a warning
 (the Ray run that writes them: tests/test_train_ray.py)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raymcn.config import ConfigError, load_config
-from raymcn.train.trackers import Trackers
+from raymcn.train.monitor.trackers import Trackers
 
 
 def mlflow_history(run_dir: Path, metric: str) -> list[float]:

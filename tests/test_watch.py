@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from tune_dirs import curve, write_sweep_yaml, write_trial
 
 from raymcn.results.watch import CLEAR, add_watch_arguments, run_watch
@@ -150,9 +149,9 @@ def test_cli_has_watch(exp):
 
 
 def test_running_trials_show_where_they_are_inside_the_epoch(exp):
-    """A running trial's run writes its progress mark (train/progress.py, the writer itself); watch
+    """A running trial's run writes its progress mark (train/monitor/progress.py, the writer itself); watch
     shows that mark's line under the table, finished trials none, and the mark's age."""
-    from raymcn.train.progress import Progress
+    from raymcn.train.monitor.progress import Progress
 
     now = [1000.0]
     run_dir = exp / "train" / "train-c0ffe_00004"

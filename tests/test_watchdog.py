@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
-from raymcn.train import watchdog
-from raymcn.train.console import ALERT_TAG, PROGRESS_TAG, TAG, _for_terminal
-from raymcn.train.watchdog import StallError, Watchdog
+from raymcn.train.monitor import watchdog
+from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, TAG, _for_terminal
+from raymcn.train.monitor.watchdog import StallError, Watchdog
 
 
 def fired_dog(tmp_path, timeout_s=0.3, **kw):
@@ -98,11 +98,11 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
 
 
 def test_the_loop_reports_each_phase_with_its_step():
-    from raymcn.config import load_config
-    from raymcn.cli import preset_path
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
-
     from test_gradcache import _cfg, _linear_batch, linear_mcn, objective_for
+
+    from raymcn.cli import preset_path
+    from raymcn.config import load_config
+    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
 
     cfg = _cfg(**{"optim.warmup_steps": 0})
     model = linear_mcn(12, 32)

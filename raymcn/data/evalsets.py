@@ -7,7 +7,8 @@ A set is a pickled list of per-clip dicts:
 * ``msrvtt:FILE``   keys ``2d_pooled``, ``3d_pooled``, ``audio``, ``eval_caption`` (str; ``caption``
   is used if absent), ``id``; audio padded/truncated to 3072 frames. The 1k-A test pickle holds only
   the 968 of 1000 clips that have audio: R@K keeps the denominator 1000 (missing = misses).
-* ``synthetic``     the held-out split of the synthetic corpus (YouCook2 format, 1024 frames).
+* ``synthetic``     the held-out split of the synthetic corpus (YouCook2 format, 1024 frames),
+  named by its file once the entry point resolved it (``train/inputs.py``).
 
 Each video half is L2-normalised. ``nframes`` is the true spectrogram length and may exceed the
 padded length T (the model clamps its pooling mask to T).
@@ -23,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from raymcn.config import PermanentError
-from raymcn.data.features import FEATURE_DIM, MEL_BINS, l2_normalize
-from raymcn.data.files import load_pickle
-from raymcn.data.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
+from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, l2_normalize
+from raymcn.data.formats.files import load_pickle
+from raymcn.data.formats.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
 
 YOUCOOK_FRAMES = 1024 * 5
 MSRVTT_FRAMES = 1024 * 3
@@ -176,35 +177,29 @@ def _assemble(name: str, video, specs, captions, ids, word_vectors, max_words: i
 
 
 def load_eval_set(spec: str, word_vectors=None, max_words: int = 20, audio_frames_override: int = 0,
-                  cfg=None, num_queries_total: int | None = None) -> EvalSet:
+                  num_queries_total: int | None = None) -> EvalSet:
     """Load an evaluation set into the batch contract.
 
     Args:
-        spec: ``synthetic`` | ``youcook:FILE`` | ``msrvtt:FILE``.
+        spec: ``youcook:FILE`` | ``msrvtt:FILE``. The ``synthetic`` set is a YouCook2-style pickle of
+            the cached corpus: the entry point names it (``train/inputs.py``), so a rank only reads.
         word_vectors: a Vocab (words outside it are dropped), WordVectors / mapping, or the path of
-            a word2vec .bin (only the caption words are read). For ``synthetic`` None means the
-            corpus's own word2vec file.
+            a word2vec .bin (only the caption words are read).
         max_words: tokens per caption.
         audio_frames_override: > 0 replaces the set's prescribed audio length T.
-        cfg: a raymcn Config; needed for ``synthetic`` (the corpus is generated/cached from it).
         num_queries_total: override of the R@K denominator (default: N, or 1000 for MSR-VTT test).
 
     Raises:
         EvalSetError: naming the file, the entry and the key of a malformed pickle.
+        ValueError: ``synthetic`` (not resolved into its file) or no word vectors.
     """
     kind, file = parse_eval_spec(spec)
     if kind == "synthetic":
-        if cfg is None:
-            raise ValueError("eval set 'synthetic' needs cfg (the synthetic corpus settings)")
-        from raymcn.data.synthetic import CorpusPaths, ensure_corpus
-
-        paths = CorpusPaths(ensure_corpus(cfg))
-        word_vectors = paths.word_vectors if word_vectors is None else word_vectors
-        path, frames = paths.youcook_eval, SYNTHETIC_FRAMES
-    else:
-        if word_vectors is None:
-            raise ValueError(f"eval set {spec!r} needs word_vectors (a Vocab or a word2vec .bin file)")
-        path, frames = Path(file), YOUCOOK_FRAMES if kind == "youcook" else MSRVTT_FRAMES
+        raise ValueError("eval set 'synthetic': resolve it into the cached corpus's file first "
+                         "(raymcn.train.inputs.resolve_inputs)")
+    if word_vectors is None:
+        raise ValueError(f"eval set {spec!r} needs word_vectors (a Vocab or a word2vec .bin file)")
+    path, frames = Path(file), YOUCOOK_FRAMES if kind == "youcook" else MSRVTT_FRAMES
     frames = audio_frames_override or frames
     if kind == "msrvtt":
         video, specs, captions, ids = _load_clips(path, ("2d_pooled", "3d_pooled"), ("eval_caption", "caption"))

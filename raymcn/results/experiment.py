@@ -26,8 +26,16 @@ import pandas as pd
 import yaml
 
 from raymcn.config import PRIMARY_MODE, RETRIEVAL_METRICS, TRIAL_ERRORS_DIR, ScheduleConfig
-from raymcn.results.columns import (EPOCHS_KEY, FRACTION_KEY, PRIMARY_BEST, STAGE_KEY, SWEEP_CONFIG_FILE,
-                                    SWITCH_EPOCH, TUNE_TIMES, metric_mode)
+from raymcn.results.columns import (
+    EPOCHS_KEY,
+    FRACTION_KEY,
+    PRIMARY_BEST,
+    STAGE_KEY,
+    SWEEP_CONFIG_FILE,
+    SWITCH_EPOCH,
+    TUNE_TIMES,
+    metric_mode,
+)
 
 # Tune statuses meaning "not finished yet": PENDING also covers trials that were running when the
 # state was saved (Tune writes RUNNING as PENDING), PAUSED covers BOHB's paused trials.

@@ -18,8 +18,17 @@ from typing import Any
 import pandas as pd
 
 from raymcn.config import RETRIEVAL_METRICS
-from raymcn.results.columns import (PRIMARY_BEST, SEED_KEY, STAGE_KEY, SWITCH_EPOCH, cell_spec, is_config_key,
-                                    is_result_column, is_timing_column, metric_mode)
+from raymcn.results.columns import (
+    PRIMARY_BEST,
+    SEED_KEY,
+    STAGE_KEY,
+    SWITCH_EPOCH,
+    cell_spec,
+    is_config_key,
+    is_result_column,
+    is_timing_column,
+    metric_mode,
+)
 from raymcn.results.confirmation import CANDIDATE, Confirmation, load_confirmation
 from raymcn.results.experiment import ExperimentError, load_experiment
 from raymcn.results.render import format_cell, render_table

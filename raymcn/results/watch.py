@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
-from raymcn.results.columns import SWEEP_CONFIG_FILE
-from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment
 from raymcn.config import CONFIRM_DIR, PROGRESS_FILE
-from raymcn.results.columns import SEED_KEY
+from raymcn.results.columns import SEED_KEY, SWEEP_CONFIG_FILE
 from raymcn.results.confirmation import load_confirmation
+from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment
 from raymcn.results.table import GroupKeyError, confirmation_report, group_key, report, search_heading
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + erase screen: each refresh replaces the last on a terminal

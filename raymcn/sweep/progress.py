@@ -1,4 +1,4 @@
-"""The sweep's lines for a person: a Tune callback on the driver (see ``train/console.py``).
+"""The sweep's lines for a person: a Tune callback on the driver (see ``train/monitor/console.py``).
 
 Per trial one start line with its swept keys; per trial-epoch one line (epoch, R@10, loss,
 samples/s) made from the result Tune received, i.e. rank 0's report, printed once per (trial,
@@ -16,11 +16,11 @@ from typing import Any
 
 from ray import tune
 
+from raymcn import storage
 from raymcn.config import PRIMARY_METRIC, TRIAL_ERRORS_DIR, Config
-from raymcn.data import storage
 from raymcn.sweep.names import trial_dirname
 from raymcn.sweep.space import plain
-from raymcn.train.console import Console, epoch_line
+from raymcn.train.monitor.console import Console, epoch_line
 
 _SHORT_STATUS = {"TERMINATED": "done", "RUNNING": "running", "PAUSED": "paused", "PENDING": "pending",
                  "ERROR": "error"}

@@ -18,18 +18,31 @@ from typing import Any
 
 from ray import tune
 
-from raymcn.config import (CONFIRM_DIR, CONFIRM_PLAN_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, PRIMARY_MODE,
-                           SWEEP_CONFIG_FILE, TRIAL_ERRORS_DIR, Config, ConfigError, default_storage_path,
-                           load_config_text, permanent_cause)
-from raymcn.data import storage
+from raymcn import storage
+from raymcn.config import (
+    CONFIRM_DIR,
+    CONFIRM_PLAN_FILE,
+    MID_EPOCH_KEY,
+    PRIMARY_METRIC,
+    PRIMARY_MODE,
+    SWEEP_CONFIG_FILE,
+    TRIAL_ERRORS_DIR,
+    Config,
+    ConfigError,
+    default_storage_path,
+    load_config_text,
+    permanent_cause,
+)
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.space import param_space, plain
-from raymcn.train.console import Console
-from raymcn.train.launch import run_trainer
+from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
+from raymcn.train.monitor.console import Console
+from raymcn.train.monitor.trackers import local_folder
+from raymcn.train.on_ray.launch import fit
+from raymcn.train.plan import plan_of
 from raymcn.train.stages import budget_offset
-from raymcn.train.trackers import local_folder
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -45,9 +58,12 @@ class SweepResult:
     num_unfinished: int  # not terminated (e.g. after Ctrl-C): `raymcn sweep --resume` continues them
 
 
-def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) -> None:
+def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, inputs: RunInputs) -> None:
     """One Tune trial = one Ray Train run. Its name is stable per trial, so a paused (BOHB) or
     restored trial resumes its Train run from the latest checkpoint instead of starting over.
+
+    The sweep's driver resolved ``inputs`` once for every trial; a trial only makes its own plan
+    from them (arithmetic on its configuration: nothing is read again, on any node).
 
     A trial whose driver or node is lost raises, and Tune retries it (``tune.FailureConfig``). A
     trial whose run failed with a permanent error (non-finite loss past the limit, a bad input)
@@ -59,8 +75,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str) 
     cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
     try:
-        run_trainer(cfg, f"train-{trial_id}", storage.join(experiment_dir, "train"),
-                    callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
+        fit(cfg, storage.join(experiment_dir, "train", f"train-{trial_id}"), plan=plan_of(cfg, inputs),
+            callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:
@@ -205,8 +221,8 @@ def mlflow_uri(experiment_dir: str | Path, cfg: Config | None = None) -> str:
     return f"sqlite:///{where / 'mlflow.db'}"
 
 
-def _trainable(cfg: Config, experiment_dir: str):
-    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), experiment_dir=experiment_dir)
+def _trainable(cfg: Config, experiment_dir: str, inputs: RunInputs):
+    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), experiment_dir=experiment_dir, inputs=inputs)
     return tune.with_resources(fn, TRIAL_DRIVER_RESOURCES)
 
 
@@ -219,11 +235,7 @@ def default_experiment_dir(cfg: Config) -> str:
 
 def latest_experiment_dir(cfg: Config) -> str:
     """The sweep under ``cfg``'s storage path started last (``--resume latest``)."""
-    where = storage.normalize(default_storage_path(cfg))
-    found = storage.newest(where, SWEEP_CONFIG_FILE)
-    if found is None:
-        raise ConfigError([f"--resume latest: no raymcn sweep (a folder with {SWEEP_CONFIG_FILE}) under {where}"])
-    return found
+    return storage.newest(default_storage_path(cfg), SWEEP_CONFIG_FILE, "raymcn sweep")
 
 
 def _failure_config(cfg: Config):
@@ -232,13 +244,24 @@ def _failure_config(cfg: Config):
     return tune.FailureConfig(max_failures=cfg.sweep.max_trial_failures)
 
 
-def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = None,
-              console: Console | None = None) -> SweepResult:
-    """Run ``cfg.sweep`` to completion and return the best trial (by the primary metric).
-    ``console``: where the per-trial lines go (:class:`~raymcn.sweep.progress.SweepProgress`)."""
-    default = default_experiment_dir(cfg)
-    storage_path = storage.normalize(storage_path or storage.parent(default))
-    experiment_dir = storage.join(storage_path, name or storage.basename(default))
+def swept_input_problems(cfg: Config) -> list[str]:
+    """A sweep reads one corpus and one eval set for all its trials (resolved once): the settings
+    that would change them cannot be swept."""
+    return [f"sweep.space: {key} cannot be swept: a sweep reads one corpus and one eval set (its inputs are "
+            "resolved once for every trial); run one sweep per corpus" for key in cfg.sweep.space if key in INPUT_KEYS]
+
+
+def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console | None = None,
+              inputs: RunInputs | None = None) -> SweepResult:
+    """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
+    and return the best trial (by the primary metric). ``console``: where the per-trial lines go
+    (:class:`~raymcn.sweep.progress.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
+    them (its preflight did), else resolved here, once for every trial."""
+    problems = swept_input_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+    experiment_dir = storage.normalize(experiment_dir or default_experiment_dir(cfg))
+    inputs = inputs or resolve_inputs(cfg)
     storage.write_text(storage.join(experiment_dir, SWEEP_CONFIG_FILE), cfg.dump_text())
     search_alg, scheduler = build_search(cfg)
     from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -246,13 +269,13 @@ def run_sweep(cfg: Config, name: str | None = None, storage_path: str | None = N
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
     limit = None if isinstance(search_alg, BasicVariantGenerator) else cfg.sweep.max_concurrent
     tuner = tune.Tuner(
-        _trainable(cfg, experiment_dir),
+        _trainable(cfg, experiment_dir, inputs),
         param_space=search_space(cfg),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler,
                                     trial_dirname_creator=trial_dirname_creator),
-        run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage_path,
+        run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
                                   callbacks=_callbacks(cfg, experiment_dir, console),
                                   failure_config=_failure_config(cfg)),
     )
@@ -269,14 +292,16 @@ def sweep_config(experiment_dir: str, option: str) -> Config:
         raise ConfigError([f"{option} {experiment_dir}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"]) from None
 
 
-def resume_sweep(experiment_dir: str, console: Console | None = None) -> SweepResult:
+def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: RunInputs | None = None) -> SweepResult:
     """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
-    from their Train checkpoints (in the stage they were in), errored ones are retried."""
+    from their Train checkpoints (in the stage they were in), errored ones are retried. ``inputs``:
+    as :func:`run_sweep`'s (resolved here from the sweep's config when not given)."""
     experiment_dir = storage.normalize(experiment_dir)
     cfg = sweep_config(experiment_dir, "--resume")
     if not tune.Tuner.can_restore(experiment_dir):
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
-    tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir),
+    inputs = inputs or resolve_inputs(cfg)
+    tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
                                resume_unfinished=True, resume_errored=True)
     if console is not None:
         # The restored RunConfig holds the interrupted driver's progress callback, pickled without
@@ -301,17 +326,18 @@ def confirmation_started(experiment_dir: str) -> bool:
 
 
 def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, Any]], plan: str,
-                     console: Console | None = None) -> SweepResult:
+                     console: Console | None = None, inputs: RunInputs | None = None) -> SweepResult:
     """The confirmation phase of the sweep in ``experiment_dir`` (module doc of
     ``results.confirmation``): writes ``plan``, then trains every config of ``configs`` (swept keys
     and ``run.seed``) once at the full budget, no early stopping, in ``EXP/confirm/``. An
     interrupted one continues with ``resume_sweep(confirm_dir(EXP))``: its folder holds its own
     ``raymcn_sweep.yaml``."""
     where, base = confirm_dir(experiment_dir), confirm_config(cfg)
+    inputs = inputs or resolve_inputs(cfg)
     storage.write_text(storage.join(where, CONFIRM_PLAN_FILE), plan)
     storage.write_text(storage.join(where, SWEEP_CONFIG_FILE), base.dump_text())
     tuner = tune.Tuner(
-        _trainable(base, where),
+        _trainable(base, where, inputs),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=len(configs),
                                     max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
                                     trial_dirname_creator=trial_dirname_creator),

@@ -23,8 +23,14 @@ from raymcn.losses import Collectives, MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
 from raymcn.train.feed import Prefetcher
-from raymcn.train.loop import (EpochProgress, LoopState, apply_precision, build_optimizer, build_scheduler,
-                               train_one_epoch)
+from raymcn.train.loop import (
+    EpochProgress,
+    LoopState,
+    apply_precision,
+    build_optimizer,
+    build_scheduler,
+    train_one_epoch,
+)
 from raymcn.train.plan import RunPlan
 
 
@@ -138,7 +144,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         try:
             metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=run.cfg,
                                       state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
-                                      total_steps=plan.total_steps, rank=run.comm.rank, comm=run.comm,
+                                      total_steps=plan.total_steps, comm=run.comm,
                                       data_stats=feed.stats, after_step=after_step, watch=hooks.watch)
         finally:
             feed.close()

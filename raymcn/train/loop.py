@@ -97,7 +97,7 @@ def epoch_metrics(progress: EpochProgress, comm: Collectives, device: torch.devi
 @dataclass
 class LoopState:
     """Counters that must survive a resume (checkpointed with the model): the data position is
-    (epoch, step), and the data order is a function of it alone (``data/order.py``)."""
+    (epoch, step), and the data order is a function of it alone (``data/read/order.py``)."""
 
     step: int = 0  # next global step
     epoch: int = 0  # the epoch in progress (or next, between epochs)
@@ -217,9 +217,8 @@ class PhaseTimer:
 
 def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
                     batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
-                    switch: int, log: Callable[[str], None] | None = None,
-                    total_steps: int | None = None, rank: int = 0, data_stats=None,
-                    after_step: Callable[[LoopState], None] | None = None,
+                    switch: int, log: Callable[[str], None] | None = None, total_steps: int | None = None,
+                    data_stats=None, after_step: Callable[[LoopState], None] | None = None,
                     comm: Collectives | None = None,
                     watch: Callable[[str, int], None] | None = None) -> dict[str, float]:
     """Run the rest of the current epoch over ``batches``; returns the epoch's metrics over all its
@@ -234,113 +233,158 @@ def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.opti
             text (b,W,300), key); b = local videos × clips per video, video-major.
         switch: first global step of stage 2 (see ``stages.switch_step``).
         log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
-        rank: this process's rank (fault injection picks a rank).
+        total_steps: the run's steps, for the progress line.
         data_stats: the epoch's data counters as they fill (``as_metrics()``), kept in
             ``state.progress`` after every step so a mid-epoch checkpoint holds them.
         after_step: called after every step with the updated state (mid-epoch checkpoints, progress);
             its time is the ``checkpoint`` phase.
         comm: the ranks' collectives: the metrics are combined over them (a collective at the
-            epoch's end; default one process).
+            epoch's end; default one process). Its rank picks the rank of a fault injection.
         watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
             batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (``after_step``).
-
-    With ``cfg.scale.grad_cache_clips`` smaller than the largest share (every rank decides alike),
-    forward, loss and backward are :func:`raymcn.train.gradcache.cached_step` (chunked, exact; its
-    re-forward is ``time_reforward_s``).
 
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
     """
     model.train()
-    p = state.progress
-    counted: dict[str, float] = {}  # data counters already added to p for this attempt
-    order = cfg.schedule.stage_order
-    params = [p for p in model.parameters() if p.requires_grad]
-    cache_clips = cfg.scale.grad_cache_clips
-    # One decision for every rank, from the largest share any rank holds (⌈B/world⌉ videos): ranks
-    # whose shares differ (a batch that does not divide by the world) must take the same path, or
-    # each waits in collectives the others never call. A smaller share is then one chunk.
-    largest = -(-cfg.data.batch_size // (comm.world if comm is not None else 1)) * cfg.data.clips_per_video
-    cached = 0 < cache_clips < largest
-    for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
-        p.add(f"time:{phase}", 0.0)
-    watch = watch or (lambda phase, step: None)
-    timer = PhaseTimer(p, device)
-    lap = timer.lap
-    waiting = time.perf_counter()  # host clock: the wait for the epoch's first batch
-    watch("data", state.step)
-
-    def count_data() -> None:  # the counters' growth since the last call
-        for k, v in (data_stats.as_metrics() if data_stats is not None else {}).items():
-            p.add(f"count:{k}", v - counted.get(k, 0.0))
-            counted[k] = v
-
+    comm = comm or Collectives()
+    epoch = _Epoch(model, objective, optimizer, scheduler, cfg, state, device, switch, comm,
+                   log, total_steps, data_stats, watch or (lambda phase, step: None))
     for batch in batches:
-        batch = to_device(batch, device)
+        epoch.step(to_device(batch, device))
+        if after_step is not None:
+            epoch.watch("checkpoint", state.step)
+            after_step(state)
+            epoch.timer.lap("checkpoint")
+        epoch.watch("data", state.step)
+    return epoch.finish()
+
+
+class _Epoch:
+    """One epoch's steps on one rank (:func:`train_one_epoch`): what stays fixed over the epoch,
+    and the step, the update and the bookkeeping as named pieces."""
+
+    def __init__(self, model, objective, optimizer, scheduler, cfg: Config, state: LoopState, device: torch.device,
+                 switch: int, comm: Collectives, log, total_steps, data_stats, watch):
+        self.model, self.objective, self.optimizer, self.scheduler = model, objective, optimizer, scheduler
+        self.cfg, self.state, self.device, self.switch, self.comm = cfg, state, device, switch, comm
+        self.log, self.total_steps, self.data_stats, self.watch = log, total_steps, data_stats, watch
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.chunk_clips = cache_chunk(cfg, comm.world)
+        self.counted: dict[str, float] = {}  # data counters already added to the progress in this attempt
+        p = state.progress
+        for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
+            p.add(f"time:{phase}", 0.0)
+        self.timer = PhaseTimer(p, device)
+        self.waiting = time.perf_counter()  # host clock: the wait for the epoch's first batch
+        watch("data", state.step)
+
+    def step(self, batch: dict) -> None:
+        """One training step on ``batch``: forward, loss, backward, the update, the bookkeeping."""
+        state, p = self.state, self.state.progress
         # Free last step's gradients before the forward: holding them through forward and loss
         # costs one copy of the parameters (0.9 GB at paper size; measured by bench/step.py).
-        optimizer.zero_grad(set_to_none=True)
-        active = active_modalities(order, state.step, switch)
-        lap("data")
-        watch("step", state.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        active = active_modalities(self.cfg.schedule.stage_order, state.step, self.switch)
+        self.timer.lap("data")
+        self.watch("step", state.step)
         if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
-            p.first_batch_s = time.perf_counter() - waiting
-        if cached:
-            terms = cached_step(model, objective, batch, active, state.step, cache_clips,
-                                forward_context=lambda: autocast(device), lap=lap,
-                                poison=faults.at_step(state.step, rank))
-        else:
-            with autocast(device):
-                out = model(batch, active)
-            lap("forward")
-            terms = objective(out, active, state.step)
-            del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
-            if faults.at_step(state.step, rank):
-                terms["total_loss"] = terms["total_loss"] * float("nan")
-            lap("loss")
-            terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
-            lap("backward")
-        # Gradients are all-reduced, so every rank sees the same norm and takes the same decision.
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
-        if torch.isfinite(norm):
-            optimizer.step()
-            state.nonfinite_streak = 0
-        else:
-            p.skipped += 1
-            state.skipped_steps += 1
-            state.nonfinite_streak += 1
-            if log:
-                log(f"non-finite loss/gradient at step {state.step} (skipped; {state.nonfinite_streak} in a row)")
-            if state.nonfinite_streak > cfg.optim.max_nonfinite_steps:
-                raise NonFiniteLossError(
-                    f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
-                    f"(last at global step {state.step}, terms: "
-                    f"{ {k: v.item() for k, v in terms.items()} }); optim.max_nonfinite_steps="
-                    f"{cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
-        scheduler.step()
+            p.first_batch_s = time.perf_counter() - self.waiting
+        terms = forward_backward(self.model, self.objective, batch, active, state.step, chunk_clips=self.chunk_clips,
+                                 device=self.device, lap=self.timer.lap,
+                                 poison=faults.at_step(state.step, self.comm.rank))
+        self.update(terms)
+        self.scheduler.step()
         state.step += 1
-        lap("optimizer")
+        self.timer.lap("optimizer")
+        self.record(terms, batch)
+
+    def update(self, terms: dict[str, torch.Tensor]) -> None:
+        """The optimizer step, unless the gradients are non-finite (skipped and counted; too many in
+        a row end the run). Gradients are all-reduced, so every rank sees the same norm and takes
+        the same decision."""
+        state = self.state
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip or float("inf"))
+        if torch.isfinite(norm):
+            self.optimizer.step()
+            state.nonfinite_streak = 0
+            return
+        state.progress.skipped += 1
+        state.skipped_steps += 1
+        state.nonfinite_streak += 1
+        if self.log:
+            self.log(f"non-finite loss/gradient at step {state.step} (skipped; {state.nonfinite_streak} in a row)")
+        if state.nonfinite_streak > self.cfg.optim.max_nonfinite_steps:
+            raise NonFiniteLossError(
+                f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
+                f"(last at global step {state.step}, terms: "
+                f"{ {k: v.item() for k, v in terms.items()} }); optim.max_nonfinite_steps="
+                f"{self.cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
+
+    def record(self, terms: dict[str, torch.Tensor], batch: dict) -> None:
+        """The step's terms, clips and data counters into the epoch's progress, and the log line."""
+        state, p = self.state, self.state.progress
         values = {k: v.item() for k, v in terms.items()}  # one host sync per step
-        timer.settle()  # every phase up to the optimizer has run: its events read without waiting
-        faults.trace(state.step - 1, rank, values, batch, world=comm.world if comm else 1)
+        self.timer.settle()  # every phase up to the optimizer has run: its events read without waiting
+        faults.trace(state.step - 1, self.comm.rank, values, batch, world=self.comm.world)
         for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
             p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
         p.steps += 1
         p.add("clips", float(batch["video"].shape[0]))
-        count_data()
-        if log and (state.step % cfg.run.log_every == 0):
-            log(_progress_line(state, total_steps, values, order, switch))
-        if after_step is not None:
-            watch("checkpoint", state.step)
-            after_step(state)
-            lap("checkpoint")
-        watch("data", state.step)
-    timer.settle(wait=True)
-    count_data()  # the epoch's last counters (also when no step ran in this attempt)
-    p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
-    metrics = epoch_metrics(p, comm or Collectives(), device)
-    metrics.update(lr=float(optimizer.param_groups[0]["lr"]), stage=float(stage_of(order, state.step - 1, switch)))
-    return metrics
+        self.count_data()
+        if self.log and (state.step % self.cfg.run.log_every == 0):
+            self.log(_progress_line(state, self.total_steps, values, self.cfg.schedule.stage_order, self.switch))
+
+    def count_data(self) -> None:
+        """The data counters' growth since the last call, into the progress."""
+        for k, v in (self.data_stats.as_metrics() if self.data_stats is not None else {}).items():
+            self.state.progress.add(f"count:{k}", v - self.counted.get(k, 0.0))
+            self.counted[k] = v
+
+    def finish(self) -> dict[str, float]:
+        """The epoch's metrics (a collective over the ranks)."""
+        self.timer.settle(wait=True)
+        self.count_data()  # the epoch's last counters (also when no step ran in this attempt)
+        p = self.state.progress
+        p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
+        metrics = epoch_metrics(p, self.comm, self.device)
+        metrics.update(lr=float(self.optimizer.param_groups[0]["lr"]),
+                       stage=float(stage_of(self.cfg.schedule.stage_order, self.state.step - 1, self.switch)))
+        return metrics
+
+
+def cache_chunk(cfg: Config, world: int) -> int:
+    """Clips per gradient-caching chunk of a step (``scale.grad_cache_clips``), 0 for the plain step.
+
+    One decision for every rank, from the largest share any rank holds (⌈B/world⌉ videos): ranks
+    whose shares differ (a batch that does not divide by the world) must take the same path, or
+    each waits in collectives the others never call. A smaller share is then one chunk."""
+    largest = -(-cfg.data.batch_size // world) * cfg.data.clips_per_video
+    return cfg.scale.grad_cache_clips if 0 < cfg.scale.grad_cache_clips < largest else 0
+
+
+def forward_backward(model: nn.Module, objective: Callable, batch: dict, active: frozenset[str], step: int, *,
+                     chunk_clips: int, device: torch.device, lap: Callable[[str], None],
+                     poison: bool = False) -> dict[str, torch.Tensor]:
+    """Forward, objective and backward of one step; returns the loss terms. With ``chunk_clips``
+    > 0 the step runs with gradient caching in chunks of that many clips
+    (:func:`raymcn.train.gradcache.cached_step`: the same terms and gradients, the activation
+    memory of one chunk, a second forward per chunk timed as ``reforward``); with 0 in one piece.
+    ``poison`` makes the loss and the gradients non-finite (fault injection)."""
+    if chunk_clips:
+        return cached_step(model, objective, batch, active, step, chunk_clips,
+                           forward_context=lambda: autocast(device), lap=lap, poison=poison)
+    with autocast(device):
+        out = model(batch, active)
+    lap("forward")
+    terms = objective(out, active, step)
+    del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
+    if poison:
+        terms["total_loss"] = terms["total_loss"] * float("nan")
+    lap("loss")
+    terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
+    lap("backward")
+    return terms
 
 
 def _progress_line(state: LoopState, total: int | None, values: dict[str, float], order: str, switch: int) -> str:

@@ -11,14 +11,17 @@ shards against the source data. Rerunning this with a newer writer would not rep
 bytes; that is the point of the fixture: shards written by the old writer must keep loading.
 One video has no 3d file, so the manifest lists a skipped video with its reason.
 """
-import hashlib, json, pickle, sys
+import hashlib
+import json
+import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from raymcn.data import shards
-from raymcn.data.features import FEATURE_DIM, MEL_BINS, load_captions, read_video, read_video_paths
-from raymcn.data.words import load_vocab, write_word2vec_bin
+from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, load_captions, read_video, read_video_paths
+from raymcn.data.formats.words import load_vocab, write_word2vec_bin
+from raymcn.data.write import shards
 
 out, expected_path, root = Path(sys.argv[1]), Path(sys.argv[2]), Path("/tmp/v1src/layout")
 rng = np.random.default_rng(11)

@@ -1,0 +1,1 @@
+"""What the bytes are: tar headers, the per-video sample codec, words and vectors, the original feature layout, the shard manifest."""

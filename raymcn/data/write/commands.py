@@ -1,0 +1,112 @@
+"""The ``raymcn shards`` command (argument definitions + runner; no Ray).
+
+``cli.py`` wires them as sub-commands::
+
+    p = sub.add_parser("shards", help=...); add_shards_arguments(p); p.set_defaults(func=run_shards)
+
+The runner returns an exit status: 0 on success, 2 on a problem with the inputs (the message,
+printed to stderr, names the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from raymcn.data.formats.features import FeatureFileError
+
+SHARDS_HELP = "convert the original feature layout into shuffled tar shards + vocabulary + manifest"
+
+
+def command_error(command: str, message: str) -> int:
+    print(f"raymcn {command}: {message}", file=sys.stderr)
+    return 2
+
+
+
+
+
+
+def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from raymcn.data.formats.sample import FEATURE_DTYPES
+    from raymcn.data.write.shards import DEFAULT_FEATURE_DTYPE, DEFAULT_SHARD_SIZE_MB
+
+    parser.add_argument("--features", help="root of <path>/<id>_2d.npz and _3d.npz")
+    parser.add_argument("--audio-features", help="root of <path>/<id>_spec.npz")
+    parser.add_argument("--tars", nargs="+", metavar="TAR_OR_DIR",
+                        help="instead of --features/--audio-features: tar files (or folders of *.tar) holding the "
+                             "per-video files as <id>.2d.npz/<id>.3d.npz/<id>.spec.npz (WebDataset) or "
+                             "<id>_2d.npz/... (the original names); .npy also accepted")
+    parser.add_argument("--captions", required=True, help="caption pickle: video_id -> {start, end, text}")
+    parser.add_argument("--video-list", help="CSV with header 'path' (category/subfolder/<id>); optional with "
+                                             "--tars (default: every complete video in the tars, in their order)")
+    parser.add_argument("--word-vectors", required=True, help="binary word2vec file (e.g. GoogleNews-...-300.bin)")
+    parser.add_argument("--out", required=True, help="output directory (a rerun resumes / is a no-op)")
+    parser.add_argument("--shard-size-mb", type=float, default=DEFAULT_SHARD_SIZE_MB,
+                        help=f"target shard size in MB (default {DEFAULT_SHARD_SIZE_MB:g})")
+    parser.add_argument("--videos-per-shard", type=int, default=None,
+                        help="fixed videos per shard instead of --shard-size-mb")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the video -> shard permutation (default 0)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes writing shards in parallel (default min(4, CPUs); with --ray: one per CPU "
+                             "of the cluster)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="write the shards with Ray actors on every node of the cluster at ADDRESS (default: "
+                             "RAY_ADDRESS, else the cluster this machine belongs to, else a local Ray); inputs and "
+                             "--out must be on storage every node sees at the same path")
+    parser.add_argument("--verify", choices=("sha256", "size"), default="sha256",
+                        help="how a rerun checks finished shards (default sha256: rehash them)")
+    parser.add_argument("--dtype", choices=tuple(FEATURE_DTYPES), default=DEFAULT_FEATURE_DTYPE,
+                        help=f"storage of the 2d/3d features (default {DEFAULT_FEATURE_DTYPE}; float16 halves them)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="count the videos, print the bytes the shards will take per dtype and the free "
+                             "space at --out, write nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the manifest counts as one JSON line last")
+    return parser
+
+
+def run_shards(args: argparse.Namespace, writer=None) -> int:
+    """``raymcn shards``; ``writer``: who writes the shards instead of local processes
+    (``shards_from_layout``'s; the command line passes Ray's for ``--ray``)."""
+    from raymcn.data.formats.manifest import MANIFEST, ShardError
+    from raymcn.data.write.shards import shards_from_layout
+    from raymcn.data.write.sources import layout_sources
+    from raymcn.data.write.space import plan_space
+
+    if args.workers is not None and args.workers < 0:
+        return command_error("shards", f"--workers={args.workers}: must be >= 0")
+    workers = args.workers if args.workers is not None else min(4, os.cpu_count() or 1)
+    if bool(args.tars) == bool(args.features or args.audio_features):
+        return command_error("shards", "give either --features and --audio-features (the feature folders) or --tars")
+    if not args.tars and not (args.features and args.audio_features and args.video_list):
+        return command_error("shards", "--features, --audio-features and --video-list are needed together")
+    try:
+        if args.dry_run:
+            src = layout_sources(args.features, args.audio_features, args.captions, args.video_list,
+                                 args.word_vectors, args.tars or ())
+            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress)
+            print(space.report(args.dtype))
+            return 0 if space.fits(args.dtype) else command_error("shards", space.refusal(args.dtype))
+        manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
+                                      args.word_vectors, args.out, shard_size_mb=args.shard_size_mb, seed=args.seed,
+                                      workers=workers, videos_per_shard=args.videos_per_shard,
+                                      verify=args.verify, feature_dtype=args.dtype, tars=args.tars or (),
+                                      progress=not args.no_progress, writer=writer)
+    except (ShardError, FeatureFileError) as e:
+        return command_error("shards", str(e))
+    except OSError as e:
+        return command_error("shards", f"{e.filename or args.out}: {e.strerror or e}")
+    c = manifest["counts"]
+    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+          f"{c['skipped']} skipped, vocabulary {c['vocab_words']} words x {c['word_dim']}: {Path(args.out) / MANIFEST}")
+    for s in manifest["skipped"][:10]:
+        print(f"  skipped {s['video']}: {s['reason']}")
+    if len(manifest["skipped"]) > 10:
+        print(f"  ... {len(manifest['skipped']) - 10} more in the manifest")
+    if args.json:
+        print(json.dumps({"out": str(args.out), **c}))
+    return 0

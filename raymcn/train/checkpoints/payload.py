@@ -1,0 +1,180 @@
+"""Checkpoint payloads: everything a resumed run needs to continue as if never stopped.
+
+One file, ``state.pt``, holding model, optimizer, scheduler, loop counters (global step, epoch),
+the clustering state (queue, centroids, last active modalities), RNG states and the resolved
+config. Written to a temporary name and renamed, so a crash mid-write never leaves a file that
+looks complete. No Ray here: ``worker.py`` hands the directory to ``ray.train.report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raymcn.config import PermanentError, parse_interval
+
+STATE_FILE = "state.pt"
+META_FILE = "loop.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError, PermanentError):
+    """A checkpoint file is missing or unreadable (the message names it)."""
+
+
+def rng_state() -> dict[str, Any]:
+    """The host generators and, on a GPU, this process's device's generator only: a worker owns one
+    GPU, and a resume may see fewer GPUs than the saving process did (another placement, fewer
+    workers), where restoring one state per GPU of the saver fails."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: one state per GPU the saver saw
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else cuda[0]
+        torch.cuda.set_rng_state(cuda)  # this process's device (MCN draws no CUDA random numbers in training)
+
+
+def save(directory: str | os.PathLike, **parts: Any) -> Path:
+    """Write ``parts`` (objects with ``state_dict()`` or plain values) to ``directory/state.pt`` atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT_VERSION, "rng": rng_state()}
+    for name, part in parts.items():
+        payload[name] = part.state_dict() if hasattr(part, "state_dict") else part
+    final = directory / STATE_FILE
+    tmp = directory / (STATE_FILE + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. disk full: drop the partial file, keep the previous one
+        raise
+    os.replace(tmp, final)  # atomic on POSIX: readers see the old file or the whole new one
+    if "loop" in payload:  # small sidecar: the driver reads the epoch without loading the weights
+        (directory / META_FILE).write_text(json.dumps(payload["loop"]))
+    return final
+
+
+def load(directory: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """The payload of ``directory/state.pt``; ``mmap=True`` maps the tensors instead of reading them
+    (checking shapes of a 224 M-parameter checkpoint then reads almost nothing)."""
+    path = Path(directory) / STATE_FILE
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:  # truncated or corrupted file: say which one
+        raise CheckpointError(f"checkpoint {path} is unreadable: {type(e).__name__}: {e}") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has an unknown format")
+    return payload
+
+
+def restore(payload: dict[str, Any], **parts: Any) -> None:
+    """Load each named part's state from ``payload`` (strictly: a mismatch is an error, not a warning)."""
+    for name, part in parts.items():
+        if name not in payload:
+            raise CheckpointError(f"checkpoint lacks '{name}'")
+        part.load_state_dict(payload[name])
+    set_rng_state(payload["rng"])
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories of a run, oldest first (Ray names them by timestamp)."""
+    return sorted(p for p in Path(run_dir).glob("checkpoint_*") if p.is_dir())
+
+
+def load_latest_good(latest: str | os.PathLike, warn=print, filesystem=None) -> tuple[dict[str, Any], str]:
+    """Load ``latest``; if it is unreadable, fall back to the newest readable older checkpoint of
+    the same run (with a warning naming both), so one damaged file costs one epoch, not the run.
+
+    Args:
+        latest: the checkpoint folder, a path on ``filesystem`` (a ``pyarrow.fs`` filesystem, e.g.
+            the bucket of ``ray.train.Checkpoint.filesystem``; default the local one). A remote
+            checkpoint is downloaded to a temporary folder before it is read.
+
+    Raises:
+        CheckpointError: when no checkpoint of the run is readable.
+    """
+    import tempfile
+
+    from raymcn import storage
+
+    fs = filesystem or storage.local_filesystem()
+    latest = str(latest)
+    name = os.path.basename(latest.rstrip("/"))
+    older = [p for p in reversed(storage.subfolders(fs, os.path.dirname(latest.rstrip("/")), "checkpoint_"))
+             if os.path.basename(p) < name]
+    problems = []
+    for path in [latest, *older]:
+        with tempfile.TemporaryDirectory(prefix="raymcn-ckpt-") as tmp:
+            try:
+                payload = load(storage.fetch(fs, path, tmp))
+            except (CheckpointError, OSError) as e:
+                problems.append(str(e) if isinstance(e, CheckpointError) else f"checkpoint {path} unreadable: {e}")
+                continue
+        if problems:
+            warn(f"warning: {'; '.join(problems)}; resuming from the older checkpoint {path} instead")
+        return payload, path
+    raise CheckpointError("no readable checkpoint: " + "; ".join(problems))
+
+
+
+class CheckpointSchedule:
+    """When a run checkpoints inside an epoch (``run.checkpoint_every``); epoch ends always do.
+
+    A step count checkpoints after every global step that is a multiple of it. A duration
+    checkpoints once that long has passed since the last checkpoint (or the start): every rank must
+    take the same decision (``ray.train.report`` is a barrier), so rank 0's clock decides and is
+    broadcast, at most every ``check_every`` steps (the checkpoint lands at most that many steps late).
+    Never at an epoch's last step: the epoch-end checkpoint follows it.
+
+    Args:
+        every: the setting's text; steps_per_epoch: the plan's.
+        broadcast: rank 0's value to every rank (``Collectives.broadcast_from_rank0`` of a float);
+            None in one process.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, every: str, steps_per_epoch: int, broadcast: Callable[[float], float] | None = None,
+                 check_every: int = 10, clock: Callable[[], float] = time.monotonic):
+        self.kind, self.amount = parse_interval(every) or ("never", 0.0)
+        self.steps_per_epoch, self.check_every = steps_per_epoch, max(1, check_every)
+        self._broadcast, self._clock = broadcast, clock
+        self.last = clock()
+
+    def due(self, step: int) -> bool:
+        """Whether to checkpoint now, ``step`` global steps having been completed. Every rank calls it
+        after every step (a duration's check is a collective on the steps it checks)."""
+        if self.kind == "never" or step % self.steps_per_epoch == 0:
+            return False
+        if self.kind == "steps":
+            return step % int(self.amount) == 0
+        if step % self.check_every:
+            return False
+        late = float(self._clock() - self.last >= self.amount)
+        return bool(self._broadcast(late) if self._broadcast is not None else late)
+
+    def done(self) -> None:
+        """A checkpoint was just taken (mid-epoch or at an epoch end): the duration restarts."""
+        self.last = self._clock()

@@ -1,0 +1,1 @@
+"""What a person sees: the console, in-epoch progress, the watchdog that names stalls, trackers, metrics.csv."""

@@ -1,0 +1,137 @@
+"""A single run's per-epoch metrics in the trackers the lab asks for (``run.trackers``).
+
+``metrics.csv`` (``history``) is always written; ``run.trackers: mlflow,wandb,tensorboard`` adds:
+
+* ``mlflow``: a local SQLite store ``mlflow.db`` in the run folder (MLflow 3 no longer accepts a
+  plain ``./mlruns`` folder by default), experiment ``raymcn``, one MLflow run per raymcn run (its
+  id kept in ``mlflow_run_id.txt``, so a resumed run continues it). MLflow rejects ``@`` in metric
+  names: ``text_to_video_R@10`` is logged as ``text_to_video_R_at_10``.
+* ``wandb``: Weights & Biases, ``run.wandb_project`` / ``run.wandb_entity`` / ``run.wandb_mode``
+  (default offline: ``wandb sync`` uploads later); the W&B run id is the raymcn run's name, so a
+  resumed run continues it.
+* ``tensorboard``: event files in ``<run folder>/tensorboard`` (``tensorboard --logdir RUN``).
+
+Written by rank 0 after every epoch, like ``metrics.csv``; the config goes in as parameters. For a
+run stored in a bucket the files go to the local cache (``<cache>/trackers/<run name>``) instead:
+SQLite and event files need a local file. A tracker that fails (not installed, a full disk) prints a
+warning once and is dropped: a convenience is never worth ending a week-long run for.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from raymcn import storage
+from raymcn.config import TRACKERS, Config, default_cache_dir
+
+EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # pip install "raymcn[...]"
+
+
+def local_folder(cfg: Config, run_dir: str) -> Path:
+    """Where the trackers' files go: the run folder, or for a bucket run a folder in the cache."""
+    if storage.is_uri(run_dir):
+        return default_cache_dir(cfg) / "trackers" / storage.basename(run_dir)
+    return Path(run_dir)
+
+
+def safe_name(metric: str) -> str:
+    return metric.replace("@", "_at_")
+
+
+class Trackers:
+    """The trackers of ``cfg.run.trackers`` for the run in ``run_dir``; :meth:`log` once per epoch."""
+
+    def __init__(self, cfg: Config, run_dir: str, say: Callable[[str], None] = print):
+        self.cfg, self.run_dir, self.say = cfg, run_dir, say
+        self.names = [t for t in cfg.run.trackers.split(",") if t]
+        self.folder = local_folder(cfg, run_dir)
+        self._open: dict[str, Any] = {}
+
+    def log(self, epoch: int, metrics: dict[str, float]) -> None:
+        """Log one epoch's ``metrics`` (scalars) to every tracker, opening each on first use."""
+        for name in list(self.names):
+            try:
+                if name not in self._open:
+                    self._open[name] = getattr(self, f"_open_{name}")()
+                getattr(self, f"_log_{name}")(self._open[name], epoch, metrics)
+            except Exception as e:  # noqa: BLE001 - see the module doc
+                self.say(f"warning: run.trackers: {name} dropped for this run ({type(e).__name__}: {e}); "
+                         f"is it installed? pip install 'raymcn[{EXTRAS[name]}]'")
+                self.names.remove(name)
+
+    def close(self) -> None:
+        for name, handle in self._open.items():
+            try:
+                getattr(self, f"_close_{name}")(handle)
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._open.clear()
+
+    # --- mlflow ------------------------------------------------------------------------------------
+    def _open_mlflow(self):
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        client = MlflowClient(tracking_uri=f"sqlite:///{self.folder / 'mlflow.db'}")
+        id_file = self.folder / "mlflow_run_id.txt"
+        if id_file.exists():
+            return client, id_file.read_text().strip()
+        found = client.get_experiment_by_name("raymcn")
+        experiment = found.experiment_id if found else client.create_experiment("raymcn")
+        run = client.create_run(experiment, run_name=storage.basename(self.run_dir))
+        client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in self.cfg.to_flat().items()])
+        id_file.write_text(run.info.run_id)
+        return client, run.info.run_id
+
+    @staticmethod
+    def _log_mlflow(handle, epoch: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        client, run_id = handle
+        now = int(time.time() * 1000)
+        client.log_batch(run_id, metrics=[Metric(safe_name(k), float(v), now, epoch) for k, v in metrics.items()])
+
+    @staticmethod
+    def _close_mlflow(handle) -> None:
+        client, run_id = handle
+        client.set_terminated(run_id)
+
+    # --- wandb -------------------------------------------------------------------------------------
+    def _open_wandb(self):
+        import wandb
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        r = self.cfg.run
+        return wandb.init(project=r.wandb_project, entity=r.wandb_entity or None, mode=r.wandb_mode,
+                          name=storage.basename(self.run_dir), id=storage.basename(self.run_dir), resume="allow",
+                          dir=str(self.folder), config=self.cfg.to_flat())
+
+    @staticmethod
+    def _log_wandb(run, epoch: int, metrics: dict[str, float]) -> None:
+        run.log({k: float(v) for k, v in metrics.items()}, step=epoch)
+
+    @staticmethod
+    def _close_wandb(run) -> None:
+        run.finish()
+
+    # --- tensorboard -------------------------------------------------------------------------------
+    def _open_tensorboard(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.folder / "tensorboard"))
+
+    @staticmethod
+    def _log_tensorboard(writer, epoch: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            writer.add_scalar(key, float(value), global_step=epoch)
+        writer.flush()
+
+    @staticmethod
+    def _close_tensorboard(writer) -> None:
+        writer.close()
+
+
+__all__ = ["TRACKERS", "Trackers", "local_folder", "safe_name"]

@@ -1,0 +1,163 @@
+"""Builds and runs the ``TorchTrainer`` for one training run (the driver side).
+
+A fresh run gets a unique name: Ray Train resumes silently from the latest checkpoint of an
+existing (storage_path, name), so reusing a name is how ``--resume`` works and must never
+happen by accident. The resolved config is written next to the run's checkpoints. The storage
+may be a local/NFS folder or a bucket URI (``storage.py``); run locations are strings.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+from dataclasses import dataclass
+
+import ray
+import ray.train
+import ray.train.torch
+from ray.train.torch import TorchTrainer
+from ray.train.v2.api.callback import UserCallback
+
+from raymcn import storage
+from raymcn.config import (
+    PRIMARY_METRIC,
+    PRIMARY_MODE,
+    RUN_CONFIG_FILE,
+    Config,
+    ConfigError,
+    default_storage_path,
+    load_config_text,
+    permanent_cause,
+)
+from raymcn.train.inputs import resolve_inputs
+from raymcn.train.monitor import watchdog
+from raymcn.train.on_ray.worker import train_func_per_worker
+from raymcn.train.plan import RunPlan, plan_of
+
+CONFIG_FILE = RUN_CONFIG_FILE
+
+
+@dataclass
+class RunResult:
+    metrics: dict[str, float]
+    run_dir: str  # a path or a URI
+    checkpoint_path: str | None
+
+
+def new_run_name(cfg: Config) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"mcn-{cfg.schedule.stage_order}-{stamp}-{secrets.token_hex(3)}"
+
+
+def new_run_dir(cfg: Config) -> str:
+    """Where a fresh run of ``cfg`` writes: its storage path / (run.name or a new unique name).
+    The one place a run's folder is decided; everything after receives it."""
+    return storage.join(default_storage_path(cfg), cfg.run.name or new_run_name(cfg))
+
+
+def latest_run_dir(cfg: Config) -> str:
+    """The run under ``cfg``'s storage path whose config was written last (``--resume latest``)."""
+    return storage.newest(default_storage_path(cfg), CONFIG_FILE, "raymcn run")
+
+
+class PermanentRunError(RuntimeError):
+    """A worker failed with an error a restart cannot cure; the run was not retried."""
+
+
+class FailFastOnPermanentErrors(UserCallback):
+    """Ends the run at once when a worker fails with a :class:`~raymcn.config.PermanentError` (or a
+    missing file), or when two attempts stalled at the same step and phase (``watchdog``): Ray
+    Train's failure policy would otherwise restart the worker group ``scale.max_failures`` times on
+    the same bad input. Lost workers and nodes, and a first stall, are left to the policy, which
+    restarts from the latest checkpoint."""
+
+    def __init__(self, run_dir: str | None = None):
+        self.run_dir = run_dir
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, BaseException]) -> None:
+        # Raised in the controller: Ray Train treats a callback's error as not retryable.
+        for rank, error in sorted(worker_exceptions.items()):
+            cause = permanent_cause(error)
+            if cause is not None:
+                raise PermanentRunError(f"rank {rank} failed with {type(cause).__name__}: {cause} "
+                                        "(a restart from the last checkpoint cannot cure this; not retried)")
+        repeated = watchdog.repeated_stall(self.run_dir) if self.run_dir else None
+        if repeated:
+            raise PermanentRunError(repeated)
+
+
+def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None,
+                  label: str = "") -> TorchTrainer:
+    """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
+    ``plan`` (made on the driver, inputs and video index included). ``label`` names the run's
+    in-epoch progress lines (a sweep's trial name)."""
+    # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
+    watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
+    resources = {"CPU": cfg.scale.cpus_per_worker}
+    if cfg.scale.use_gpu:
+        resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
+    return TorchTrainer(
+        train_func_per_worker,
+        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
+        # A collective one rank never joins fails after 2 x run.stall_timeout_s (Ray's default: 30 min),
+        # a backstop: the ranks' watchdogs end such a wait after run.stall_timeout_s (monitor/watchdog.py).
+        torch_config=ray.train.torch.TorchConfig(
+            timeout_s=int(watchdog.COLLECTIVE_TIMEOUT_FACTOR * cfg.run.stall_timeout_s)),
+        scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
+                                               resources_per_worker=resources,
+                                               elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
+        run_config=ray.train.RunConfig(
+            # Ray names a run by (storage path, name): the run dir's parent and its last component.
+            name=storage.basename(run_dir),
+            storage_path=storage.parent(run_dir),
+            # Ray keeps the latest checkpoint and the best run.checkpoints_to_keep by R@10: the
+            # epoch ends compete; a mid-epoch checkpoint reports the worst score, so it stays on
+            # disk only while it is the latest (what a resume needs).
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
+                                                         checkpoint_score_attribute=PRIMARY_METRIC,
+                                                         checkpoint_score_order=PRIMARY_MODE),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
+            callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
+            # Workers see the driver's RAYMCN_* settings (cache and results folders, fault injection).
+            worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}},
+        ),
+    )
+
+
+def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan | None = None,
+        callbacks: list | None = None, label: str = "") -> RunResult:
+    """Run training to completion in ``run_dir`` (default: :func:`new_run_dir`), or resume it if
+    it already has checkpoints. ``plan``: the run's plan when the caller made it (its preflight
+    did); otherwise it is made here, once."""
+    run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
+    plan = plan or plan_of(cfg, resolve_inputs(cfg))
+    storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
+    result = build_trainer(cfg, plan, run_dir, callbacks, label).fit()
+    metrics = dict(result.return_value or result.metrics or {})
+    ckpt = result.checkpoint.path if result.checkpoint else None
+    return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
+
+
+def saved_config(run_dir: str, overrides: list[str] | None = None) -> Config:
+    """The config a run in ``run_dir`` (a path or URI) was started with, ``overrides`` on top.
+
+    Raises:
+        ConfigError: no run there, or a local-mode run (which keeps no checkpoints to resume).
+    """
+    try:
+        text = storage.read_text(storage.join(run_dir, CONFIG_FILE))
+    except FileNotFoundError:
+        raise ConfigError([f"--resume {run_dir}: no {CONFIG_FILE} there; is it a raymcn run directory?"]) from None
+    cfg = load_config_text(text, overrides, source=storage.join(run_dir, CONFIG_FILE))
+    if cfg.scale.max_workers == 0:
+        raise ConfigError([f"--resume {run_dir}: the run used local mode (scale.num_workers=0), which keeps no "
+                           "checkpoints; train with scale.num_workers >= 1 to be able to resume"])
+    return cfg
+
+
+def resume(run_dir: str | os.PathLike, overrides: list[str] | None = None) -> RunResult:
+    """Continue the run in ``run_dir`` (a path or URI) from its latest checkpoint, with its own saved config."""
+    run_dir = storage.normalize(str(run_dir))
+    return fit(saved_config(run_dir, overrides), run_dir)

@@ -1,0 +1,251 @@
+"""The Ray side of training: ``train_func_per_worker`` runs once on every Ray Train worker.
+
+One worker per GPU (or per CPU slot). It assembles the run (``build.assemble``, the same assembly
+the benchmarks use) and plugs Ray into the epoch loop's hooks: this rank's batches from its own
+Ray Data stream, the evaluation, a checkpoint and ``ray.train.report`` after every epoch and every
+``run.checkpoint_every`` inside one (every rank reports each time), and the in-epoch progress.
+A rank only reads files: its plan, made on the driver, names them.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
+from raymcn.data.evalsets import EvalSet, load_eval_set
+from raymcn.data.formats.words import load_vocab
+from raymcn.data.read import datasource
+from raymcn.losses import Collectives
+from raymcn.train import faults
+from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
+from raymcn.train.checkpoints import init_from
+from raymcn.train.checkpoints import payload as checkpoint
+from raymcn.train.loop import evaluate, fold_progress
+from raymcn.train.monitor import history, trackers
+from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
+from raymcn.train.monitor.progress import Progress, read_mark
+from raymcn.train.monitor.watchdog import Watchdog
+from raymcn.train.plan import RunPlan
+from raymcn.train.preflight import checks as preflight
+
+MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
+
+
+def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
+    """Train MCN for the plan's epochs; returns the last epoch's metrics.
+
+    ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (the driver's
+    ``RunPlan``, inputs and video index included), ``run_dir`` (where checkpoints and the progress
+    marker go) and ``label`` (names the run's progress lines in a sweep).
+    """
+    cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
+    rank, world = _rank_in(plan)
+    out = Printer(rank, loop_config.get("label", ""))
+    device = _checked_device(cfg)
+    # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
+    # are fixed by seed, epoch and step: the same at any world size and after any restart).
+    stream = datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                                   steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                                   node_id=ray.get_runtime_context().get_node_id())
+    eval_set = _eval_set(cfg, plan, out)
+    # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
+    # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.
+    ckpt = ray.train.get_checkpoint()
+    run = assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=_ddp(cfg),
+                   prepare=functools.partial(_start_weights, cfg, fresh=ckpt is None, out=out))
+    if ckpt is not None:
+        _resume(run, ckpt, run_dir, out)
+    # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
+    # reports every time; Ray keeps rank 0's).
+    reports = Reports(run, run_dir, out)
+    # [5] Every rank's watchdog: a stall (no progress for run.stall_timeout_s) is named on the
+    # terminal and ends this attempt, so Ray Train restarts it; should the process group's timeout
+    # (the backstop, 2x the setting) fire first, its error is named with the step instead.
+    attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
+    dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert).start()
+    hooks = EpochHooks(batches=functools.partial(_batches, stream, plan, rank),
+                       evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                       after_epoch=reports.after_epoch, after_step=reports.after_step, log=out.log, watch=dog.at)
+    try:
+        metrics = run_epochs(run, hooks)
+    except Exception as e:
+        stall = dog.named(e)
+        if stall is e:
+            raise
+        raise stall from e
+    finally:
+        dog.stop()
+    reports.progress.flush()
+    return metrics
+
+
+@dataclass(frozen=True)
+class Printer:
+    """A rank's one print channel. Everything goes to its stdout, which Ray sends to the driver's
+    console (``monitor/console.py``); rank 0's lines are tagged by what they are for, the other
+    ranks print nothing but stall alerts.
+
+    ``log``: the console log only (shown with --verbose); ``say``: the terminal; ``progress``: the
+    in-epoch progress lines; ``alert``: a stall, from any rank, prefixed with the trial's name.
+    """
+
+    rank: int
+    label: str = ""
+
+    def _print(self, text: str) -> None:
+        print(text, flush=True)
+
+    def log(self, line: str) -> None:
+        if self.rank == 0:
+            self._print(line)
+
+    def say(self, line: str) -> None:
+        if self.rank == 0:
+            self._print(tagged(line))
+
+    def progress(self, line: str) -> None:
+        if self.rank == 0:
+            self._print(PROGRESS_TAG + line)
+
+    def alert(self, line: str) -> None:
+        self._print(f"{ALERT_TAG}{self.label + ': ' if self.label else ''}{line}")
+
+
+def _rank_in(plan: RunPlan) -> tuple[int, int]:
+    """(rank, world) of this worker, the world checked against the plan's worker range."""
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if not (plan.min_workers <= world <= max(1, plan.max_workers)):
+        raise RuntimeError(f"Ray Train started {world} workers, outside scale.num_workers "
+                           f"[{plan.min_workers}, {plan.max_workers}]")
+    return rank, world
+
+
+def _checked_device(cfg: Config) -> torch.device:
+    """This worker's device, its memory checked against the run's estimate (the driver may see none)."""
+    device = ray.train.torch.get_device()
+    problems = preflight.device_problems(cfg, device)
+    if problems:
+        raise ConfigError(problems)
+    return device
+
+
+def _eval_set(cfg: Config, plan: RunPlan, out: Printer) -> EvalSet:
+    """The eval set the plan names; its captions' words come from its word vectors, else the shards' vocabulary."""
+    inputs = plan.inputs
+    eval_set = load_eval_set(inputs.eval_set, word_vectors=inputs.word_vectors or load_vocab(plan.shards_dir),
+                             max_words=cfg.data.max_words, audio_frames_override=inputs.eval_audio_frames)
+    if eval_set.note:
+        out.say(eval_set.note)
+    return eval_set
+
+
+def _ddp(cfg: Config):
+    """Ray Train's DDP wrap. Staged orders leave a branch without gradient in stage 1."""
+    return functools.partial(ray.train.torch.prepare_model, parallel_strategy_kwargs={
+        "find_unused_parameters": cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters,
+        "gradient_as_bucket_view": True})  # gradients live in DDP's buckets, not a second copy (0.9 GB)
+
+
+def _start_weights(cfg: Config, net: torch.nn.Module, *, fresh: bool, out: Printer) -> None:
+    """``run.init_from``'s weights into the bare model, before the wrap; a resumed run takes its checkpoint's."""
+    if fresh and cfg.run.init_from:
+        source = init_from.load_weights(net, cfg.run.init_from)
+        out.say(f"initialised the model from {source} (optimizer, LR schedule, queue and centroids start fresh)")
+
+
+def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
+    payload, path = checkpoint.load_latest_good(ckpt.path, warn=out.log, filesystem=ckpt.filesystem)
+    checkpoint.restore(payload, **run.parts())
+    out.say(resume_line(path, run, read_mark(run_dir)))
+
+
+def _batches(stream, plan: RunPlan, rank: int, epoch: int, start: int):
+    """This rank's batches of ``epoch`` from its in-epoch step ``start`` on, and the epoch's data counters."""
+    rows, stats = stream.epoch(epoch, start)
+    return faults.stalling(rows, epoch * plan.steps_per_epoch + start, rank), stats
+
+
+class Reports:
+    """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
+    (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv,
+    the trackers and the epoch line."""
+
+    def __init__(self, run: Run, run_dir: str, out: Printer):
+        cfg, plan = run.cfg, run.plan
+        self.run_dir, self.out, self.rank = run_dir, out, run.comm.rank
+        self.progress = Progress(run_dir if self.rank == 0 else None, steps_per_epoch=plan.steps_per_epoch,
+                                 epochs=plan.epochs, clips_per_step=plan.clips_per_step, every_s=cfg.run.progress_every,
+                                 say=out.progress if self.rank == 0 else None, label=out.label)
+        self.progress.restart_clock(run.state.step)
+        self.schedule = checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
+                                                      broadcast=functools.partial(_broadcast, run),
+                                                      check_every=cfg.run.log_every)
+        self.tracked = trackers.Trackers(cfg, run_dir, say=out.say) if self.rank == 0 else None
+
+    def save_and_report(self, run: Run, metrics: dict[str, float]) -> None:
+        ck = None
+        if self.rank == 0:  # one writer; the payload is identical on every rank
+            # Not a context manager: the upload runs in Ray's background thread (ASYNC), which
+            # deletes the folder once it is in the run's storage.
+            directory = tempfile.mkdtemp(prefix="raymcn-checkpoint-")
+            checkpoint.save(directory, **run.parts(), config=run.cfg.to_dict(), metrics=metrics)
+            ck = ray.train.Checkpoint.from_directory(directory)
+        # Serialising stays on the step's path (measured: bench/checkpoint.py); the copy into the
+        # run's storage (a local folder, NFS or a bucket) does not.
+        ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+        self.schedule.done()
+        self.progress.write(run.state.step)
+
+    def after_step(self, run: Run) -> None:
+        self.progress.step(run.state.step)
+        if self.schedule.due(run.state.step):
+            fold_progress(run.state.progress, run.comm, run.device)  # every rank: the sums over all ranks
+            self.save_and_report(run, {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch),
+                                       "global_step": float(run.state.step),
+                                       # below any real score (R@10 >= 0): Ray's retention keeps it only
+                                       # while it is the latest. Finite: Ray's run snapshot stores the
+                                       # metrics as JSON, where -inf becomes null and breaks its sort.
+                                       PRIMARY_METRIC: MID_EPOCH_SCORE})
+
+    def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
+        self.save_and_report(run, metrics)
+        if self.rank == 0:  # metrics.csv beside the checkpoints (one row per epoch), and run.trackers
+            try:
+                history.record_epoch(self.run_dir, metrics)
+            except OSError as e:  # a table of convenience: never worth ending the run for
+                self.out.log(f"warning: could not write {METRICS_FILE} in {self.run_dir}: {e}")
+            self.tracked.log(run.state.epoch, metrics)
+            if run.state.epoch == run.plan.epochs:
+                self.tracked.close()
+        self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
+        faults.after_epoch(run.state.epoch)
+        self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
+
+
+def resume_line(path: str, run: Run, mark: dict[str, Any] | None) -> str:
+    """``resumed from PATH at epoch E, global step S (step k/N of the epoch); R steps replayed ...``.
+
+    Epochs are counted from 1, as in the epoch lines; the replayed steps are those the interrupted
+    attempt had run past the checkpoint, by its last progress mark (written every few seconds, so
+    a lower bound: the steps after that mark are replayed too and not counted)."""
+    state, steps = run.state, run.plan.steps_per_epoch
+    line = (f"resumed from {path} at epoch {state.epoch + 1}, global step {state.step} "
+            f"(step {state.step_in_epoch(steps)}/{steps} of the epoch done)")
+    if mark is not None and int(mark.get("global_step", -1)) >= state.step:
+        replayed = int(mark["global_step"]) - state.step
+        line += f"; {replayed} steps replayed (the interrupted attempt had reached step {int(mark['global_step'])})"
+    return line
+
+
+def _broadcast(run: Run, value: float) -> float:
+    """Rank 0's ``value`` on every rank (the checkpoint schedule's decision)."""
+    return float(run.comm.broadcast_from_rank0(torch.tensor([value], dtype=torch.float64, device=run.device)).item())

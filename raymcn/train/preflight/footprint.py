@@ -1,0 +1,557 @@
+"""Per-worker memory of one MCN training step: an analytic estimate, a fit check, and two meters.
+
+The preflight (#4) calls :func:`fits` before Ray starts, so a run that cannot fit its device is
+refused with what to change instead of dying with an OOM hours later: first gradient caching
+(``scale.grad_cache_clips``, the same objective), only then a smaller ``data.clips_per_video``.
+No Ray here, and no torch for the estimate itself: torch is imported only by the meters.
+
+What is counted (the original's memory accounting, re-derived for this implementation; all sizes in bytes, per worker,
+for rank 0, the largest: it holds the largest share, and every rank builds the k-means input and
+assigns a share of its rows). ``b`` = clips on this worker,
+``B`` = clips per step over all workers, ``D`` = ``model.embed_dim``, ``P`` = parameter count,
+``M`` = 3 modalities and 3 contrastive pairs (every stage order ends with all three active, so the
+last stage is the largest):
+
+==================== ========================================================================
+component            formula
+==================== ========================================================================
+params               P × 4 (fp32 master weights; BN running statistics included) + 8 bytes per BN
+                     layer (its int64 batch counter)
+grads                P × 4 with one worker (0 with DDP: they live in the buckets). The loop frees
+                     them (``zero_grad(set_to_none)``) before the forward, so they exist from the
+                     backward on; counted as persistent, an upper bound (at paper dims the
+                     backward frees activations faster than gradients appear, so the measured
+                     peak is up to P × 4 lower; on tiny models gradients do add to the peak).
+                     With DDP *and* gradient caching P × 4 as well: the chunks before the last run
+                     under ``no_sync``, where autograd accumulates into fresh ``.grad`` tensors,
+                     not into the buckets, until the last chunk's backward copies them in
+                     (measured in tests/test_footprint.py)
+adam_moments         P × 8 (``exp_avg`` and ``exp_avg_sq``, fp32)
+ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which hold the gradients
+                     themselves (the worker sets ``gradient_as_bucket_view=True``; Ray's default
+                     would keep a second copy)
+autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
+                     and saved for the backward
+batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·(2 on GPU, else 4) + 4): the
+                     batch contract on the device (audio arrives as fp16, text as bf16 on GPU); on GPU × (1 +
+                     ``data.prefetch_batches``): the batches copied ahead of the step
+                     (``train/feed.py``; on CPU they stay in Ray's object store, outside torch)
+activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
+                     every tensor the model saves for backward, batch inputs excluded
+                     (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %), plus BatchNorm's
+                     saved batch mean and inverse std (2 × 4 bytes per BN channel per step); with
+                     ``model.sync_batchnorm`` on CPU two more copies of every BN input
+conv_workspace       what the convolution kernels allocate and free inside one DAVEnet conv call,
+                     the largest over the convs; depends on the kernel path (:func:`conv_path`,
+                     :func:`conv_workspace_bytes`; measured per conv call, ``bench/step.py``):
+                     oneDNN (x86 CPU) reorders the weights, the input (twice in some backward
+                     kernels) and the output into blocked layouts whose channel blocks are padded
+                     to the ISA's vector width: 1 on AVX-512/AMX (no padding seen), 8 on AVX2,
+                     where conv1's 1-channel spectrogram becomes 8 channels (8 × the fp32 input,
+                     1.28 MB per clip at paper dims: the AVX2-only failure measured earlier); the
+                     native path (oneDNN disabled or absent) builds im2col columns, b × Cin·k·T';
+                     cuDNN picks its algorithm at run time (and falls back to a smaller workspace
+                     when an allocation fails), and an unrecognised CPU ISA has no model: both
+                     get a stated margin (``MARGIN_PATHS``: cuDNN the AVX-512 formula in fp32,
+                     an unknown ISA the larger of the AVX2 and native formulas)
+loss_slabs           (2·3 + 3) × b × B × 4: each pair's margin-shifted row and column slabs
+                     (b × B fp32) are saved for the backward, which builds two more at a time (the
+                     two exp terms of one slab's gradient); the ninth slab covers the D-wide
+                     temporaries beside them (measured: 8.25 slabs where slabs dominate, D = 64,
+                     N = 1, inputs included). No B × B tensor exists on any worker.
+                     With ``scale.ring_contrastive`` (losses/ring.py) nothing b × B is kept: 3 ×
+                     b × b_max × 4, the tile in use and its gradient's two exp terms, b_max the
+                     largest share
+gathered_embeddings  when world > 1: 3 × B × D × 4, the all-gathered v, a, t, detached and saved
+                     for the backward (no gradient goes back through the gather: each rank computes
+                     the full gradient of its own rows, see ``losses/contrastive.py``), plus the
+                     cluster term's global fused rows and the copy of the queue's share of them it
+                     pushes, (1 + q / clips_per_video) × B × D × 4 (found at 8 workers, where b is
+                     small: without this term the estimate was 4–15 % below the measured peak); 0
+                     with one worker (the local rows are the global rows). With
+                     ``scale.ring_contrastive`` the larger of the ring's blocks, min(world − 1, 2) ×
+                     b_max × 3 × D × 4 (the block in use and the one arriving), and the fused rows
+                     (freed before the ring starts)
+loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands to the model (embedding
+                     grads from the row/column/cluster terms accumulate through 2 live buffers; the
+                     ring loss's gradient, computed in its forward, is one of them (measured);
+                     recon grads for the F = video_dim + C4 + D predictions and the F_live
+                     non-detached targets). They wait in autograd until the model's backward runs
+queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
+centroids            K × D × 4, replicated on every worker
+kmeans_input         refit steps, rank 0: X = N × D × 4 with N = queue_rows + B, built in place
+                     (``FeatureQueue.copy_into``, through one chunk of min(queue_rows, 512) rows),
+                     plus the Lloyd iteration's workspace: one similarity block min(N, 16384) × K × 4
+                     and 5 centroid-sized K × D × 4 buffers (sums, new centroids, unit centroids,
+                     the shift and its square; measured: exactly 5 at K = 4 and 256)
+optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
+                     largest parameter × 4 on CPU (single-tensor: sqrt, then the division), plus
+                     1 MiB for its scalar and small temporaries (measured: 24 KB at paper dims)
+grad_cache           with gradient caching (``scale.grad_cache_clips`` = n, smaller than the share
+                     b; ``train/gradcache.py``): the share's embeddings b × 3 × D × (4 on CPU, 2
+                     under bf16 autocast), held from the pass without autograd to the end of the
+                     step (after the loss's backward their gradients take their place). With
+                     caching, ``activations`` and ``conv_workspace`` are one chunk's (n clips,
+                     whatever b), ``loss_grads`` holds only the embedding gradients and the
+                     reconstruction term's gradients are one chunk's, ``recon_grads`` =
+                     n × (F + F_live) × 4; 0 without caching (they are in ``loss_grads``)
+grad_accumulation    with caching: every chunk's backward after the first computes each
+                     parameter's gradient into a new buffer and adds it into ``.grad`` (the first
+                     backward, like the plain step's, writes ``.grad`` itself): 2 × the largest
+                     parameter × 4, counted twice as Adam's temporaries are (measured: the cached
+                     step's peak falls in a Linear's backward, 98 MB above the estimate without
+                     this term at paper dims, 64 clips, chunks of 32; the largest weight is 151 MB)
+total                persistent + max(step phase, batch + optimizer_workspace), where persistent =
+                     params + grads + adam_moments + ddp_buckets + queue + centroids and the step
+                     phase = autocast
+                     weights + batch + activations + loss terms + kmeans_input (the refit runs in
+                     the forward, while every activation is saved); Adam's temporaries come after
+                     the activations are freed. The backward needs no term of its own: measured,
+                     it frees saved activations faster than it allocates gradient buffers
+                     (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip).
+                     With caching the loss and the chunks' forward and backward never overlap:
+                     step phase = autocast weights + batch + grad_cache + max(loss phase, chunk
+                     phase), loss phase = loss_slabs + gathered_embeddings + loss_grads +
+                     kmeans_input, chunk phase = activations + conv_workspace + recon_grads +
+                     grad_accumulation
+==================== ========================================================================
+
+Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
+activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
+in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
+over-estimate the measured loss peak by 9–36 % (gathered) and 1–25 % (ring) for B = 512–4096,
+N = 1–8 at D = 6144, never below it (``bench/memory.py``, docs/measurements/memory.json);
+``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
+estimate / measured ratio of every term and of the whole step on the CPU it runs on.
+Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
+for), NCCL buffers, the data loader's host memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from raymcn.config import Config, ModelConfig
+from raymcn.train.preflight.convspace import (
+    CONV_PATHS,
+    CUDNN,
+    MARGIN_PATHS,
+    MODELLED_CONV_PATHS,
+    NATIVE,
+    ONEDNN_AVX2,
+    ONEDNN_AVX512,
+    UNKNOWN,
+    ConvShape,
+    ceil_half,
+    conv_path,
+    conv_path_note,
+    conv_shapes,
+    conv_workspace_bytes,
+)
+
+GIB = 1 << 30
+# How the components combine into the peak (see the module docstring).
+PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue", "centroids")
+OPTIMIZER_SMALL_TEMPORARIES = 1 << 20  # Adam's scalars and small per-parameter temporaries (allowance)
+COPY_CHUNK_ROWS = 512  # FeatureQueue.copy_into's chunk: queue rows gathered at a time into X
+STEP_PHASE = ("autocast_weights", "batch", "activations", "conv_workspace", "loss_slabs", "gathered_embeddings",
+              "loss_grads", "kmeans_input", "grad_cache", "recon_grads", "grad_accumulation")
+# With gradient caching the step phase is STEP_COMMON + the larger of the other two (module table).
+STEP_COMMON = ("autocast_weights", "batch", "grad_cache")
+LOSS_PHASE = ("loss_slabs", "gathered_embeddings", "loss_grads", "kmeans_input")
+CHUNK_PHASE = ("activations", "conv_workspace", "recon_grads", "grad_accumulation")
+FP32 = 4
+_QUEUE_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+MODALITY_COUNT = 3  # video, audio, text: all active in the last stage of every order
+PAIR_COUNT = 3  # tv, at, av
+LIVE_SLABS_PER_PAIR = 2  # margin-shifted row and column slabs, saved for backward
+LIVE_SLABS_TRANSIENT = 3  # backward: the two exp terms of one slab's gradient, plus small D-wide temporaries
+EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
+RING_TILES = 3  # ring loss: live b × b_p tiles (the block, its gradient's two exp terms)
+
+
+def _parameter_tensors(model_cfg: ModelConfig) -> tuple[list[int], int]:
+    """Element counts of every parameter tensor of :class:`raymcn.model.MCN`, and of its float
+    buffers (BN running statistics), from the config alone (``tests/test_footprint.py`` checks them
+    against the real module)."""
+    m = model_cfg
+    sizes: list[int] = []
+    bn_channels = 0
+
+    def linear(i: int, o: int) -> None:
+        sizes.extend((i * o, o))
+
+    def geu(i: int, o: int) -> None:  # Linear(i, o) then ContextGating(o) = Linear(o, o)
+        linear(i, o)
+        linear(o, o)
+
+    def bn(c: int) -> None:
+        nonlocal bn_channels
+        sizes.extend((c, c))
+        bn_channels += c
+
+    c = m.audio_channels
+    geu(m.video_dim, m.embed_dim)  # gu_video
+    sizes.append(m.mel_bins * c[0])  # DAVEnet conv1 (mel, 1), no bias
+    bn(c[0])
+    for cin, cout in itertools.pairwise(c):
+        for blk in range(m.audio_blocks):
+            i = cin if blk == 0 else cout
+            sizes.extend((i * cout * 9, cout * cout * 9))  # two (1, 9) convs, no bias
+            bn(cout)
+            bn(cout)
+            if blk == 0:  # stride 2: projection shortcut (1x1 conv + BN)
+                sizes.append(cin * cout)
+                bn(cout)
+    geu(c[-1], c[-1])  # gu_audio
+    linear(c[-1], m.embed_dim)  # audio_proj
+    linear(m.word_dim, m.embed_dim)  # text_pool
+    geu(m.embed_dim, m.embed_dim)  # gu_text
+    if m.recon:
+        for target in (m.video_dim, c[-1], m.embed_dim):
+            linear(m.embed_dim, m.recon_hidden)
+            linear(m.recon_hidden, target)
+    return sizes, 2 * bn_channels
+
+
+def parameter_stats(model_cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters + float buffers, largest parameter tensor) of :class:`raymcn.model.MCN`, in
+    elements (analytic: no model is built, so the preflight stays instant)."""
+    sizes, buffers = _parameter_tensors(model_cfg)
+    return sum(sizes) + buffers, max(sizes)
+
+
+def count_parameters(model_cfg: ModelConfig) -> int:
+    """Parameters plus float buffers (BN running statistics) of :class:`raymcn.model.MCN`."""
+    return parameter_stats(model_cfg)[0]
+
+
+def batchnorm_layers(model_cfg: ModelConfig) -> int:
+    """BatchNorm layers of DAVEnet: conv1's, then per layer two per block and the shortcut's."""
+    return 1 + (len(model_cfg.audio_channels) - 1) * (2 * model_cfg.audio_blocks + 1)
+
+
+def batchnorm_saved_bytes(model_cfg: ModelConfig) -> int:
+    """BatchNorm's saved batch mean and inverse std (fp32, per channel): a per-step constant."""
+    return _parameter_tensors(model_cfg)[1] * FP32  # 2 per channel, as many as its running statistics
+
+
+def batchnorm_input_elements_per_clip(model_cfg: ModelConfig, audio_frames: int) -> int:
+    """Elements entering DAVEnet's BatchNorms per clip: conv1's output, then per layer three BNs of
+    the first block (two convs, the shortcut) and two of every further block, at the layer's length."""
+    c, t = model_cfg.audio_channels, audio_frames
+    n = c[0] * t
+    for width in c[1:]:
+        t = ceil_half(t)
+        n += (3 + 2 * (model_cfg.audio_blocks - 1)) * width * t
+    return n
+
+
+def global_batchnorm_extra_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int) -> int:
+    """What ``model.sync_batchnorm`` on CPU (``GlobalBatchNorm2d``, element-wise ops instead of the
+    fused kernel) saves beyond BatchNorm: two copies of every BN input (the centred and the
+    normalised input; measured 2.02x on a tiny DAVEnet), plus a few per-channel statistics."""
+    return FP32 * (2 * clips * batchnorm_input_elements_per_clip(model_cfg, audio_frames)
+                   + 4 * _parameter_tensors(model_cfg)[1])
+
+
+def activation_elements_per_clip(model_cfg: ModelConfig, audio_frames: int,
+                                 active: tuple[str, ...] = ("video", "audio", "text"),
+                                 max_words: int = 20) -> dict[str, int]:
+    """Float elements the forward saves for backward, per clip and per branch (batch inputs excluded).
+
+    int64 argmax indices count as 2 elements. BatchNorm's per-channel batch statistics (a per-step
+    constant, 155 KB at paper dims) are left out. Per branch (T = audio frames, T_l = ⌈T/2^l⌉,
+    C = ``audio_channels``, D = ``embed_dim``, H = ``recon_hidden``, W = ``max_words``):
+
+    * audio: the fp32 copy of the fp16 spectrogram (mel·T), conv1 output and its ReLU (2·C0·T),
+      per layer 5·C_l·T_l for the first block (2 convs, 2 ReLUs, the projection shortcut's conv)
+      and 4·C_l·T_l for each further block, the pooling mask and divisor (T_4 + 1), the gated unit at C4
+      (pooled input, fc output, sigmoid, gated output: 4·C4), the embedding (D), and the
+      reconstruction head's two ReLU outputs (H + C4).
+    * video: gated unit fc output, sigmoid, embedding (3·D) and the head (H + video_dim).
+    * text: per-word ReLU output (W·D), max indices (2·D), pooled vector, gated unit (4·D) and the
+      head (H + D).
+    """
+    c = model_cfg.audio_channels
+    d, h = model_cfg.embed_dim, model_cfg.recon_hidden if model_cfg.recon else 0
+    out: dict[str, int] = {}
+    if "audio" in active:
+        t = audio_frames
+        n = model_cfg.mel_bins * t + 2 * c[0] * t
+        for width in c[1:]:
+            t = ceil_half(t)
+            n += (5 + 4 * (model_cfg.audio_blocks - 1)) * width * t
+        n += t + 1 + 4 * c[-1] + d + ((h + c[-1]) if model_cfg.recon else 0)
+        out["audio"] = n
+    if "video" in active:
+        out["video"] = 3 * d + ((h + model_cfg.video_dim) if model_cfg.recon else 0)
+    if "text" in active:
+        out["text"] = max_words * d + 2 * d + 4 * d + ((h + d) if model_cfg.recon else 0)
+    return out
+
+
+def recon_dims(model_cfg: ModelConfig, detach_targets: bool) -> tuple[int, int]:
+    """(F, F_live): reconstruction prediction width summed over modalities, and the width of the
+    targets that receive gradient (audio C4 and text D unless detached; the video target is the input)."""
+    if not model_cfg.recon:
+        return 0, 0
+    c4, d = model_cfg.audio_channels[-1], model_cfg.embed_dim
+    return model_cfg.video_dim + c4 + d, 0 if detach_targets else c4 + d
+
+
+def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int = 0,
+                recon_live_width: int = 0, pairs: int = PAIR_COUNT,
+                modalities: int = MODALITY_COUNT, ring: bool = False, largest_share: int | None = None,
+                queued_fraction: float = 1.0) -> dict[str, int]:
+    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs).
+
+    Args:
+        b: local clips; clips: B, global clips; embed_dim: D; world: number of workers.
+        recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
+        ring: the ring contrastive loss (``scale.ring_contrastive``) instead of the gathered one.
+        largest_share: the most clips any worker holds (the ring's blocks); default ``b``.
+        queued_fraction: the share of the B current rows the queue takes per step
+            (``queue_clips_per_video / clips_per_video``; default 1, an upper bound).
+
+    Returns:
+        ``loss_slabs``, ``gathered_embeddings``, ``loss_grads`` (see the module table) and
+        ``loss_inputs``: the embeddings and reconstruction (prediction, target) pairs themselves,
+        which a training step already counts among the activations.
+    """
+    grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
+    inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
+    # the cluster term's global fused rows (B, D) and the copy of the queue's share of them it pushes
+    fused = int((1 + queued_fraction) * clips) * embed_dim * FP32 if world > 1 else 0
+    if ring:
+        peer = b if largest_share is None else largest_share
+        slabs = RING_TILES * b * peer * FP32 if pairs else 0
+        blocks = min(world - 1, 2) * peer * modalities * embed_dim * FP32 if pairs else 0
+        gathered = max(blocks, fused)  # the fused rows are freed before the ring starts
+    else:
+        slabs = (LIVE_SLABS_PER_PAIR * pairs + LIVE_SLABS_TRANSIENT) * b * clips * FP32 if pairs else 0
+        gathered = (modalities * clips * embed_dim * FP32 if pairs else 0) + fused if world > 1 else 0
+    return {"loss_slabs": slabs, "gathered_embeddings": gathered, "loss_grads": grads, "loss_inputs": inputs}
+
+
+def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
+                           params: tuple[int, int] | None = None, refit: bool = True,
+                           conv: str | None = None, threads: int | None = None) -> dict[str, int]:
+    """Estimated peak bytes of one training worker (rank 0) for ``cfg``, by component.
+
+    Args:
+        cfg: the run config (batch, clips per video, workers, model dims, queue, GPU or CPU).
+        activation_bytes: bytes per activation element; default 2 (bf16 autocast) with
+            ``scale.use_gpu`` and 4 (fp32) on CPU, as ``loop.autocast`` does.
+        params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
+        refit: estimate a k-means refit step (the largest, every ``loss.refresh_every`` steps on
+            rank 0); False gives the other steps (``kmeans_input`` = 0).
+        conv: the convolution kernel path (:data:`CONV_PATHS`); default :func:`conv_path` of this
+            machine (cuDNN with ``scale.use_gpu``).
+        threads: the worker's intra-op threads (default: every CPU of this machine, an upper bound).
+
+    Returns:
+        The components of the module table (bytes, ints) and ``total``. Keys are stable: the
+        preflight prints them and the benchmarks compare them with measurements.
+    """
+    m, d, lc = cfg.model, cfg.data, cfg.loss
+    world = max(1, cfg.scale.min_workers)
+    b = largest_share_videos(cfg) * d.clips_per_video
+    n = cached_chunk(cfg)  # clips per chunk with gradient caching, 0 without
+    clips = cfg.clips_per_step
+    gpu = cfg.scale.use_gpu
+    act = activation_bytes or (2 if gpu else FP32)
+    p, largest = parameter_stats(m) if params is None else params
+    conv = conv or conv_path(gpu)
+    per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
+    f, f_live = recon_dims(m, lc.detach_recon_targets)
+    # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
+    loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live,
+                       ring=cfg.scale.ring_contrastive, largest_share=b,
+                       queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
+    rows = cfg.queue_rows
+    est = {
+        "params": p * FP32 + 8 * batchnorm_layers(m),
+        "grads": p * FP32 if world == 1 or n else 0,
+        "adam_moments": 2 * p * FP32,
+        "ddp_buckets": p * FP32 if world > 1 else 0,
+        "autocast_weights": p * 2 if gpu else 0,
+        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * (2 if gpu else 4)
+                      + 4) * (
+            1 + (d.prefetch_batches if gpu else 0)),
+        "activations": (n or b) * per_clip * act + batchnorm_saved_bytes(m) + (
+            global_batchnorm_extra_bytes(m, d.audio_frames, n or b) if m.sync_batchnorm and not gpu else 0),
+        "loss_slabs": loss["loss_slabs"],
+        "gathered_embeddings": loss["gathered_embeddings"],
+        "loss_grads": loss["loss_grads"],
+        "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
+        "centroids": lc.num_clusters * m.embed_dim * FP32,
+        "conv_workspace": conv_workspace_bytes(m, d.audio_frames, n or b, conv, threads),
+        "grad_cache": b * MODALITY_COUNT * m.embed_dim * act if n else 0,
+        "recon_grads": n * (f + f_live) * FP32,
+        "grad_accumulation": 2 * largest * FP32 if n else 0,
+        "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, m.embed_dim) if refit else 0,
+        # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
+        # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
+        "optimizer_workspace": (p * FP32 if gpu else 2 * largest * FP32) + OPTIMIZER_SMALL_TEMPORARIES,
+    }
+    persistent = sum(est[k] for k in PERSISTENT)
+    step = sum(est[k] for k in STEP_PHASE)
+    if n:  # the loss on the share, then the chunks' forwards and backwards: never at once
+        step = sum(est[k] for k in STEP_COMMON) + max(sum(est[k] for k in LOSS_PHASE),
+                                                      sum(est[k] for k in CHUNK_PHASE))
+    # Adam runs after the backward has freed the activations; the batch is still held then.
+    est["total"] = persistent + max(step, est["batch"] + est["optimizer_workspace"])
+    return est
+
+
+def largest_share_videos(cfg: Config) -> int:
+    """Videos of the largest share a worker holds: ⌈B/N⌉ with the fewest workers (an elastic
+    group's minimum; shares rotate, so every rank holds it at some step)."""
+    return -(-cfg.data.batch_size // max(1, cfg.scale.min_workers))
+
+
+def cached_chunk(cfg: Config) -> int:
+    """Clips per chunk rank 0 runs with gradient caching: ``scale.grad_cache_clips`` when it is
+    smaller than the largest share, else 0 (the loop then takes the plain step: nothing to save)."""
+    n = cfg.scale.grad_cache_clips
+    b = largest_share_videos(cfg) * cfg.data.clips_per_video
+    return n if 0 < n < b else 0
+
+
+def _kmeans_bytes(queue_rows: int, clips: int, k: int, d: int) -> int:
+    """X (queue_rows + clips, d) fp32, the chunk it is copied through, and one Lloyd iteration's
+    workspace (see the table above)."""
+    n = queue_rows + clips
+    return (n + min(queue_rows, COPY_CHUNK_ROWS)) * d * FP32 + min(n, 16384) * k * FP32 + 5 * k * d * FP32
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def format_estimate(est: dict[str, int], top: int | None = None) -> str:
+    """``'total 41.20 GiB; largest: activations 30.10 GiB, ...'``, components largest first."""
+    parts = sorted(((k, v) for k, v in est.items() if k != "total" and v), key=lambda kv: -kv[1])
+    if top is not None:
+        parts = parts[:top]
+    return f"total {_gib(est['total'])}; largest: " + ", ".join(f"{k} {_gib(v)}" for k, v in parts)
+
+
+def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
+         conv: str | None = None) -> tuple[bool, str, dict[str, int] | None]:
+    """Will one worker of ``cfg`` fit a device of ``device_bytes``?
+
+    Only ``headroom`` of the device is considered usable (CUDA context, allocator fragmentation).
+    ``conv`` is the convolution kernel path (default: this machine's, :func:`conv_path`).
+
+    Returns:
+        ``(ok, message, overrides)``. When it fits: ``{}``. When it does not, the dotted settings
+        to change, in this order of preference, each the same objective until (4): (1) with
+        several workers, the ring contrastive loss (``scale.ring_contrastive``) when that alone
+        fits (no second forward); (2) gradient caching, ``scale.grad_cache_clips``: the fewest
+        chunks that fit, as equal as whole videos allow (:func:`balanced_chunk` of
+        :func:`largest_fitting_chunk`); (3) with several workers, caching and the ring together;
+        (4) only when not even one video per chunk fits, the largest smaller
+        ``data.clips_per_video`` that fits, plainly or
+        else with caching as in (2), and whose config is valid (k-means needs
+        ``loss.num_clusters`` clips per step): fewer negatives, another objective; None when
+        nothing fits. The message names the largest components, the conv path, and what to change.
+    """
+    usable = int(device_bytes * headroom)
+    stats = parameter_stats(cfg.model)
+    conv = conv or conv_path(cfg.scale.use_gpu)
+
+    def total(c: Config) -> int:
+        return estimate_worker_memory(c, params=stats, conv=conv)["total"]
+
+    est = estimate_worker_memory(cfg, params=stats, conv=conv)
+    n = cached_chunk(cfg)
+    caching = f" with gradient caching in chunks of {n} clips" if n else ""
+    where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)}); {conv_path_note(conv)}"
+    if est["total"] <= usable:
+        return True, f"fits: estimated {_gib(est['total'])} per worker{caching} {where}", {}
+    msg = f"does not fit: estimated {_gib(est['total'])} per worker{caching} {where}; {format_estimate(est, top=4)}. "
+    b = cfg.data.clips_per_video * largest_share_videos(cfg)
+    ring = {"scale.ring_contrastive": True} if cfg.scale.min_workers > 1 and not cfg.scale.ring_contrastive else {}
+    if ring and not n and total(cfg.replace(ring)) <= usable:
+        return False, msg + (
+            f"Try scale.ring_contrastive=true (the same objective; the other workers' embeddings passed around a "
+            f"ring instead of gathered: 1·B·D instead of 3·B·D floats per worker, twice the traffic; estimated "
+            f"{_gib(total(cfg.replace(ring)))}), or more workers (scale.num_workers)."), ring
+    for extra in ([{}, ring] if ring else [{}]):  # caching alone first, then with the ring
+        base = cfg.replace(extra)
+        largest = largest_fitting_chunk(base, usable, total)
+        if largest is not None:
+            chunk = balanced_chunk(base, largest)
+            over = {**extra, "scale.grad_cache_clips": chunk}
+            also = (" with the ring contrastive loss (scale.ring_contrastive=true: the other workers' embeddings "
+                    "passed around a ring instead of gathered)") if extra else ""
+            settings = " ".join(f"{k}={str(v).lower()}" for k, v in over.items())
+            return False, msg + (
+                f"Try {settings} (gradient caching{also}: the same objective; the {b} clips of a worker "
+                f"embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the fewest that fit (the "
+                f"largest chunk that fits is {largest} clips); estimated {_gib(total(cfg.replace(over)))}), or more "
+                f"workers (scale.num_workers)."), over
+    over = _fewer_clips(cfg, usable, total)
+    smallest = cfg.replace({"scale.grad_cache_clips": cfg.data.clips_per_video})
+    msg += f"Not even gradient caching with one video per chunk fits (estimated {_gib(total(smallest))}). "
+    if over is None:
+        return False, msg + ("No smaller data.clips_per_video fits either; use more workers (scale.num_workers), a "
+                             "smaller data.batch_size, or a device with more memory."), None
+    settings = " ".join(f"{k}={v}" for k, v in over.items())
+    return False, msg + (f"Try {settings} (fewer clips per video: fewer negatives, another objective; estimated "
+                         f"{_gib(total(cfg.replace(over)))}), more workers (scale.num_workers) or a smaller "
+                         f"data.batch_size."), over
+
+
+def largest_fitting_chunk(cfg: Config, usable: int, total) -> int | None:
+    """The largest ``scale.grad_cache_clips`` (whole videos, smaller than the largest share) whose
+    ``total(config)`` is at most ``usable`` bytes, or None. The estimate grows with the chunk, so a
+    bisection over the number of videos per chunk finds it."""
+    cpv = cfg.data.clips_per_video
+    videos = largest_share_videos(cfg)
+    lo, hi = 0, videos - 1  # videos per chunk: lo fits (0 = none yet), hi is the largest to try
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if total(cfg.replace({"scale.grad_cache_clips": mid * cpv})) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * cpv or None
+
+
+def balanced_chunk(cfg: Config, largest: int) -> int:
+    """The chunk to run when chunks of up to ``largest`` clips fit: the fewest chunks (as many as the
+    largest chunk needs, so as many extra forwards), as equal as whole videos allow. The largest
+    chunk itself may leave a last chunk of one video, whose BatchNorm statistics come from one
+    video's clips only; equal chunks also peak lower."""
+    cpv = cfg.data.clips_per_video
+    videos = largest_share_videos(cfg)
+    chunks = -(-videos // (largest // cpv))
+    return -(-videos // chunks) * cpv
+
+
+def _fewer_clips(cfg: Config, usable: int, total) -> dict[str, int] | None:
+    """The largest smaller ``data.clips_per_video`` that fits, plainly or with the largest fitting chunk."""
+    for c in range(cfg.data.clips_per_video - 1, 0, -1):
+        if cfg.data.batch_size * c < cfg.loss.num_clusters:
+            break  # fewer clips per step than clusters: no valid smaller setting below this
+        over = {"data.clips_per_video": c, "scale.grad_cache_clips": 0}
+        try:
+            smaller = cfg.replace(over)
+        except ValueError:
+            continue
+        if total(smaller) <= usable:
+            return over if cfg.scale.grad_cache_clips else {"data.clips_per_video": c}
+        largest = largest_fitting_chunk(smaller, usable, total)
+        if largest is not None:
+            return {"data.clips_per_video": c, "scale.grad_cache_clips": balanced_chunk(smaller, largest)}
+    return None
+
+
+__all__ = ["CONV_PATHS", "CUDNN", "MARGIN_PATHS", "MODELLED_CONV_PATHS", "NATIVE", "ONEDNN_AVX2", "ONEDNN_AVX512",
+           "UNKNOWN", "ConvShape", "activation_elements_per_clip", "balanced_chunk", "batchnorm_saved_bytes",
+           "cached_chunk", "conv_path", "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters",
+           "estimate_worker_memory", "fits", "format_estimate", "global_batchnorm_extra_bytes",
+           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "parameter_stats", "recon_dims"]
