@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/loader.py: its
 
 import numpy as np
 import torch
+from common import machine_line  # noqa: E402
 
 GB = 1e9
 LAB = {"videos": 1_170_000, "batch": 128, "world": 4}  # HowTo100M: ~9.1 k steps of 128 videos
@@ -354,14 +354,6 @@ def tensor_bytes(value) -> int:
     return 0
 
 
-def machine_line() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.node()}, torch {torch.__version__}"
 
 
 def report(f: dict) -> None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from common import gloo_ranks  # noqa: E402
 
 from raymcn.config import ModelConfig
 from raymcn.losses import Collectives
@@ -49,26 +49,21 @@ def _eval_set(clips: int, model: ModelConfig, frames: int, words: int = 20) -> S
                            num_queries_total=clips)
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, args: dict) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        model_cfg = TINY if args["quick"] else ModelConfig()
-        torch.manual_seed(0)
-        model = MCN(model_cfg)
-        eval_set = _eval_set(args["clips"], model_cfg, 128 if args["quick"] else 1000)
-        device, comm = torch.device("cpu"), Collectives(rank, world)
-        times = {"every rank, whole set (before)": [], "sharded, scored once (now)": []}
-        metrics = {}
-        for _ in range(args["repeats"]):
-            for name, c in zip(times, (None, comm)):
-                dist.barrier()
-                started = time.perf_counter()
-                metrics[name] = evaluate(model, eval_set, device, comm=c)
-                times[name].append(time.perf_counter() - started)
-        torch.save({"times": times, "metrics": metrics}, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, args: dict) -> dict:
+    model_cfg = TINY if args["quick"] else ModelConfig()
+    torch.manual_seed(0)
+    model = MCN(model_cfg)
+    eval_set = _eval_set(args["clips"], model_cfg, 128 if args["quick"] else 1000)
+    device, comm = torch.device("cpu"), Collectives(rank, world)
+    times = {"every rank, whole set (before)": [], "sharded, scored once (now)": []}
+    metrics = {}
+    for _ in range(args["repeats"]):
+        for name, c in zip(times, (None, comm)):
+            dist.barrier()
+            started = time.perf_counter()
+            metrics[name] = evaluate(model, eval_set, device, comm=c)
+            times[name].append(time.perf_counter() - started)
+    return {"times": times, "metrics": metrics}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the preset's tiny MCN instead of paper dims")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(args.world, f"{tmp}/init", tmp, vars(args)), nprocs=args.world, join=True)
-        ranks = [torch.load(f"{tmp}/rank{r}.pt") for r in range(args.world)]
+    ranks = gloo_ranks(_worker, args.world, vars(args))
     names = list(ranks[0]["times"])
     slowest = {n: [max(r["times"][n][i] for r in ranks) for i in range(args.repeats)] for n in names}
     median = {n: statistics.median(v) for n, v in slowest.items()}

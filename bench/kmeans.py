@@ -26,14 +26,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import gloo_ranks  # noqa: E402
 from raymcn.losses import Collectives, cosine_kmeans  # noqa: E402
 
 PAPER = {"rows": 40960 + 4096, "dim": 6144, "k": 256}
@@ -58,14 +57,9 @@ def fit(comm: Collectives, size: dict, iters: int) -> tuple[float, torch.Tensor]
     return time.perf_counter() - start, centroids
 
 
-def _rank(rank: int, world: int, threads: int, init_file: str, out_dir: str, size: dict, iters: int) -> None:
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        seconds, centroids = fit(Collectives(rank, world), size, iters)
-        torch.save({"seconds": seconds, "centroids": centroids if rank == 0 else None}, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world: int, size: dict, iters: int) -> dict:
+    seconds, centroids = fit(Collectives(rank, world), size, iters)
+    return {"seconds": seconds, "centroids": centroids if rank == 0 else None}
 
 
 def run(world: int, threads: int, size: dict, iters: int) -> tuple[float, torch.Tensor]:
@@ -77,9 +71,7 @@ def run(world: int, threads: int, size: dict, iters: int) -> tuple[float, torch.
             return fit(Collectives(), size, iters)
         finally:
             torch.set_num_threads(before)
-    with tempfile.TemporaryDirectory() as where:
-        mp.spawn(_rank, args=(world, threads, f"{where}/init", where, size, iters), nprocs=world, join=True)
-        results = [torch.load(f"{where}/rank{r}.pt") for r in range(world)]
+    results = gloo_ranks(_rank, world, size, iters, threads=threads)
     return max(r["seconds"] for r in results), results[0]["centroids"]
 
 

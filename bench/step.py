@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works
 
 import torch
 
+from common import machine_line  # noqa: E402
 from raymcn.config import Config
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint, meters
@@ -316,16 +316,6 @@ def terms_table(rows: list[dict]) -> str:
     return render_table(table, right=[k for k in table[0] if k != "term"])
 
 
-def machine_line() -> str:
-    """CPU model, cores, torch threads and the conv kernel path (the figures depend on them)."""
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
-            f"conv path {footprint.conv_path()} (ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')})")
 
 
 def summarize(rows: list[dict]) -> dict:

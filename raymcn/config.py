@@ -190,7 +190,7 @@ class OptimConfig:
     # after the same share of an epoch, and a sweep's rungs compare them at the same point of the
     # LR schedule. 640 000 = the paper's 5000 steps at its batch of 128 videos.
     warmup_videos: int = setting(640_000, ge=0)
-    warmup_steps: int = setting(0, ge=0)  # > 0: a fixed step count instead, whatever the batch (the old meaning)
+    warmup_steps: int = setting(0, ge=0)  # > 0: a fixed step count instead, whatever the batch
     weight_decay: float = setting(0.0, ge=0)  # Adam's L2 penalty
     grad_clip: float = setting(0.0, ge=0)  # 0 = off
     max_nonfinite_steps: int = setting(3, ge=0)  # consecutive non-finite steps skipped before the run stops

@@ -4,10 +4,16 @@ import contextlib
 import importlib.util
 import os
 import socket
+import sys
 import threading
 import time
 
 import pytest
+
+# bench/common.py holds the helpers the benchmarks and the tests of collectives share (gloo ranks).
+BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+if BENCH_DIR not in sys.path:
+    sys.path.append(BENCH_DIR)
 
 # Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
 TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from common import gloo_ranks
 
 from raymcn.losses import Collectives, cosine_kmeans
 
@@ -47,13 +46,8 @@ def _fit(comm: Collectives) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.save(_fit(Collectives(rank, world)), f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _fit_on_rank(rank: int, world: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    return _fit(Collectives(rank, world))
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -61,8 +55,7 @@ def test_ranks_sharing_the_assignment_give_the_centroids_of_one_process(tmp_path
     reference = _fit(Collectives())
     x, init = _points()
     assert (reference["warm start with empty clusters"][1].bincount(minlength=K) > 0).all()  # reseeded
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    ranks = gloo_ranks(_fit_on_rank, world)
     for name, (centroids, labels) in reference.items():
         for r, fitted in enumerate(ranks):
             got_c, got_l = fitted[name]

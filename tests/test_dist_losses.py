@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import gloo_ranks
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from conftest import linear_mcn, objective_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -109,29 +109,16 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: 
     return records, end
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: range, state_file: str | None,
-            variants: list[tuple[int, bool, bool]]) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        state = torch.load(state_file) if state_file else None
-        torch.save({v: _run(rank, world, steps, state, *v) for v in variants}, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, steps: range, state: dict | None,
+            variants: list[tuple[int, bool, bool]]) -> dict:
+    return {v: _run(rank, world, steps, state, *v) for v in variants}
 
 
-def _spawn(world: int, steps: range, where, state: dict | None = None,
+def _spawn(world: int, steps: range, state: dict | None = None,
            variants: list[tuple[int, bool, bool]] = (PLAIN,)) -> tuple[list[dict], dict]:
     """``world`` gloo processes over ``steps``; returns, per variant, each rank's records, and rank
     0's end state of the plain step."""
-    where.mkdir(parents=True)
-    state_file = None
-    if state is not None:
-        state_file = str(where / "state.pt")
-        torch.save(state, state_file)
-    mp.spawn(_worker, args=(world, str(where / "init"), str(where), steps, state_file, list(variants)),
-             nprocs=world, join=True)
-    runs = [torch.load(where / f"rank{r}.pt") for r in range(world)]
+    runs = gloo_ranks(_worker, world, steps, state, list(variants))
     per_variant = {v: [run[v][0] for run in runs] for v in variants}
     return per_variant, runs[0][variants[0]][1]
 
@@ -186,7 +173,7 @@ def test_gloo_ranks_with_unequal_shares_equal_single_process_with_and_without_ca
     step, gradient caching (chunks of one video; chunks of two, reconstruction off) and the ring
     contrastive loss (alone; with chunks of two videos) equal the plain single process with the
     gathered loss, and every variant all-reduces as often as the plain step."""
-    per_variant, _ = _spawn(world, range(STEPS), tmp_path / f"world{world}", variants=VARIANTS)
+    per_variant, _ = _spawn(world, range(STEPS), variants=VARIANTS)
     _assert_unequal_rotating_shares(per_variant[PLAIN][0], world)
     reference = {recon: _single_process(recon) for recon in (True, False)}
     plain_calls = [r["allreduce_calls"] for r in per_variant[PLAIN][0]]
@@ -203,52 +190,38 @@ def test_resized_between_steps_equals_single_process(tmp_path):
     """2 ranks, then 3, then 1, each phase continuing from the last one's model and objective state:
     the steps, the queue and the centroids never notice the world changing."""
     a, b = 4, 8
-    two, state = _spawn(2, range(0, a), tmp_path / "phase1")
-    three, state = _spawn(3, range(a, b), tmp_path / "phase2", state)
+    two, state = _spawn(2, range(0, a))
+    three, state = _spawn(3, range(a, b), state)
     one, _ = _run(0, 1, range(b, STEPS), state)
     # per phase, rank 0's records stand for all (the phases' own tests compare every rank)
     stitched = sorted(two[PLAIN][0] + three[PLAIN][0] + one, key=lambda r: (r["cluster_on"], r["step"]))
     _assert_equal(_single_process(), [stitched])
 
 
-def _loop_worker(rank: int, world: int, init_file: str, out_dir: str, cache_clips: int) -> None:
+def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
     """The training loop itself on ``world`` gloo ranks with the rotating unequal shares."""
-    from datetime import timedelta
-
     from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
 
-    torch.set_num_threads(1)
-    # Ranks on different paths would wait for each other forever: the timeout turns that into a failure.
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    try:
-        cfg = _cfg("fused").replace({"scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
-        comm = Collectives(rank, world)
-        net = linear_mcn(IN_DIM, DIM)
-        # A buffer, as DAVEnet's BatchNorm has: DDP broadcasts buffers before a synced forward, so
-        # the plain step (forward, then the loss's gathers) and the cached one (the loss's gathers,
-        # then the re-forward) call their collectives in different orders.
-        net.register_buffer("running_like", torch.zeros(1))
-        model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
-        optimizer = build_optimizer(model, cfg)
-        batches = []
-        for step in range(4):
-            shares = [share(VIDEOS, r, world, step) for r in range(world)]
-            start = sum(shares[:rank]) * CLIPS
-            g = torch.Generator().manual_seed(100 + step)
-            inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
-            batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
-        metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
-                                  batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
-                                  comm=comm)
-        torch.save({"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}},
-                   f"{out_dir}/rank{rank}.pt")
-        # Every rank's last gloo work done before the group goes: destroying it right after the
-        # step (DDP's bucket all-reduces may still be in gloo's threads, the likely cause) aborted a
-        # rank in 2 of 27 runs ("terminate called without an active exception"); 0 of 16 since.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    cfg = _cfg("fused").replace({"scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
+    comm = Collectives(rank, world)
+    net = linear_mcn(IN_DIM, DIM)
+    # A buffer, as DAVEnet's BatchNorm has: DDP broadcasts buffers before a synced forward, so
+    # the plain step (forward, then the loss's gathers) and the cached one (the loss's gathers,
+    # then the re-forward) call their collectives in different orders.
+    net.register_buffer("running_like", torch.zeros(1))
+    model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
+    optimizer = build_optimizer(model, cfg)
+    batches = []
+    for step in range(4):
+        shares = [share(VIDEOS, r, world, step) for r in range(world)]
+        start = sum(shares[:rank]) * CLIPS
+        g = torch.Generator().manual_seed(100 + step)
+        inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
+        batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
+    metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
+                              batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
+                              comm=comm)
+    return {"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}}
 
 
 def test_ranks_with_unequal_shares_agree_on_gradient_caching(tmp_path):
@@ -261,10 +234,8 @@ def test_ranks_with_unequal_shares_agree_on_gradient_caching(tmp_path):
     forward after a synced backward, not in the ``no_sync`` chunks.)"""
     runs = {}
     for cache_clips in (0, CLIPS):
-        where = tmp_path / f"cache{cache_clips}"
-        where.mkdir()
-        mp.spawn(_loop_worker, args=(3, str(where / "init"), str(where), cache_clips), nprocs=3, join=True)
-        runs[cache_clips] = [torch.load(where / f"rank{r}.pt") for r in range(3)]
+        # Ranks on different paths would wait for each other forever: the timeout turns that into a failure.
+        runs[cache_clips] = gloo_ranks(_loop_worker, 3, cache_clips, timeout_s=60)
     plain, cached = runs[0], runs[CLIPS]
     assert cached[0]["metrics"]["time_reforward_s"] > 0 and plain[0]["metrics"]["time_reforward_s"] == 0
     for key in [k for k in plain[0]["metrics"] if k.endswith("_loss")]:

@@ -13,8 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from common import gloo_ranks
 
 from raymcn.config import RETRIEVAL_METRICS, ModelConfig
 from raymcn.losses import Collectives
@@ -49,19 +48,13 @@ def _score(comm: Collectives) -> dict:
     return metrics
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        torch.save(_score(Collectives(rank, world)), f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _score_on_rank(rank: int, world: int) -> dict:
+    return _score(Collectives(rank, world))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_evaluation_equals_one_process(tmp_path, world):
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
-    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    per_rank = gloo_ranks(_score_on_rank, world)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank (restored: later tests must not inherit it)
     try:

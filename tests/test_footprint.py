@@ -13,7 +13,7 @@ import torch
 from conftest import objective_for
 
 from raymcn.config import Config, ModelConfig
-from raymcn.train.preflight import footprint, meters
+from raymcn.train.preflight import footprint, meters, model_size
 from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
 
 TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
@@ -39,7 +39,7 @@ def test_analytic_parameter_count_equals_the_model(overrides):
 
     cfg = ModelConfig(**overrides)
     model = MCN(cfg)
-    sizes, buffers = footprint._parameter_tensors(cfg)
+    sizes, buffers = model_size.parameter_tensors(cfg)
     assert sorted(sizes) == sorted(p.numel() for p in model.parameters())
     assert buffers == sum(b.numel() for b in model.buffers() if b.is_floating_point())
 
@@ -463,49 +463,43 @@ if __name__ == "__main__":  # run by _under_isa_cap in a fresh process
     print(json.dumps(_measured_tiny_step()))
 
 
-def _no_sync_grads_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+def _no_sync_grads_worker(rank: int, world: int) -> dict:
     """One plain DDP step (gradients become views of DDP's buckets), then a cached step in chunks
     of one video as the loop runs it (``zero_grad(set_to_none=True)`` first): the bytes of
     gradients held outside the buckets when each ``no_sync`` chunk ends."""
     import contextlib
 
-    import torch.distributed as dist
     from conftest import linear_mcn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from raymcn.losses import Collectives
     from raymcn.train.gradcache import cached_step
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        net = linear_mcn(5, 8)
-        model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
-        cfg = Config().replace({"data.batch_size": 2 * world, "data.clips_per_video": 3, "model.embed_dim": 8,
-                                "loss.num_clusters": 2, "loss.refresh_every": 1, "scale.num_workers": world})
-        objective = objective_for(cfg, comm=Collectives(rank, world))
-        active = frozenset({"video", "audio", "text"})
-        g = torch.Generator().manual_seed(rank)
-        batch = {m: torch.randn(6, 5, generator=g) for m in sorted(active)}
-        objective(model(batch, active), active, 0)["total_loss"].backward()
-        buckets = {p.grad.untyped_storage().data_ptr() for p in net.parameters() if p.grad is not None}
-        outside: list[int] = []
-        real_no_sync = model.no_sync
+    net = linear_mcn(5, 8)
+    model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
+    cfg = Config().replace({"data.batch_size": 2 * world, "data.clips_per_video": 3, "model.embed_dim": 8,
+                            "loss.num_clusters": 2, "loss.refresh_every": 1, "scale.num_workers": world})
+    objective = objective_for(cfg, comm=Collectives(rank, world))
+    active = frozenset({"video", "audio", "text"})
+    g = torch.Generator().manual_seed(rank)
+    batch = {m: torch.randn(6, 5, generator=g) for m in sorted(active)}
+    objective(model(batch, active), active, 0)["total_loss"].backward()
+    buckets = {p.grad.untyped_storage().data_ptr() for p in net.parameters() if p.grad is not None}
+    outside: list[int] = []
+    real_no_sync = model.no_sync
 
-        @contextlib.contextmanager
-        def observed_no_sync():
-            with real_no_sync():
-                yield
-            outside.append(sum(p.grad.numel() * p.grad.element_size() for p in net.parameters()
-                               if p.grad is not None and p.grad.untyped_storage().data_ptr() not in buckets))
+    @contextlib.contextmanager
+    def observed_no_sync():
+        with real_no_sync():
+            yield
+        outside.append(sum(p.grad.numel() * p.grad.element_size() for p in net.parameters()
+                           if p.grad is not None and p.grad.untyped_storage().data_ptr() not in buckets))
 
-        model.no_sync = observed_no_sync
-        net.zero_grad(set_to_none=True)
-        cached_step(model, objective, batch, active, 1, 3)
-        params = sum(p.numel() * p.element_size() for p in net.parameters())
-        torch.save({"outside": outside, "params": params, "buckets": len(buckets)}, f"{out_dir}/grads{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model.no_sync = observed_no_sync
+    net.zero_grad(set_to_none=True)
+    cached_step(model, objective, batch, active, 1, 3)
+    params = sum(p.numel() * p.element_size() for p in net.parameters())
+    return {"outside": outside, "params": params, "buckets": len(buckets)}
 
 
 @pytest.mark.dist
@@ -514,11 +508,9 @@ def test_cached_ddp_steps_hold_the_gradients_outside_the_buckets_and_the_estimat
     accumulates the gradients into fresh ``.grad`` tensors (the loop set them to None), not into
     DDP's buckets: P x 4 bytes beside the buckets' P x 4 until the last chunk's backward copies them
     in. Measured on 2 gloo ranks; the estimate of a cached multi-worker run counts them."""
-    import torch.multiprocessing as mp
+    from common import gloo_ranks
 
-    world = 2
-    mp.spawn(_no_sync_grads_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=True)
-    seen = torch.load(tmp_path / "grads0.pt")
+    seen = gloo_ranks(_no_sync_grads_worker, 2)[0]
     assert seen["buckets"] >= 1 and seen["outside"], seen
     assert max(seen["outside"]) == seen["params"]  # every parameter's gradient, outside the buckets
 

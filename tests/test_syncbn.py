@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import gloo_ranks
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from raymcn.model.syncbn import GlobalBatchNorm2d, global_batchnorm
@@ -41,24 +41,19 @@ def _step(bn: nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> dict:
             "mean": bn.running_mean.clone(), "var": bn.running_var.clone()}
 
 
-def _rank(rank: int, world: int, init: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        start = sum(SHARES[:rank])
-        rows = slice(start, start + SHARES[rank])
-        x, upstream = _batch(), torch.randn(sum(SHARES), 6, 1, 9, generator=torch.Generator().manual_seed(8))
-        result = _step(_bn(GlobalBatchNorm2d), x[rows], upstream[rows])
-        for k in ("dw", "db"):  # what DDP's averaged gradient times the world is: the sum
-            dist.all_reduce(result[k])
-        torch.save(result, f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, world: int) -> dict[str, torch.Tensor]:
+    start = sum(SHARES[:rank])
+    rows = slice(start, start + SHARES[rank])
+    x, upstream = _batch(), torch.randn(sum(SHARES), 6, 1, 9, generator=torch.Generator().manual_seed(8))
+    result = _step(_bn(GlobalBatchNorm2d), x[rows], upstream[rows])
+    for k in ("dw", "db"):  # what DDP's averaged gradient times the world is: the sum
+        dist.all_reduce(result[k])
+    return result
 
 
 @pytest.mark.dist
 def test_unequal_shares_over_three_ranks_equal_batchnorm_on_the_whole_batch(tmp_path):
-    mp.spawn(_rank, args=(len(SHARES), str(tmp_path / "init"), str(tmp_path)), nprocs=len(SHARES), join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(len(SHARES))]
+    ranks = gloo_ranks(_rank, len(SHARES), threads=torch.get_num_threads())
     upstream = torch.randn(sum(SHARES), 6, 1, 9, generator=torch.Generator().manual_seed(8))
     ref = _step(_bn(), _batch(), upstream)
     torch.testing.assert_close(torch.cat([r["y"] for r in ranks]), ref["y"], **TOL)
