@@ -1,7 +1,7 @@
-"""Data: the original per-video feature layout, words, the synthetic corpus, eval sets, shards.
+"""Data: what the bytes are, how shards are written and read, and the corpora.
 
-The shard path, each module importing only those before it: ``tarfmt`` (tar and .npy bytes) ->
-``sample`` (one video's members, checks, decoding) -> ``shards`` (writer, manifest) and ``stream``
-(shard files -> records -> per-rank batches, no Ray) -> ``reader`` (Ray Data), the only module of
-this package that imports Ray. ``synthetic`` writes the default corpus and its shards.
+``formats/`` (tar headers, the per-video sample and its checks, words and vectors, the original
+feature layout, the manifest) comes first; ``write/`` (features -> shards) and ``read/`` (shards ->
+each rank's batches) use it; ``synthetic`` (the embedded default corpus) and ``evalsets`` (the
+retrieval pickles) sit on top. Ray is imported only by ``read/datasource`` and ``write/ray_writers``.
 """

@@ -99,21 +99,8 @@ class MCNObjective:
             modality; unweighted) and ``total_loss``.
         """
         active = frozenset(active)
-        if not active or not active <= set(MODALITIES):
-            raise ValueError(f"active modalities must be a non-empty subset of {MODALITIES}, got {sorted(active)}")
-        missing = [m for m in MODALITIES if m in active and m not in out]
-        if missing:
-            raise KeyError(f"model output lacks active modalities {missing}; has {sorted(out)}")
-        lc = self.loss
-        emb = {m: out[m] for m in MODALITIES if m in active}  # fixed order: collectives must match
+        emb = self._checked_embeddings(out, active)
         b = next(iter(emb.values())).shape[0]
-        for m, e in emb.items():
-            if e.ndim != 2 or e.shape[0] != b:
-                raise ValueError(f"out[{m!r}] has shape {tuple(e.shape)}; expected ({b}, D)")
-        if b % self.clips_per_video:
-            # Checked before any state changes; each rank holds whole videos (video-major rows).
-            raise ValueError(f"{b} local clips are not whole videos of {self.clips_per_video} clips "
-                             f"(data.clips_per_video)")
         if self.active is not None and active != self.active:
             self.reset_clustering()  # stage switch: fused vectors now live in another subspace
         self.active = active
@@ -127,17 +114,11 @@ class MCNObjective:
         # (the weight is 1 when the shares are equal).
         weight = b * self.comm.world / clips
         self.share_weight = weight  # gradient caching weights the reconstruction it runs per chunk alike
-        terms: dict[str, torch.Tensor] = {}
-
         pairs = [(x, y, name) for x, y, name in PAIRS if x in active and y in active]
-        zero = torch.zeros((), device=ref.device)
         if self.ring:
             # The cluster term gathers the fused rows (and frees them) before the ring allocates anything.
             cluster = self._cluster_loss(emb, {}, b, offset, step, gather)
-            summed, per_pair = (ring_mms_loss(emb, [(x, y) for x, y, _ in pairs], lc.margin, self.comm, sizes)
-                                if pairs else (zero, []))
-            terms.update({f"{name}_contrastive_loss": weight * v for (_, _, name), v in zip(pairs, per_pair)})
-            terms["contrastive_loss"] = weight * summed
+            terms = self._ring_contrastive(emb, pairs, sizes, weight, ref.device)
         else:
             # Global negatives: every rank gathers the other ranks' rows, detached; mms_loss hands each
             # rank the full-batch gradient of its own rows, so nothing goes back. The cluster term
@@ -145,21 +126,54 @@ class MCNObjective:
             in_pairs = [m for m in MODALITIES if any(m in (x, y) for x, y, _ in pairs)]
             gathered = {m: gather(emb[m].float()) for m in in_pairs}
             cluster = self._cluster_loss(emb, gathered, b, offset, step, gather)
-            contrastive = []
-            for x, y, name in pairs:
-                loss = weight * mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, lc.margin, gather=gather)
-                terms[f"{name}_contrastive_loss"] = loss
-                contrastive.append(loss)
-            terms["contrastive_loss"] = torch.stack(contrastive).sum() if contrastive else zero
-
+            terms = self._gathered_contrastive(emb, gathered, pairs, offset, gather, weight, ref.device)
         terms["cluster_loss"] = weight * cluster
 
+        lc = self.loss
         recon_pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
         total = terms["contrastive_loss"] + lc.cluster_weight * terms["cluster_loss"]
         if recon_pairs:
             terms["recon_loss"] = weight * recon_loss(recon_pairs, lc.detach_recon_targets)
             total = total + lc.recon_weight * terms["recon_loss"]
         terms["total_loss"] = total
+        return terms
+
+    def _checked_embeddings(self, out: dict, active: frozenset[str]) -> dict[str, torch.Tensor]:
+        """The active modalities' (b, D) embeddings of ``out`` in a fixed order (the collectives
+        must match on every rank), checked before any state changes."""
+        if not active or not active <= set(MODALITIES):
+            raise ValueError(f"active modalities must be a non-empty subset of {MODALITIES}, got {sorted(active)}")
+        missing = [m for m in MODALITIES if m in active and m not in out]
+        if missing:
+            raise KeyError(f"model output lacks active modalities {missing}; has {sorted(out)}")
+        emb = {m: out[m] for m in MODALITIES if m in active}
+        b = next(iter(emb.values())).shape[0]
+        for m, e in emb.items():
+            if e.ndim != 2 or e.shape[0] != b:
+                raise ValueError(f"out[{m!r}] has shape {tuple(e.shape)}; expected ({b}, D)")
+        if b % self.clips_per_video:  # each rank holds whole videos (video-major rows)
+            raise ValueError(f"{b} local clips are not whole videos of {self.clips_per_video} clips "
+                             f"(data.clips_per_video)")
+        return emb
+
+    def _ring_contrastive(self, emb, pairs, sizes, weight: float, device) -> dict[str, torch.Tensor]:
+        """The contrastive terms by the ring schedule (``ring.py``): the per-pair terms carry no
+        gradient; it flows through their sum."""
+        summed, per_pair = (ring_mms_loss(emb, [(x, y) for x, y, _ in pairs], self.loss.margin, self.comm, sizes)
+                            if pairs else (torch.zeros((), device=device), []))
+        terms = {f"{name}_contrastive_loss": weight * v for (_, _, name), v in zip(pairs, per_pair)}
+        terms["contrastive_loss"] = weight * summed
+        return terms
+
+    def _gathered_contrastive(self, emb, gathered, pairs, offset: int, gather, weight: float,
+                              device) -> dict[str, torch.Tensor]:
+        """The contrastive terms of this rank's rows against the gathered global rows."""
+        terms, contrastive = {}, []
+        for x, y, name in pairs:
+            loss = weight * mms_loss(emb[x], emb[y], gathered[x], gathered[y], offset, self.loss.margin, gather=gather)
+            terms[f"{name}_contrastive_loss"] = loss
+            contrastive.append(loss)
+        terms["contrastive_loss"] = torch.stack(contrastive).sum() if contrastive else torch.zeros((), device=device)
         return terms
 
     def _cluster_loss(self, emb: dict[str, torch.Tensor], gathered: dict[str, torch.Tensor], b: int, offset: int,

@@ -194,61 +194,83 @@ def cached_step(model: nn.Module, objective: Callable, batch: dict, active: froz
     bounds = chunk_bounds(b, chunk_clips)
     device = next(net.parameters()).device
     bn = ChunkedBatchNorm(net)
-    weight, detach_targets = objective.loss.recon_weight, objective.loss.detach_recon_targets
-    recon_parts: list[Tensor] = []
     with bn.frozen():
-        # 1. Embed the share, chunk by chunk, without autograd: only the embeddings are kept.
-        starts, cache = [], {}
-        with torch.no_grad(), bn.recording():
-            for s, e in bounds:
-                starts.append(_rng_state(device))
-                with forward_context():
-                    out = _embeddings(net, slice_batch(batch, s, e), active)
-                for m, x in out.items():
-                    if m not in cache:
-                        cache[m] = x.new_empty((b, *x.shape[1:]))
-                    cache[m][s:e] = x
-                del out
+        cache, starts = _embed_chunks(net, batch, active, bounds, bn, forward_context, device)  # 1.
         after_pass1 = _rng_state(device)
         lap("forward")
-
-        # 2. The objective once, on the whole share; its backward fills the cache's gradients.
-        leaves = {m: x.requires_grad_() for m, x in cache.items()}
-        terms = objective(leaves, active, step)
-        share_weight = objective.share_weight  # b·N/B: 1 unless the shares are unequal
-        if poison:
-            terms["total_loss"] = terms["total_loss"] * float("nan")
-        total = terms["total_loss"]
-        lap("loss")
-        total.backward()
-        grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}  # (b, D) each
-        terms = {k: v.detach() for k, v in terms.items()}  # drops the graph, so the leaves can go
-        del leaves, cache, total
+        terms, grads, share_weight = _objective_backward(objective, cache, active, step, poison, lap)  # 2.
+        del cache
         lap("backward")
-
-        # 3. Re-forward each chunk with autograd and push its rows of the cached gradients through it.
-        no_sync = getattr(model, "no_sync", None)
-        for i, (s, e) in enumerate(bounds):
-            last = i == len(bounds) - 1
-            with contextlib.nullcontext() if last or no_sync is None else no_sync():
-                _set_rng_state(starts[i], device)
-                with forward_context():
-                    out = model(slice_batch(batch, s, e), active)
-                lap("reforward")
-                outputs = [out[m] for m in grads]
-                seeds = [g[s:e] for g in grads.values()]
-                pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
-                if pairs:
-                    part = recon_loss(pairs, detach_targets) * ((e - s) / b * share_weight)
-                    recon_parts.append(part.detach())
-                    outputs.append(weight * part * float("nan") if poison else weight * part)
-                    seeds.append(torch.ones_like(outputs[-1]))
-                torch.autograd.backward(outputs, seeds)
-                del out, outputs, seeds, pairs
-            lap("backward")
+        recon = _reforward_chunks(model, batch, active, bounds, starts, grads, objective, share_weight,  # 3.
+                                  forward_context, device, poison, lap)
         _set_rng_state(after_pass1, device)
     bn.commit()
-    if recon_parts:
-        terms["recon_loss"] = torch.stack(recon_parts).sum()
-        terms["total_loss"] = terms["total_loss"] + weight * terms["recon_loss"]
+    if recon is not None:
+        terms["recon_loss"] = recon
+        terms["total_loss"] = terms["total_loss"] + objective.loss.recon_weight * recon
     return terms
+
+
+def _embed_chunks(net: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+                  bn: ChunkedBatchNorm, forward_context, device) -> tuple[dict[str, Tensor], list]:
+    """Pass 1: the share embedded chunk by chunk without autograd; only the embeddings are kept.
+    Returns ({m: (b, D)}, each chunk's RNG state before its forward, for the re-forward)."""
+    b = bounds[-1][1]
+    starts, cache = [], {}
+    with torch.no_grad(), bn.recording():
+        for s, e in bounds:
+            starts.append(_rng_state(device))
+            with forward_context():
+                out = _embeddings(net, slice_batch(batch, s, e), active)
+            for m, x in out.items():
+                if m not in cache:
+                    cache[m] = x.new_empty((b, *x.shape[1:]))
+                cache[m][s:e] = x
+            del out
+    return cache, starts
+
+
+def _objective_backward(objective: Callable, cache: dict[str, Tensor], active: frozenset[str], step: int,
+                        poison: bool, lap) -> tuple[dict[str, Tensor], dict[str, Tensor], float]:
+    """Pass 2: the objective once, on the whole share; its backward fills the cached embeddings'
+    gradients. Returns (the detached terms, {m: (b, D) gradient}, the share's weight b·N/B)."""
+    leaves = {m: x.requires_grad_() for m, x in cache.items()}
+    terms = objective(leaves, active, step)
+    share_weight = objective.share_weight  # 1 unless the shares are unequal
+    if poison:
+        terms["total_loss"] = terms["total_loss"] * float("nan")
+    lap("loss")
+    terms["total_loss"].backward()
+    grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}
+    return {k: v.detach() for k, v in terms.items()}, grads, share_weight  # detached: the leaves can go
+
+
+def _reforward_chunks(model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+                      starts: list, grads: dict[str, Tensor], objective: Callable, share_weight: float,
+                      forward_context, device, poison: bool, lap) -> Tensor | None:
+    """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its rows of
+    the cached gradients pushed through it, with its reconstruction term's own gradient; DDP syncs
+    only the last chunk's backward. Returns the reconstruction loss of the share (None without heads)."""
+    b = bounds[-1][1]
+    weight, detach_targets = objective.loss.recon_weight, objective.loss.detach_recon_targets
+    recon_parts: list[Tensor] = []
+    no_sync = getattr(model, "no_sync", None)
+    for i, (s, e) in enumerate(bounds):
+        last = i == len(bounds) - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            _set_rng_state(starts[i], device)
+            with forward_context():
+                out = model(slice_batch(batch, s, e), active)
+            lap("reforward")
+            outputs = [out[m] for m in grads]
+            seeds = [g[s:e] for g in grads.values()]
+            pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
+            if pairs:
+                part = recon_loss(pairs, detach_targets) * ((e - s) / b * share_weight)
+                recon_parts.append(part.detach())
+                outputs.append(weight * part * float("nan") if poison else weight * part)
+                seeds.append(torch.ones_like(outputs[-1]))
+            torch.autograd.backward(outputs, seeds)
+            del out, outputs, seeds, pairs
+        lap("backward")
+    return torch.stack(recon_parts).sum() if recon_parts else None
