@@ -4,11 +4,11 @@
     python bench/gpu_smoke.py --out gpu_smoke.json    # also write the JSON to a file
     python bench/gpu_smoke.py --device cpu --quick    # the script's own check on a machine without a GPU
 
-One process, a 1-rank process group (NCCL on CUDA, gloo on CPU) and the model wrapped in DDP as a
-Ray Train worker wraps it (``gradient_as_bucket_view``), so the step is the one a worker runs:
-``raymcn.train.build.assemble`` (precision policy, model, Adam, LR schedule, objective) and
-``raymcn.train.loop.train_one_epoch`` over batches fed by ``raymcn.train.feed.Prefetcher`` (pinned,
-copied on a side stream), forward under bf16 autocast, losses and k-means in fp32. Three variants:
+The step is measured by ``raymcn.train.preflight.step_probe.measure_step``, the same function
+``raymcn doctor --step`` runs on every node: one process, a 1-rank process group (NCCL on CUDA,
+gloo on CPU), the model wrapped in DDP as a Ray Train worker wraps it, ``build.assemble`` and
+``loop.train_one_epoch`` over prefetched batches, bf16 autocast, losses and k-means in fp32.
+Three variants:
 
 * ``plain``: one rank's share of the paper's step (32 videos x 32 clips = 1024 clips);
 * ``cached``: the paper's whole step on this one GPU (128 videos x 32 clips = 4096 clips) with
@@ -32,22 +32,14 @@ import argparse
 import json
 import math
 import os
-import socket
 import sys
-import time
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from raymcn.config import Config  # noqa: E402
-from raymcn.losses import Collectives  # noqa: E402
-from raymcn.train.build import assemble  # noqa: E402
-from raymcn.train.feed import Prefetcher  # noqa: E402
-from raymcn.train.loop import EpochProgress, train_one_epoch  # noqa: E402
-from raymcn.train.plan import make_plan  # noqa: E402
-from raymcn.train.preflight.footprint import GIB, estimate_worker_memory  # noqa: E402
+from raymcn.train.preflight.footprint import GIB  # noqa: E402
+from raymcn.train.preflight.step_probe import measure_step, one_rank_group  # noqa: E402
 
 PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ranks' share of 128 videos
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}
@@ -64,65 +56,8 @@ def variants(quick: bool, chunk: int) -> dict[str, dict]:
             "ring": {**PAPER_SHARE, "scale.ring_contrastive": True}}
 
 
-def host_batch(cfg: Config, seed: int = 0) -> dict:
-    """One batch of the batch contract at ``cfg``'s dims, on the host (random values; text in the
-    dtype the reader delivers it in: bfloat16 when ``scale.use_gpu``)."""
-    m, d = cfg.model, cfg.data
-    b = d.batch_size * d.clips_per_video
-    g = torch.Generator().manual_seed(seed)
-    return {"video": torch.rand(b, m.video_dim, generator=g),
-            "audio": torch.randn(b, m.mel_bins, d.audio_frames, generator=g).half(),
-            "nframes": torch.full((b,), d.audio_frames, dtype=torch.int32),
-            "text": torch.randn(b, d.max_words, m.word_dim, generator=g).to(
-                torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
-            "key": [f"v{i // d.clips_per_video}#{i % d.clips_per_video}" for i in range(b)]}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_variant(name: str, overrides: dict, device: torch.device, warmup: int, steps: int) -> dict:
-    cfg = Config().replace({**overrides, "scale.num_workers": 1, "scale.use_gpu": device.type == "cuda",
-                            "schedule.steps_per_epoch": warmup + steps, "schedule.epochs": 2,
-                            "optim.warmup_steps": 1})
-    plan = make_plan(cfg, cfg.data.batch_size * (warmup + steps))
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device) if cuda else 0
-
-    def wrap(net):
-        net = net.to(device)
-        return DistributedDataParallel(net, device_ids=[device.index] if cuda else None,
-                                       find_unused_parameters=False, gradient_as_bucket_view=True)
-
-    run = assemble(cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
-    batch = host_batch(cfg)
-
-    def epoch(n: int) -> dict:
-        feed = Prefetcher((batch for _ in range(n)), device, depth=cfg.data.prefetch_batches)
-        return train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=cfg,
-                               state=run.state, device=device, switch=plan.switch_step)
-
-    epoch(warmup)
-    run.state.progress = EpochProgress()  # the timed steps' metrics only
-    started = time.perf_counter()
-    metrics = epoch(steps)
-    wall = (time.perf_counter() - started) / steps
-    peak = (torch.cuda.max_memory_allocated(device) - base) if cuda else None
-    estimate = estimate_worker_memory(cfg)
-    out = {"clips": cfg.clips_per_step, "s_per_step_wall": wall,
-           "samples_per_s": metrics["samples_per_s"],
-           "phases_s": {k[5:-2]: v for k, v in metrics.items() if k.startswith("time_") and k.endswith("_s")
-                        and k not in ("time_epoch_s", "time_first_batch_s")},
-           "losses": {k: v for k, v in metrics.items() if k.endswith("_loss")},
-           "estimate_bytes": estimate["total"], "peak_bytes": peak,
-           "estimate_over_peak": estimate["total"] / peak if peak else None}
-    return out
+    return measure_step(Config().replace(overrides), device, warmup, steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,12 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "quick": args.quick, "variants": {}}
-    try:
+    with one_rank_group(device):
         for name in args.variants:
             res = run_variant(name, variants(args.quick, args.chunk)[name], device, args.warmup, args.steps)
             report["variants"][name] = res
@@ -159,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['samples_per_s']:.0f} samples/s; peak {peak}, estimate "
                   f"{res['estimate_bytes'] / GIB:.2f} GiB (est/peak {ratio}); ms: {phases}; "
                   f"losses {'finite' if finite else 'NOT FINITE'}")
-    finally:
-        dist.destroy_process_group()
     line = json.dumps(report)
     if args.out:
         with open(args.out, "w") as f:

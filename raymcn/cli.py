@@ -1,4 +1,4 @@
-"""Command line: ``raymcn train | sweep | config | synth | shards | eval | import-original | table | watch``.
+"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table | watch``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -111,12 +111,13 @@ def _resume_target(args: argparse.Namespace, latest) -> str | None:
 
 def _failed(command: str, error: BaseException, resume_hint: str) -> int:
     """A run that failed: what happened, and (unless a restart cannot cure it) how to resume; status 1."""
-    from raymcn.config import permanent_cause
+    from raymcn.config import doctor_hint, permanent_cause
 
     cause = permanent_cause(error)
     if cause is not None:
+        hint = doctor_hint(cause)
         print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
-              f"{type(cause).__name__}: {cause}", file=sys.stderr)
+              f"{type(cause).__name__}: {cause}" + (f"\n({hint})" if hint else ""), file=sys.stderr)
     else:
         print(f"raymcn {command}: the run failed after its restarts (scale.max_failures): {error}\n"
               f"{resume_hint}", file=sys.stderr)
@@ -291,14 +292,11 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, inputs, after=N
 
 def _describe_sweep(cfg: Config) -> str:
     """One line: algorithm, trials, epochs and what is swept (the start of a sweep's console)."""
-    from raymcn.sweep.tuner import num_samples
+    from raymcn.sweep.tuner import search_trials
 
     sw = cfg.sweep
     keys = " x ".join(sw.space) or "nothing"
-    trials = num_samples(cfg)
-    if sw.algorithm == "grid":  # every combination of the listed values, per sample and seed
-        trials *= math.prod(len(v) for spec in sw.space.values() for d, v in spec.items() if d in ("choice", "grid"))
-        trials *= sw.repeats
+    trials = search_trials(cfg)
     repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
     c = sw.confirm
     confirm = (f"; then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
@@ -311,6 +309,26 @@ def _print_results(experiment_dir: str) -> None:
     from raymcn.results import table
 
     cmd_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``raymcn doctor``: every node checked for the config (``doctor.py``); status 1 when a check fails."""
+    from raymcn import doctor
+
+    cfg = load_config(args.config or preset_path(), args.overrides)
+    started = start_ray(args.address)
+    try:
+        report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
+                                 trial_overhead_s=args.trial_overhead)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    print(doctor.render(report, cfg.scale.use_gpu))
+    if args.json:
+        print(json.dumps(doctor.as_json(report)), flush=True)
+    return 1 if doctor.failed(report) else 0
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -386,8 +404,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 DESCRIPTION = ("raymcn: train the Multimodal Clustering Network (video, audio and text in one space) with DDP "
                "on Ray Train, sweep it with Ray Tune, and answer which modality-stage order learns best.")
-EPILOG = ("The lab's path: raymcn shards (features -> shards), raymcn train (one run), raymcn sweep (the "
-          "stage-order question), raymcn table (the answer). `raymcn COMMAND --help` for each.")
+EPILOG = ("The lab's path (docs/lab-guide.md): raymcn shards (features -> shards), raymcn doctor (every node "
+          "checked, the sweep's duration), raymcn sweep (the stage-order question), raymcn table (the answer). "
+          "`raymcn COMMAND --help` for each.")
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -416,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "per stage order (or sweep.confirm's per/top) over fresh seeds at the full budget, into the "
                    "same folder")
     p.set_defaults(func=cmd_sweep)
+    from raymcn import doctor
+
+    p = sub.add_parser("doctor", help="check every node of the Ray cluster for a config before a sweep, and "
+                       "estimate the sweep's duration")
+    doctor.add_arguments(p)
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("config", help="print the resolved configuration of a run, or every setting (--reference)")
     p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -67,6 +67,16 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
+def doctor_hint(cause: BaseException) -> str:
+    """A pointer to ``raymcn doctor`` when ``cause`` is one it checks on every node before a sweep
+    (a missing or unreadable file or mount, another node's software); "" otherwise."""
+    if isinstance(cause, (OSError, ImportError)) or type(cause).__name__ in ("EvalSetError", "ShardError",
+                                                                                "SampleError", "ConfigError"):
+        return ("`raymcn doctor --config ...` checks every node's shards, eval set, word vectors, storage and "
+                "versions before a sweep")
+    return ""
+
+
 class ConfigError(ValueError, PermanentError):
     """A configuration problem; the message lists every problem found, one per line."""
 

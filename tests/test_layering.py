@@ -69,7 +69,7 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
         return {"raymcn.config"}, set(), set()
-    if module in ("raymcn.cli", "raymcn", "raymcn.doctor"):
+    if module in ("raymcn.cli", "raymcn") or module.startswith("raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
     ray = {"ray"} if module in RAY_DATA_SIDE else set()
     forbidden = set() if module in RAY_DATA_SIDE else RAY_DATA_SIDE

@@ -22,12 +22,29 @@ def shard_bytes(manifest: dict) -> list[tuple[str, list[str], str]]:
     return [(s["name"], s["videos"], s["sha256"]) for s in manifest["shards"]]
 
 
-def test_ray_actors_write_the_local_writers_shards_and_resume_alike(ray_local, corpus, tmp_path, capsys):
+def test_ray_actors_write_the_local_writers_shards_and_resume_alike(ray_local, corpus, tmp_path, capsys,
+                                                                     monkeypatch):
+    """The actors are given the caption store, never the caption table: once the driver built the
+    store, the caption pickle is moved away until the actors are done, and they still write the
+    same shards."""
     from raymcn.cli import main
+    from raymcn.data.write import shards
     from raymcn.data.write.ray_writers import RayWriters
 
     local = write(corpus, tmp_path / "local", workers=1)
-    on_ray = write(corpus, tmp_path / "ray", writer=RayWriters())
+    real, hidden = shards._captions_and_vocab, tmp_path / "hidden.pickle"
+
+    def then_hide_the_pickle(*args):
+        out = real(*args)
+        corpus.captions.rename(hidden)
+        return out
+
+    monkeypatch.setattr(shards, "_captions_and_vocab", then_hide_the_pickle)
+    try:
+        on_ray = write(corpus, tmp_path / "ray", writer=RayWriters())
+    finally:
+        hidden.rename(corpus.captions)
+    monkeypatch.undo()
     assert shard_bytes(on_ray) == shard_bytes(local) and len(local["shards"]) == 3
     assert on_ray["counts"] == local["counts"]
 

@@ -12,6 +12,7 @@ iteration count restarts while its Train run resumes from its checkpoint.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from raymcn.config import (
     Config,
     ConfigError,
     default_storage_path,
+    doctor_hint,
     load_config_text,
     permanent_cause,
 )
@@ -81,8 +83,9 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         cause = permanent_cause(e)
         if cause is None:
             raise
+        hint = doctor_hint(cause)
         storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
-                           f"{type(cause).__name__}: {cause}\n")
+                           f"{type(cause).__name__}: {cause}\n" + (f"({hint})\n" if hint else ""))
 
 
 @functools.cache
@@ -154,6 +157,28 @@ def num_samples(cfg: Config) -> int:
     (a grid's seed axis multiplies its cells by itself)."""
     sw = cfg.sweep
     return sw.num_samples if sw.algorithm == "grid" else sw.num_samples * sw.repeats
+
+
+def search_trials(cfg: Config) -> int:
+    """Trials the search runs: ``num_samples`` (x ``repeats``); a grid: every combination of its
+    listed values, per sample and seed."""
+    sw = cfg.sweep
+    trials = num_samples(cfg)
+    if sw.algorithm == "grid":
+        trials *= math.prod(len(v) for spec in sw.space.values() for d, v in spec.items() if d in ("choice", "grid"))
+        trials *= sw.repeats
+    return trials
+
+
+def confirmation_runs(cfg: Config) -> int:
+    """Runs the confirmation phase trains (``sweep.confirm``): top x repeats for every value of
+    its ``per`` key (the values the space lists; 1 group when it lists none); 0 without one."""
+    c = cfg.sweep.confirm
+    if not c:
+        return 0
+    spec = cfg.sweep.space.get(c["per"], {})
+    groups = next((len(v) for d, v in spec.items() if d in ("choice", "grid")), 1)
+    return groups * int(c.get("top", 1)) * int(c["repeats"])
 
 
 def first_rung_hyperband(scheduler, max_t: int, first_rung: int):

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from raymcn.data.formats.features import FeatureFileError, load_captions, video_id_of
 from raymcn.data.formats.manifest import ShardError
 from raymcn.data.formats.sample import FEATURE_DTYPES, encode_record
-from raymcn.data.write.captions import available_memory, existing_store, memory_refusal, unpickle_bytes
+from raymcn.data.write import captions as caption_store
 from raymcn.data.write.sources import LayoutSources, check_inputs, open_features, video_paths
 
 SIZE_SAMPLE = 32  # videos whose npz headers are read to estimate the mean sample size
@@ -144,10 +144,11 @@ def plan_space(src: LayoutSources, out: str | os.PathLike, *, seed: int = 0, pro
     found, missing = [], []
     for path in tqdm(paths, unit="video", desc="checking files", file=sys.stderr, disable=not progress):
         (found if feats.complete(path) else missing).append(path)
-    store = existing_store(Path(out), src.captions)
-    needed, available = (0 if store is not None else unpickle_bytes(src.captions)), available_memory()
+    store = caption_store.existing_store(Path(out), src.captions)
+    needed = 0 if store is not None else caption_store.unpickle_bytes(src.captions)
+    available = caption_store.available_memory()
     if needed > available:  # said before it is spent: the dry run would load the table too
-        raise ShardError(memory_refusal(src.captions, needed, available))
+        raise ShardError(caption_store.memory_refusal(src.captions, needed, available))
     caps = store if store is not None else load_captions(src.captions)
     per_video = sample_bytes(found, feats, caps, np.random.default_rng([seed, 0x5EED]))
     if not per_video:

@@ -1,0 +1,294 @@
+"""Faults change nothing: a sweep under many injected faults ends with the same table as a quiet one.
+
+A grid sweep (its trials fixed in advance) runs on Ray's multi-node test cluster (a head that takes
+no work and 1-CPU raylets standing in for the lab's servers), its driver a separate process
+(``raymcn sweep --address``). This process injects faults at random, seeded moments:
+
+* ``kill_worker``: a Ray Train worker SIGKILLed;
+* ``lose_node``: a raylet holding a Train worker removed at once (``remove_node(allow_graceful=False)``:
+  a power loss), another added back a few seconds later;
+* ``stall_rank``: a Train worker SIGSTOPped past ``run.stall_timeout_s`` (the other rank's watchdog
+  names the stall and ends the attempt), then SIGCONTed or SIGKILLed;
+* ``storage_readonly``: a running trial's run folder made immutable (``chattr +i``: even root cannot
+  write there) for a while, so checkpoints and its progress files fail to write;
+* ``kill_driver``: the sweep's driver SIGKILLed and started again with ``--resume latest``.
+
+Then every trial's per-epoch metrics (``metrics.csv``, timing columns aside) are compared with the
+same sweep run without faults: bitwise, because the data order is a function of (seed, epoch,
+step) and a restart resumes from the exact state of a checkpoint, and nothing in a step depends on
+the world's history. Also compared: the table's answer, the trials (none lost, none twice).
+``tests/test_multinode.py`` runs a short soak with one fault of each kind; ``python bench/chaos.py``
+a longer one (``--faults``, default 20) and prints the figures ``docs/faults.md`` quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from raymcn.config import RUN_CONFIG_FILE
+
+KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
+TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
+NODE = {"num_cpus": 1}
+
+
+def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T", "joint"),
+                   lrs: tuple[float, ...] = (1e-3, 3e-3), stall_timeout_s: int = 10) -> list[str]:
+    """A grid sweep of len(orders) x len(lrs) trials of ``epochs`` epochs, 2 workers of 1 CPU each,
+    checkpoints every 2 steps (inside epochs), failure budgets for a soak."""
+    return ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", f"schedule.epochs={epochs}",
+            "scale.num_workers=2", "scale.cpus_per_worker=1", "run.checkpoint_every=2",
+            f"run.stall_timeout_s={stall_timeout_s}", "scale.max_failures=30", "sweep.max_trial_failures=10",
+            "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.repeats=1", "sweep.max_concurrent=1",
+            "sweep.confirm={}", f"sweep.space={{schedule.stage_order: {{grid: [{', '.join(orders)}]}}, "
+            f"optim.lr: {{grid: [{', '.join(map(str, lrs))}]}}}}", f"run.storage_path={tmp}"]
+
+
+@dataclass
+class Driver:
+    """The sweep's driver process (``raymcn sweep``); restarted with ``--resume latest``."""
+
+    address: str
+    settings: list[str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    def start(self, resume: bool = False) -> None:
+        argv = [sys.executable, "-m", "raymcn.cli", "sweep", "--address", self.address,
+                *sum((["--set", s] for s in self.settings), [])]
+        if resume:
+            argv += ["--resume", "latest"]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "a") as out:
+            out.write(f"\n=== driver start {self.starts} {'(resume)' if resume else ''} ===\n")
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def done(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+
+def _pids(name: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "cmdline").read_bytes().startswith(name.encode()):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return sorted(out)
+
+
+@dataclass
+class Chaos:
+    """Injects faults into a running sweep (module doc) at random moments drawn from ``seed``."""
+
+    cluster: object
+    driver: Driver
+    experiment: Path
+    seed: int
+    stall_timeout_s: float
+    mean_gap_s: float = 20.0
+    injected: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+        self.lock = threading.Lock()  # held while a fault is injected: the driver may be between a kill and a start
+
+    def run(self, faults: int, stop: threading.Event) -> None:
+        """``faults`` faults, every kind as evenly as ``faults`` allows, in a seeded random order."""
+        plan = [KINDS[i % len(KINDS)] for i in range(faults)]
+        self.rng.shuffle(plan)
+        for kind in plan:
+            if stop.wait(self.rng.uniform(0.5, 1.5) * self.mean_gap_s):
+                return
+            started = time.time()
+            with self.lock:
+                if self.driver.done():
+                    return  # the sweep ended
+                detail = getattr(self, kind)()
+            if detail is not None:
+                self.injected.append({"kind": kind, "at": started, "detail": detail})
+
+    def _worker(self) -> int | None:
+        pids = _pids("ray::RayTrainWorker")
+        return self.rng.choice(pids) if pids else None
+
+    def kill_worker(self) -> str | None:
+        pid = self._worker()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL Train worker {pid}"
+
+    def lose_node(self) -> str | None:
+        from ray.util.state import list_actors
+
+        busy = {a.node_id for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
+        victims = [n for n in self.cluster.worker_nodes if n.node_id in busy]
+        if not victims:
+            return None
+        victim = self.rng.choice(victims)
+        self.cluster.remove_node(victim, allow_graceful=False)
+        time.sleep(3.0)
+        self.cluster.add_node(**NODE)
+        return f"node {victim.node_id[:8]} removed, a new one added 3 s later"
+
+    def stall_rank(self) -> str | None:
+        pid = self._worker()
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(self.stall_timeout_s * 1.5)
+        how = self.rng.choice(["SIGCONT", "SIGKILL"])
+        try:
+            os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
+        except ProcessLookupError:
+            how = "(already gone)"
+        return f"SIGSTOP Train worker {pid} for {self.stall_timeout_s * 1.5:.0f} s, then {how}"
+
+    def storage_readonly(self, seconds: float = 8.0) -> str | None:
+        runs = sorted(self.experiment.glob("train/train-*"), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            return None
+        run = runs[-1]  # the newest: the one running
+        if subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
+            return None  # chattr not permitted here: the fault is not injected (and not counted)
+        try:
+            time.sleep(seconds)
+        finally:
+            subprocess.run(["chattr", "-i", str(run)], capture_output=True)
+        return f"{run.name} immutable for {seconds:g} s"
+
+    def kill_driver(self) -> str | None:
+        self.driver.kill()
+        time.sleep(1.0)
+        self.driver.start(resume=True)
+        return "sweep driver SIGKILLed, restarted with --resume latest"
+
+
+def epoch_metrics(experiment: Path) -> dict[tuple, list[dict]]:
+    """(stage order, lr) -> the trial's metrics.csv rows, timing columns left out."""
+    out = {}
+    for run in experiment.glob("train/train-*"):
+        c = yaml.safe_load((run / RUN_CONFIG_FILE).read_text())
+        key = (c["schedule"]["stage_order"], float(c["optim"]["lr"]))
+        with open(run / "metrics.csv") as f:
+            rows = [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in csv.DictReader(f)]
+        out[key] = rows
+    return out
+
+
+def answer_line(experiment: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "raymcn.cli", "table", str(experiment)], capture_output=True,
+                         text=True).stdout
+    return next((ln for ln in out.splitlines() if ln.lower().startswith(("answer", "best"))), out[-400:])
+
+
+def run_sweep(cluster, tmp: Path, settings: list[str], faults: int = 0, seed: int = 0, mean_gap_s: float = 20.0,
+              timeout_s: float = 1800.0) -> dict:
+    """One sweep on ``cluster`` with ``faults`` faults injected; returns its experiment folder, the
+    faults, the driver's restarts and its wall time."""
+    driver = Driver(cluster.address, [*settings, "run.name=chaos"], tmp / "driver.log")
+    experiment = tmp / "chaos"
+    chaos = Chaos(cluster, driver, experiment, seed, stall_timeout_s=float(
+        next(s for s in settings if s.startswith("run.stall_timeout_s")).split("=")[1]), mean_gap_s=mean_gap_s)
+    stop = threading.Event()
+    injector = threading.Thread(target=chaos.run, args=(faults, stop), daemon=True)
+    started = time.time()
+    driver.start()
+    injector.start()
+    try:
+        while time.time() - started < timeout_s:
+            with chaos.lock:
+                if driver.done():
+                    break
+            time.sleep(1.0)
+        else:
+            raise TimeoutError(f"the sweep did not end within {timeout_s:g} s (log: {driver.log})")
+    finally:
+        stop.set()
+        injector.join()
+    if driver.proc.returncode != 0:
+        raise RuntimeError(f"the sweep failed: {driver.log}\n{driver.log.read_text()[-3000:]}")
+    return {"experiment": experiment, "faults": chaos.injected, "driver_starts": driver.starts,
+            "seconds": time.time() - started, "log": driver.log}
+
+
+def compare(quiet: Path, loud: Path) -> list[str]:
+    """The differences between two sweeps' trials (empty: the same table)."""
+    a, b = epoch_metrics(quiet), epoch_metrics(loud)
+    problems = []
+    if sorted(a) != sorted(b):
+        problems.append(f"trials differ: {sorted(a)} vs {sorted(b)}")
+    for key in sorted(set(a) & set(b)):
+        if a[key] != b[key]:
+            diff = [(r1.get("epoch"), k, r1[k], r2.get(k)) for r1, r2 in zip(a[key], b[key]) for k in r1
+                    if r1[k] != r2.get(k)]
+            problems.append(f"trial {key}: {len(a[key])} vs {len(b[key])} epochs; first differences {diff[:3]}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--gap", type=float, default=15.0, help="mean seconds between faults")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import multinode_cluster
+
+    from common import machine_line
+
+    with tempfile.TemporaryDirectory(prefix="raymcn-chaos-") as tmp, \
+            multinode_cluster(*[NODE] * 3) as cluster:
+        settings = chaos_settings(Path(tmp), epochs=args.epochs, orders=("AV_T", "VT_A", "joint"))
+        quiet = run_sweep(cluster, Path(tmp) / "quiet", [*settings[:-1], f"run.storage_path={tmp}/quiet"])
+        loud = run_sweep(cluster, Path(tmp) / "loud", [*settings[:-1], f"run.storage_path={tmp}/loud"],
+                         faults=args.faults, seed=args.seed, mean_gap_s=args.gap, timeout_s=7200)
+        problems = compare(quiet["experiment"], loud["experiment"])
+        same_answer = answer_line(quiet["experiment"]) == answer_line(loud["experiment"])
+        per_kind = {k: sum(f["kind"] == k for f in loud["faults"]) for k in KINDS}
+        lost = (loud["seconds"] - quiet["seconds"]) / max(1, len(loud["faults"]))
+        print(f"bench/chaos.py on {machine_line()}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
+              f"epochs, run.checkpoint_every=2 steps")
+        print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
+              f"driver starts {loud['driver_starts']}")
+        print(f"wall time: quiet {quiet['seconds']:.0f} s, under faults {loud['seconds']:.0f} s: "
+              f"{lost:.1f} s lost per fault")
+        print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")
+        for p in problems:
+            print("  " + p)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine_line(), "faults": loud["faults"],
+                                                   "per_kind": per_kind, "quiet_s": quiet["seconds"],
+                                                   "loud_s": loud["seconds"], "lost_per_fault_s": lost,
+                                                   "differences": problems, "same_answer": same_answer}, indent=1))
+    return 0 if not problems and same_answer else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""What a probe gathers on one node (it runs there as a Ray task that reserves no CPU or GPU):
+facts only, never a verdict, and it never raises; ``verdicts.py`` judges them on the head."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raymcn import storage
+
+SPILL_MIN_BYTES = 10 * 10**9  # Ray spills objects to its temp folder when the object store fills
+
+
+SAMPLED_VIDEOS = 4  # videos whose every member's CRC-32 a probe checks, spread over the shards
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the head sends every node's probe: the paths to check and the head's own facts."""
+
+    shards_dir: str
+    manifest: str  # the head's digest of the manifest (shard names and sizes); "" when it has none
+    sample: tuple[tuple[str, str, int, int], ...]  # (video id, shard, start, end) to read and CRC-check
+    eval_file: str
+    eval_bytes: int  # on the head; -1 when missing there
+    word_vectors: str  # "" = the shards' vocab.npy
+    storage: str
+    token: str  # a file the head wrote in the storage, and its text: read back on every node
+    token_text: str
+    versions: dict[str, str] = field(default_factory=dict)
+    interpreter: str = ""
+    venv: str = ""  # RAYMCN_VENV on the head: the environment cluster.yaml sets up
+    use_gpu: bool = False
+    estimate_bytes: int = 0  # the preflight's per-worker memory estimate
+    cpus_per_worker: float = 1.0
+
+
+def versions() -> dict[str, str]:
+    import ray
+    import torch
+
+    return {"raymcn": importlib.metadata.version("raymcn"), "ray": ray.__version__, "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def manifest_digest(shard_names, shard_bytes) -> str:
+    return hashlib.sha256(json.dumps([list(shard_names), list(shard_bytes)]).encode()).hexdigest()[:16]
+
+
+# --- on every node ---------------------------------------------------------------------------------------------
+def probe(req: Request) -> dict[str, Any]:
+    """The facts of the node this runs on (never raises: a fact it cannot get says why)."""
+    facts: dict[str, Any] = {"host": socket.gethostname(), "versions": versions(), "interpreter": sys.executable,
+                             "cpus": os.cpu_count() or 0, "cuda": _cuda_build(), "gpus": _gpus(),
+                             "spill_free": _free_bytes(os.environ.get("RAY_TMPDIR", "/tmp"))}
+    facts["shards"] = _shards(req)
+    facts["crc"] = _crc(req)
+    facts["eval_bytes"] = Path(req.eval_file).stat().st_size if Path(req.eval_file).is_file() else -1
+    words = Path(req.word_vectors) if req.word_vectors else Path(req.shards_dir) / "vocab.npy"
+    facts["word_vectors"] = str(words) if words.is_file() else ""
+    facts["storage"] = _storage(req)
+    return facts
+
+
+def _shards(req: Request) -> dict[str, Any]:
+    from raymcn.data.formats.manifest import load_manifest
+
+    try:
+        m = load_manifest(req.shards_dir)
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+    return {"digest": manifest_digest([s["name"] for s in m["shards"]], [s["bytes"] for s in m["shards"]]),
+            "videos": int(m["counts"]["videos"]), "shards": len(m["shards"])}
+
+
+def _crc(req: Request) -> list[str]:
+    """The sampled videos that fail to read or to pass their CRC-32 checks, with why."""
+    from raymcn.data.read.stream import StepJob, read_step_records
+
+    job = StepJob(0, 0, 0, tuple(req.sample))
+    try:
+        return [f"{r.video_id} in {r.shard}: {r.error}" for r in read_step_records(req.shards_dir, job)
+                if r.record is None]
+    except Exception as e:  # noqa: BLE001 - reported as the check's failure
+        return [f"{type(e).__name__}: {e}"]
+
+
+def _storage(req: Request) -> dict[str, str]:
+    out = {}
+    mine = storage.join(req.storage, ".raymcn-doctor", f"{socket.gethostname()}-{os.getpid()}")
+    try:
+        storage.write_text(mine, "ok")
+        fs, path = storage.filesystem(mine)
+        fs.delete_file(path)
+        out["writable"] = ""
+    except Exception as e:  # noqa: BLE001 - OSError locally, pyarrow errors for buckets
+        out["writable"] = str(getattr(e, "strerror", None) or e)
+    try:
+        out["token"] = storage.read_text(req.token)
+    except Exception as e:  # noqa: BLE001
+        out["token_error"] = str(getattr(e, "strerror", None) or e)
+    return out
+
+
+def _cuda_build() -> dict[str, str]:
+    import torch
+
+    nccl = ""
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else ""
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        pass
+    return {"cuda": torch.version.cuda or "", "nccl": nccl}
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """Every GPU of the node as nvidia-smi sees it (a probe reserves none, so torch would see none)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, total, free, driver = [x.strip() for x in line.split(",")]
+        gpus.append({"name": name, "total": int(float(total)) << 20, "free": int(float(free)) << 20, "driver": driver})
+    return gpus
+
+
+def _free_bytes(where: str) -> int:
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return 0
