@@ -322,7 +322,9 @@ FIGURES = [
      lambda: "{} {}".format(*(lambda c: (c["sweep"]["confirm"]["repeats"], c["schedule"]["epochs"]))(
          __import__("yaml").safe_load(SWEEP.read_text()))), [
         ("README.md", r"over (\d+) fresh seeds at the full (\d+) epochs"),
-        ("docs/lab-guide.md", r"over (\d+) fresh seeds at the full (\d+) epochs")]),
+        ("docs/lab-guide.md", r"over (\d+) fresh seeds at the full (\d+) epochs"),
+        ("docs/sweeps.md", r"confirmed over (\d+) fresh seeds at the full (\d+) epochs"),
+        ("docs/sweeps.md", r"confirms over (\d+) seeds at the full (\d+) epochs")]),
     ("the batch pipeline: later and first batch waits, ms (bench/overhead.py)",
      lambda: "{:.1f} {:.1f} {:.0f} {:.0f}".format(*(lambda m: (
          m["raymcn-noprefetch"]["later batch wait"], m["raymcn"]["later batch wait"],
