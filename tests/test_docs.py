@@ -316,6 +316,13 @@ FIGURES = [
                        _gib(_estimate(workers=1, over=tuple(_preflight_message(40 * 10**9)[1].items()))["total"])]), [
         ("docs/memory.md", r"On a 40 GB A100 the estimate \(([\d.]+) GiB of ([\d.]+) usable\) also asks for caching, "
                            r"again 2 chunks of 2048 clips \(([\d.]+) GiB\)")]),
+    ("the one-minute run: R@10 and chance (docs/performance.md)",
+     lambda: "{:.0f} {}".format(float(_cell("docs/performance.md", r"\*\*R@10 = ([\d.]+) %\*\*")),
+                                _cell("docs/performance.md", r"where chance is \*\*([\d.]+) %\*\*")), [
+        ("README.md", r"R@10 ≈ (\d+) % where chance is ([\d.]+) %")]),
+    ("the embedded default sweep's answer (docs/sweeps.md's example)",
+     lambda: _cell("docs/sweeps.md", r"(Answer: VT_A .*? would likely go unseen\.)"), [
+        ("README.md", r"(Answer: VT_A .*? would likely go unseen\.)")]),
     ("malformed configs the preflight test feeds", lambda: str(_case_count()), [
         ("docs/memory.md", r"feeds (\d+) malformed configs")]),
     ("the sweep's confirmation: seeds and epochs (sweeps/stage_order_bohb.yaml)",
