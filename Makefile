@@ -11,10 +11,27 @@ test: $(VENV)/.installed    ## the test suite
 
 install: $(VENV)/.installed
 
+TORCH := torch==2.13.0
+# PyTorch's own index of CPU-only wheels; on Linux the default index serves torch's CUDA build.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	# Without a GPU, install the CPU build of torch first: the torch range in pyproject.toml would
-	# otherwise pull a multi-GB CUDA build. With nvidia-smi present the range picks the CUDA build.
-	command -v nvidia-smi >/dev/null 2>&1 || $(PY) -m pip install -q "torch==2.13.0"
+	# Without a GPU, torch comes first, from the CPU wheel index: the torch range in pyproject.toml
+	# would otherwise pull the multi-GB CUDA build. Where that index does not answer within 5 s
+	# (offline, a proxy, a local mirror), torch comes from pip's configured indexes instead, and the
+	# last line says which build arrived. With nvidia-smi present the range picks the CUDA build.
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  echo "torch: nvidia-smi found, so the CUDA build comes with raymcn's dependencies"; \
+	elif $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" \
+	       "$(TORCH_CPU_INDEX)" 2>/dev/null \
+	     && $(PY) -m pip install -q --timeout 15 --index-url "$(TORCH_CPU_INDEX)" "$(TORCH)"; then \
+	  echo "torch: $(TORCH) installed from the CPU wheel index $(TORCH_CPU_INDEX)"; \
+	else \
+	  echo "torch: no $(TORCH) from the CPU wheel index $(TORCH_CPU_INDEX) (not reachable within 5 s, or the install failed);" \
+	       "installing it from pip's configured indexes (on a stock Linux machine: the CUDA build)"; \
+	  $(PY) -m pip install -q "$(TORCH)"; \
+	fi
 	$(PY) -m pip install -q -e ".[test]"
+	@$(PY) -c "import torch; print('torch', torch.__version__, 'installed:', 'a CUDA build' if torch.version.cuda else 'the CPU build')"
 	touch $@

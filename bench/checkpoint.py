@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     checkpoint.save(one, **run.parts(), config=cfg.to_dict(), metrics={})
     figures["save_s"] = time.perf_counter() - t0
     figures["size_bytes"] = (one / checkpoint.STATE_FILE).stat().st_size
-    payload = torch.load(one / checkpoint.STATE_FILE, map_location="cpu", weights_only=False)
+    payload = checkpoint.load(one)
     figures["parts_bytes"] = {k: tensor_bytes(v) for k, v in payload.items()}
     del payload, run
 

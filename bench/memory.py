@@ -62,6 +62,13 @@ before (``torch.cat([queue.contents(), current])``, as the objective first did) 
 (``FeatureQueue.copy_into`` writes the queue rows straight into a preallocated X, as
 ``MCNObjective`` does since this benchmark found the extra copy; the table checks both build the
 same X).
+
+What it found (this machine; the tables are in docs/performance.md): the gathered embeddings
+first carried gradient, so every rank cloned and all-reduced a (B, D) gradient per modality in the
+backward (at B = 4096: 1360 and 968 MiB per rank at N = 2 and 4, now 1110 and 699; the loss 4.6 s
+instead of 7.1 s at N = 4); the estimate was 4-15 % below the measured peak at N = 8, where the
+cluster term's gathered fused rows and the queue's copy decide the peak (now counted); the
+k-means input held an extra fp32 copy of the queue (refit peak 2016 -> 1108 MiB at paper size).
 """
 
 from __future__ import annotations

@@ -43,6 +43,23 @@ through the forward, the loss and any k-means refit. The loop now frees them bef
 
 Load caveat: timings are wall-clock on whatever else the machine runs; re-measure on a quiet
 machine (memory figures do not depend on load). ``--threads`` pins torch's intra-op threads.
+
+What it found (this machine, 2 cores; the tables are in docs/performance.md):
+
+* Per kernel path. On an AVX2-only CPU the test suite once measured 8.5 MB against an estimate of
+  3.2 MB. Reproduced here with ``ONEDNN_MAX_CPU_ISA=AVX2`` (the same 8 524 244 bytes) and located by
+  replaying the profiler's allocations per conv call: the backward of DAVEnet's first convolution
+  (a 1-channel spectrogram) reorders its input into oneDNN's channel-blocked layout, 8 channels wide
+  on AVX2, so the spectrogram becomes 8 channels (1.28 MB per clip at paper dims). On AVX-512 the
+  same call keeps the input unpadded. Hence one workspace formula per path
+  (``footprint.conv_path()``), and the scratchpad allowance per oneDNN call (two 16-float vectors
+  per output position per thread, measured <= 11 KB per thread at 160 positions, plus 256 KiB).
+* Waste, fixed: last step's gradients held through the forward (step peak 3.967 -> 3.599 GB at 32
+  clips, 4.344 -> 3.917 GB at 64; ``--zero-grad-late`` shows the old order); the model's outputs
+  (0.1 GB per rank at paper size) held through Adam's step, now released after the loss; DDP's
+  second copy of the gradients in its buckets (0.9 GB per worker at paper size), now
+  ``gradient_as_bucket_view=True``, except under gradient caching's ``no_sync`` chunks, which the
+  estimate counts (P x 4 bytes until the last chunk's backward).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Checkpoint files: atomic writes, strict restore, fallback past a damaged latest checkpoint."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,88 @@ def test_a_resume_that_sees_fewer_gpus_restores_its_own_devices_generator(tmp_pa
     checkpoint.restore(old_format, model=torch.nn.Linear(2, 2), loop=LoopState())
     assert torch.equal(worker.states[0], torch.zeros(4, dtype=torch.uint8))  # device 0's of the old list
     assert set(worker.states) == {0}
+
+
+# --- loading only what raymcn saves (torch.load with weights_only=True) -----------------------------
+CALLS = []
+
+
+def _record_call(*args):
+    """What a tampered checkpoint asks the unpickler to call; a refused load never calls it."""
+    CALLS.append(args)
+    return {}
+
+
+class _Payload:
+    """An object whose unpickling runs a function of the file's choosing (here a harmless one)."""
+
+    def __reduce__(self):
+        return _record_call, ("code from the checkpoint file",)
+
+
+def tamper(directory, **extra):
+    """Rewrite ``directory/state.pt`` as someone with write access to the storage could."""
+    path = directory / checkpoint.STATE_FILE
+    payload = torch.load(path, weights_only=False)
+    payload.update(extra)
+    torch.save(payload, path)
+    return path
+
+
+def test_a_whole_run_checkpoint_round_trips_with_weights_only():
+    """Everything a run saves (model, Adam, the LR schedule, queue and centroids, loop, numpy's RNG
+    state, config, metrics) loads under weights_only=True and restores."""
+    import tempfile
+
+    import numpy as np
+
+    from raymcn.config import load_config
+    from raymcn.train.build import assemble
+    from raymcn.train.plan import make_plan
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.yaml")
+    run = assemble(cfg, make_plan(cfg, 256))
+    for p in run.net.parameters():
+        p.grad = torch.ones_like(p)
+    run.optimizer.step()
+    run.scheduler.step()
+    np.random.seed(3)
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint.save(d, **run.parts(), config=cfg.to_dict(), metrics={"epoch": 1.0})
+        expected = np.random.rand(3)
+        assert checkpoint.foreign_types(os.path.join(d, checkpoint.STATE_FILE)) == []
+        other = assemble(cfg, make_plan(cfg, 256))
+        checkpoint.restore(checkpoint.load(d), **other.parts())
+    assert np.array_equal(np.random.rand(3), expected)  # numpy's generator continues too
+    assert other.scheduler.state_dict() == run.scheduler.state_dict()
+    assert torch.equal(other.optimizer.state_dict()["state"][0]["exp_avg"],
+                       run.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_checkpoint_holding_another_pickled_object_is_refused(tmp_path):
+    write(tmp_path, "ck", 1)
+    path = tamper(tmp_path / "ck", metrics=_Payload())
+    with pytest.raises(checkpoint.UnsafeCheckpointError) as info:
+        checkpoint.load(tmp_path / "ck")
+    message = str(info.value)
+    assert f"checkpoint {path} holds pickled objects of types raymcn never saves" in message
+    assert "_record_call" in message and "refused" in message
+    assert CALLS == []  # the file's function never ran
+
+
+def test_resume_stops_at_a_tampered_checkpoint_instead_of_going_back(tmp_path):
+    """A tampered latest checkpoint is not damage to skip past: the resume fails, naming the file,
+    as a permanent error (Ray Train does not retry it)."""
+    import argparse
+
+    from raymcn.config import permanent_cause
+
+    for i, name in enumerate(["checkpoint_2026-01-01_00", "checkpoint_2026-01-01_01"]):
+        write(tmp_path, name, i)
+    latest = tmp_path / "checkpoint_2026-01-01_01"
+    tamper(latest, config=argparse.Namespace(lr=1))
+    warnings = []
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="argparse.Namespace") as info:
+        checkpoint.load_latest_good(latest, warn=warnings.append)
+    assert str(latest / checkpoint.STATE_FILE) in str(info.value) and warnings == []
+    assert permanent_cause(info.value) is info.value

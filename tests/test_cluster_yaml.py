@@ -174,3 +174,14 @@ def test_node_environment_matches_the_lab_sweep(name):
     assert env["RAYMCN_RESULTS"].startswith(("/", "s3://", "gs://"))
     assert env["RAY_AUTH_MODE"] == "token"
 
+
+
+def test_the_cluster_smoke_sweep_reads_what_the_real_sweep_reads():
+    """The lab's guide edits data.shards and data.eval_set in both files; the smoke sweep proves the
+    cluster only if it reads the same inputs, with the same trial size and concurrency."""
+    real, smoke = (yaml.safe_load((ROOT / "sweeps" / name).read_text())
+                   for name in ("stage_order_bohb.yaml", "cluster_smoke.yaml"))
+    for section, key in [("data", "shards"), ("data", "eval_set"), ("scale", "num_workers"), ("scale", "use_gpu"),
+                         ("sweep", "max_concurrent")]:
+        assert smoke[section][key] == real[section][key], f"{section}.{key}"
+    assert not (smoke.get("run") or {}).get("storage_path")

@@ -209,6 +209,16 @@ def test_not_a_checkpoint_is_refused(tmp_path, capsys):
     assert "absent.pth does not exist" in err_of(capsys)
 
 
+def test_a_release_file_holding_another_pickled_object_is_refused_naming_its_type(tmp_path, small_sd, capsys):
+    import argparse
+
+    torch.save({"net": small_sd, "args": argparse.Namespace(lr=1e-4)}, tmp_path / "amp_checkpoint.pt")
+    assert main(["import-original", str(tmp_path / "amp_checkpoint.pt"), "--out", str(tmp_path / "out")]) == 2
+    err = err_of(capsys)
+    assert f"{tmp_path / 'amp_checkpoint.pt'} holds pickled objects of types a weights file never needs " \
+           "(argparse.Namespace); refused" in err, err
+
+
 def test_existing_output_needs_force(tmp_path, small_sd, capsys):
     src = save_original(tmp_path / "e1.pth", small_sd)
     assert main(["import-original", str(src), "--out", str(tmp_path / "out")]) == 0

@@ -223,3 +223,14 @@ def test_every_sweep_trial_starts_from_the_same_weights(ray_local, imported, tmp
         saved = checkpoint.load(checkpoint.list_checkpoints(trial)[-1])["model"]
         for key, value in start.items():
             assert torch.allclose(saved[key], value, atol=1e-8), (trial.name, key)
+
+
+def test_init_from_refuses_a_checkpoint_holding_another_pickled_object(tmp_path):
+    checkpoint.save(tmp_path / "ck", model=torch.nn.Linear(2, 2), loop=LoopState())
+    path = tmp_path / "ck" / checkpoint.STATE_FILE
+    payload = torch.load(path, weights_only=False)
+    payload["config"] = {"model": Path("anything")}  # a pathlib object: raymcn never saves one
+    torch.save(payload, path)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match=r"pathlib\.\w*Path") as info:
+        init_from.read_model_state(tmp_path / "ck")
+    assert str(path) in str(info.value)

@@ -62,6 +62,14 @@ def read_original(path: str | Path) -> tuple[Mapping[str, Any], str, list[str]]:
         # does would run arbitrary code when unpickled (the release sits in a shared folder).
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        try:  # torch's first line names no type: say which ones the file holds
+            foreign = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001 - not a readable archive: the load's own error says more
+            foreign = []
+        if foreign:
+            raise OriginalCheckpointError([f"{path} holds pickled objects of types a weights file never needs "
+                                           f"({', '.join(foreign)}); refused, since loading them could run code "
+                                           "from the file"]) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OriginalCheckpointError([f"{path} is not readable as a checkpoint of plain tensors "
                                        f"(torch.load with weights_only=True): {first}"]) from None

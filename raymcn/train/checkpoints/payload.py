@@ -4,6 +4,10 @@ One file, ``state.pt``, holding model, optimizer, scheduler, loop counters (glob
 the clustering state (queue, centroids, last active modalities), RNG states and the resolved
 config. Written to a temporary name and renamed, so a crash mid-write never leaves a file that
 looks complete. No Ray here: ``worker.py`` hands the directory to ``ray.train.report``.
+
+Loaded with ``torch.load(weights_only=True)``, allowing only the types raymcn saves: checkpoints
+sit on shared storage and every node that resumes loads them, so a file that unpickles anything
+else (which could run code) is refused, naming the file and the types (:class:`UnsafeCheckpointError`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,35 @@ FORMAT_VERSION = 1
 
 class CheckpointError(RuntimeError, PermanentError):
     """A checkpoint file is missing or unreadable (the message names it)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint holds pickled objects of types raymcn never saves; it is not loaded."""
+
+
+def _saved_types() -> list:
+    """What a raymcn payload holds beyond torch's default allowlist (tensors, dicts, lists, tuples,
+    numbers, strings, None, OrderedDict): numpy's RNG state, ``np.random.get_state()``, whose key
+    array pickles as an ndarray of a uint32 dtype. The second name of ``_reconstruct`` is the one
+    numpy 1 wrote, so checkpoints saved under numpy 1 still load."""
+    reconstruct = np._core.multiarray._reconstruct
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct,
+            (reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def foreign_types(path: str | os.PathLike) -> list[str]:
+    """The pickled globals in the checkpoint file ``path`` that neither torch's default allowlist
+    nor raymcn's own payload (:func:`_saved_types`) accounts for, e.g. ``['builtins.exec']``."""
+    allowed = {f"{t.__module__}.{t.__qualname__}" for t in _saved_types() if not isinstance(t, tuple)}
+    allowed |= {t[1] for t in _saved_types() if isinstance(t, tuple)}
+    return [name for name in torch.serialization.get_unsafe_globals_in_checkpoint(path) if name not in allowed]
+
+
+def refusal(path: str | os.PathLike, types: list[str]) -> str:
+    """The message that names a refused checkpoint file and what it holds."""
+    return (f"checkpoint {path} holds pickled objects of types raymcn never saves ({', '.join(types)}); "
+            "refused, since loading them could run code from the file. Resume from a checkpoint raymcn "
+            "wrote, and find out who changed this one")
 
 
 def rng_state() -> dict[str, Any]:
@@ -75,18 +108,34 @@ def save(directory: str | os.PathLike, **parts: Any) -> Path:
     return final
 
 
-def load(directory: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+def load(directory: str | os.PathLike, mmap: bool = False, shown_as: str | None = None) -> dict[str, Any]:
     """The payload of ``directory/state.pt``; ``mmap=True`` maps the tensors instead of reading them
-    (checking shapes of a 224 M-parameter checkpoint then reads almost nothing)."""
+    (checking shapes of a 224 M-parameter checkpoint then reads almost nothing).
+
+    Args:
+        shown_as: the folder that messages name (a bucket's, when ``directory`` is a local copy).
+
+    Raises:
+        UnsafeCheckpointError: the file holds types raymcn never saves (module doc).
+        CheckpointError: the file is missing, unreadable or of another format.
+    """
     path = Path(directory) / STATE_FILE
+    shown = f"{shown_as.rstrip('/')}/{STATE_FILE}" if shown_as else path
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-    except Exception as e:  # truncated or corrupted file: say which one
-        raise CheckpointError(f"checkpoint {path} is unreadable: {type(e).__name__}: {e}") from e
+        with torch.serialization.safe_globals(_saved_types()):
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # truncated or corrupted file, or a type outside the allowlist: say which
+        try:
+            foreign = foreign_types(path)
+        except Exception:  # noqa: BLE001 - not even a readable archive: the load's own error says more
+            foreign = []
+        if foreign:
+            raise UnsafeCheckpointError(refusal(shown, foreign)) from None
+        raise CheckpointError(f"checkpoint {shown} is unreadable: {type(e).__name__}: {e}") from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path} has an unknown format")
+        raise CheckpointError(f"checkpoint {shown} has an unknown format")
     return payload
 
 
@@ -129,7 +178,11 @@ def load_latest_good(latest: str | os.PathLike, warn=print, filesystem=None) -> 
     for path in [latest, *older]:
         with tempfile.TemporaryDirectory(prefix="raymcn-ckpt-") as tmp:
             try:
-                payload = load(storage.fetch(fs, path, tmp))
+                payload = load(storage.fetch(fs, path, tmp), shown_as=path)
+            except UnsafeCheckpointError:
+                # Not damage: someone wrote this file. Going back to an older checkpoint would
+                # hide that, so the resume stops here (a permanent error: not retried).
+                raise
             except (CheckpointError, OSError) as e:
                 problems.append(str(e) if isinstance(e, CheckpointError) else f"checkpoint {path} unreadable: {e}")
                 continue
