@@ -230,7 +230,7 @@ def _flat(page: str) -> str:
 @functools.cache
 def _estimate(use_gpu: bool = True, workers: int | None = None, over: tuple = ()) -> dict:
     from raymcn.config import load_config
-    from raymcn.train import footprint
+    from raymcn.train.preflight import footprint
 
     extra = {"scale.use_gpu": use_gpu, **({"scale.num_workers": workers} if workers else {}), **dict(over)}
     return footprint.estimate_worker_memory(load_config(ROOT / "sweeps" / "paper.yaml", extra))
@@ -240,7 +240,7 @@ def _estimate(use_gpu: bool = True, workers: int | None = None, over: tuple = ()
 def _preflight_message(device_bytes: int) -> tuple[str, dict]:
     """What the preflight says for the paper's batch on one GPU (bench/grad_cache.py --only preflight)."""
     from raymcn.config import Config
-    from raymcn.train import footprint
+    from raymcn.train.preflight import footprint
 
     ok, message, over = footprint.fits(Config().replace({"scale.num_workers": 1, "scale.use_gpu": True}), device_bytes)
     return message, over
@@ -342,8 +342,7 @@ FIGURES = [
                                 r"(\d+) ms \| (\d+) ms")]),
 ]
 # Sizes quoted as "about N lines": within 10 % of the file's length.
-ABOUT_LINES = [("docs/development.md", r"At about (\d+) lines it is the longest", "config.py"),
-               ("docs/development.md", r"footprint\.py` \(the memory estimate, about (\d+) lines", "footprint.py")]
+ABOUT_LINES = [("docs/development.md", r"At about (\d+) lines it is the longest", "config.py")]
 
 
 @pytest.mark.parametrize("what, source, quotes", FIGURES, ids=[f[0][:50] for f in FIGURES])
