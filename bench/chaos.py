@@ -27,6 +27,7 @@ import argparse
 import csv
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -42,7 +43,9 @@ from raymcn.config import RUN_CONFIG_FILE
 
 KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
 TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
-NODE = {"num_cpus": 1}
+# A "server": room for a Train worker (1 CPU) beside the trial's own small actor (Tune reserves
+# 0.01 CPU for it), so a restarted group fits on the nodes left after a loss.
+NODE = {"num_cpus": 2}
 
 
 def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T", "joint"),
@@ -86,16 +89,34 @@ class Driver:
         return self.proc is not None and self.proc.poll() is not None
 
 
-def _pids(name: str) -> list[int]:
+def _pids(name: str, cluster=None) -> list[int]:
+    """Processes whose command line starts with ``name`` (Ray names its workers' processes
+    ``ray::<class>``); with ``cluster``, only those its raylets started (another Ray instance on
+    this machine has workers of the same names)."""
+    raylets = None
+    if cluster is not None:
+        raylets = {info.process.pid for node in cluster.list_all_nodes()
+                   for info in node.all_processes.get("raylet", [])}
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if (d / "cmdline").read_bytes().startswith(name.encode()):
-                    out.append(int(d.name))
-            except OSError:
+                if not (d / "cmdline").read_bytes().startswith(name.encode()):
+                    continue
+                parent = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
+            if raylets is None or parent in raylets:
+                out.append(int(d.name))
     return sorted(out)
+
+
+def _start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks (tells a pid's process from a later one's)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass
@@ -113,24 +134,62 @@ class Chaos:
     def __post_init__(self):
         self.rng = random.Random(self.seed)
         self.lock = threading.Lock()  # held while a fault is injected: the driver may be between a kill and a start
+        # Ray adds a node only from the main thread (it installs signal handlers): node changes are
+        # handed to run_sweep's loop, which runs them and says when they are done.
+        self.requests: queue.Queue = queue.Queue()
+        self.error: Exception | None = None
+
+    def serve(self, wait_s: float = 0.2) -> bool:
+        """Run a node change the injector asked for (on the main thread); False when none came."""
+        try:
+            fn, done, errors = self.requests.get(timeout=wait_s)
+        except queue.Empty:
+            return False
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - handed back to the injector
+            errors.append(e)
+        done.set()
+        return True
+
+    def on_main_thread(self, fn) -> None:
+        done, errors = threading.Event(), []
+        self.requests.put((fn, done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
 
     def run(self, faults: int, stop: threading.Event) -> None:
-        """``faults`` faults, every kind as evenly as ``faults`` allows, in a seeded random order."""
+        """``faults`` faults, every kind as evenly as ``faults`` allows, in a seeded random order
+        (on a thread of its own; an error is kept in ``error`` for run_sweep to raise)."""
+        try:
+            self._inject(faults, stop)
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+
+    def _inject(self, faults: int, stop: threading.Event) -> None:
         plan = [KINDS[i % len(KINDS)] for i in range(faults)]
         self.rng.shuffle(plan)
         for kind in plan:
             if stop.wait(self.rng.uniform(0.5, 1.5) * self.mean_gap_s):
                 return
-            started = time.time()
-            with self.lock:
-                if self.driver.done():
-                    return  # the sweep ended
-                detail = getattr(self, kind)()
-            if detail is not None:
+            detail = None
+            while detail is None and not stop.is_set():
+                if kind != "kill_driver" and not _pids("ray::RayTrainWorker", self.cluster):
+                    stop.wait(0.5)  # between trials, or a group restarting: wait for a running trial
+                    continue
+                started = time.time()
+                with self.lock:
+                    if self.driver.done():
+                        return  # the sweep ended
+                    detail = getattr(self, kind)()
+            if detail:  # "": this kind cannot be injected on this machine
                 self.injected.append({"kind": kind, "at": started, "detail": detail})
+                with open(self.driver.log.parent / "faults.jsonl", "a") as f:
+                    f.write(json.dumps(self.injected[-1]) + "\n")
 
     def _worker(self) -> int | None:
-        pids = _pids("ray::RayTrainWorker")
+        pids = _pids("ray::RayTrainWorker", self.cluster)
         return self.rng.choice(pids) if pids else None
 
     def kill_worker(self) -> str | None:
@@ -148,22 +207,23 @@ class Chaos:
         if not victims:
             return None
         victim = self.rng.choice(victims)
-        self.cluster.remove_node(victim, allow_graceful=False)
+        self.on_main_thread(lambda: self.cluster.remove_node(victim, allow_graceful=False))
         time.sleep(3.0)
-        self.cluster.add_node(**NODE)
+        self.on_main_thread(lambda: self.cluster.add_node(**NODE))
         return f"node {victim.node_id[:8]} removed, a new one added 3 s later"
 
     def stall_rank(self) -> str | None:
         pid = self._worker()
         if pid is None:
             return None
+        born = _start_time(pid)
         os.kill(pid, signal.SIGSTOP)
         time.sleep(self.stall_timeout_s * 1.5)
         how = self.rng.choice(["SIGCONT", "SIGKILL"])
-        try:
-            os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
-        except ProcessLookupError:
+        if _start_time(pid) != born:  # Ray ended it meanwhile (and its pid may be another process's now)
             how = "(already gone)"
+        else:
+            os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
         return f"SIGSTOP Train worker {pid} for {self.stall_timeout_s * 1.5:.0f} s, then {how}"
 
     def storage_readonly(self, seconds: float = 8.0) -> str | None:
@@ -172,7 +232,7 @@ class Chaos:
             return None
         run = runs[-1]  # the newest: the one running
         if subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
-            return None  # chattr not permitted here: the fault is not injected (and not counted)
+            return ""  # chattr not permitted here: the fault is not injected (and not counted)
         try:
             time.sleep(seconds)
         finally:
@@ -217,17 +277,30 @@ def run_sweep(cluster, tmp: Path, settings: list[str], faults: int = 0, seed: in
     started = time.time()
     driver.start()
     injector.start()
+    logged = -30.0
     try:
         while time.time() - started < timeout_s:
-            with chaos.lock:
-                if driver.done():
+            if chaos.serve():
+                continue
+            if chaos.lock.acquire(blocking=False):
+                finished = driver.done()
+                chaos.lock.release()
+                if finished:
                     break
-            time.sleep(1.0)
+            if time.time() - logged >= 30:  # what the cluster had free, for a sweep that waits
+                import ray
+
+                logged = time.time()
+                with open(tmp / "resources.log", "a") as f:
+                    f.write(f"{logged - started:.0f} s: free {ray.available_resources()}\n")
         else:
             raise TimeoutError(f"the sweep did not end within {timeout_s:g} s (log: {driver.log})")
     finally:
         stop.set()
-        injector.join()
+        while injector.is_alive():
+            chaos.serve()
+    if chaos.error is not None:
+        raise RuntimeError("the fault injector failed") from chaos.error
     if driver.proc.returncode != 0:
         raise RuntimeError(f"the sweep failed: {driver.log}\n{driver.log.read_text()[-3000:]}")
     return {"experiment": experiment, "faults": chaos.injected, "driver_starts": driver.starts,
@@ -259,9 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import multinode_cluster
-
     from common import machine_line
+    from conftest import multinode_cluster
 
     with tempfile.TemporaryDirectory(prefix="raymcn-chaos-") as tmp, \
             multinode_cluster(*[NODE] * 3) as cluster:

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from common import gloo_ranks  # noqa: E402
 
 from raymcn.config import ModelConfig

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import gloo_ranks  # noqa: E402
+
 from raymcn.losses import Collectives, cosine_kmeans  # noqa: E402
 
 PAPER = {"rows": 40960 + 4096, "dim": 6144, "k": 256}

@@ -75,8 +75,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 import torch
-
 from common import machine_line  # noqa: E402
+
 from raymcn.config import Config
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint, meters

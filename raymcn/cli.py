@@ -346,7 +346,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_shards(args: argparse.Namespace) -> int:
     """``raymcn shards``: local processes, or with ``--ray`` Ray actors on every node of a cluster."""
-    from raymcn.data.write import commands
+    from raymcn.data import commands
 
     if args.ray is None or args.dry_run:
         return commands.run_shards(args)
@@ -448,13 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="every key with its default, bounds and meaning, as Markdown (docs/settings.md)")
     p.set_defaults(func=cmd_config)
-    from raymcn.data import synthetic
-    from raymcn.data.write import commands
+    _add_data_and_results_commands(sub)
+    return parser
+
+
+def _add_data_and_results_commands(sub) -> None:
+    """The commands around runs: corpora and shards, evaluation, the original's weights, results."""
+    from raymcn.data import commands
     from raymcn.results import table
 
     p = sub.add_parser("synth", help="write a synthetic corpus in the original HowTo100M feature layout")
-    synthetic.add_synth_arguments(p)
-    p.set_defaults(func=synthetic.run_synth)
+    commands.add_synth_arguments(p)
+    p.set_defaults(func=commands.run_synth)
     p = sub.add_parser("shards", help="convert the original feature layout into shuffled tar shards")
     commands.add_shards_arguments(p)
     p.set_defaults(func=cmd_shards)
@@ -479,7 +484,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("watch", help="live view of a sweep: table, statistics and plots refreshed every few seconds")
     watch.add_watch_arguments(p)
     p.set_defaults(func=watch.run_watch)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,8 @@ from raymcn.data.formats import features
 from raymcn.data.formats.features import FeatureFileError, load_captions, read_video_paths, video_id_of
 from raymcn.data.formats.manifest import ShardError
 from raymcn.data.write import captions, shards, space, writer
-from raymcn.data.write.sources import layout_sources
 from raymcn.data.write.captions import CaptionsChanged
+from raymcn.data.write.sources import layout_sources
 
 SETTINGS = synthetic.SynthSettings(videos=10, eval_clips=2, topics=3, word_dim=8, meaning_words=40,
                                    filler_words=6, video_seconds=(6.0, 8.0))

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from common import gloo_ranks
 import torch.distributed as dist
+from common import gloo_ranks
 from conftest import linear_mcn, objective_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from raymcn.data.commands import add_shards_arguments, run_shards
 from raymcn.data.formats import manifest as shard_manifest
 from raymcn.data.read.stream import iter_shard_records
 from raymcn.data.synthetic import CorpusPaths, SynthSettings, write_corpus
 from raymcn.data.write import shards
-from raymcn.data.write.commands import add_shards_arguments, run_shards
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from raymcn.config import load_config
-from raymcn.data import synthetic
+from raymcn.data import commands, synthetic
+from raymcn.data.formats import manifest as shard_manifest
 from raymcn.data.formats import sample, tarfmt
 from raymcn.data.formats.features import FeatureFileError, load_captions, read_video, read_video_paths, video_id_of
 from raymcn.data.formats.manifest import ShardError
 from raymcn.data.formats.sample import SampleError
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import stream
-from raymcn.data.formats import manifest as shard_manifest
-from raymcn.data.write import commands, shards, writer
+from raymcn.data.write import shards, writer
 
 ARRAYS = ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
 V1 = Path(__file__).parent / "data" / "shards-v1"  # written by the FORMAT_VERSION 1 writer (make_shards_v1.py)
@@ -423,17 +423,17 @@ def test_shards_command_errors_name_the_files(corpus, tmp_path, capsys):
 
 
 def test_synth_command_writes_the_original_layout(tmp_path, capsys):
-    parser = synthetic.add_synth_arguments(argparse.ArgumentParser())
+    parser = commands.add_synth_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--out", str(tmp_path / "s"), "--videos", "2", "--eval-clips", "2",
                               "--word-dim", "8", "--json"])
-    assert synthetic.run_synth(args) == 0
+    assert commands.run_synth(args) == 0
     info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = read_video_paths(info["video_list"])
     vid = video_id_of(rows[0])
     assert len(rows) == 2 and (Path(info["features"]) / rows[0] / f"{vid}_2d.npz").is_file()
     assert (Path(info["audio_features"]) / rows[0] / f"{vid}_spec.npz").is_file()
     assert Path(info["eval"]).is_file() and Path(info["captions"]).is_file()
-    assert synthetic.run_synth(parser.parse_args(["--out", str(tmp_path / "t"), "--videos", "0"])) == 2
+    assert commands.run_synth(parser.parse_args(["--out", str(tmp_path / "t"), "--videos", "0"])) == 2
 
 
 def test_feature_file_error_is_exported():

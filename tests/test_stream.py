@@ -274,7 +274,7 @@ ALLOWED = {
                      "words", "write", "writer"},
     "read/stream": {"config", "features", "order", "sample", "tarfmt", "words"},
     "read/datasource": {"config", "order", "stream"},
-    "synthetic": {"commands", "features", "files", "in_memory", "manifest", "shards", "words"},
+    "synthetic": {"features", "files", "in_memory", "manifest", "shards", "words"},
 }
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from common import gloo_ranks
 import torch.distributed as dist
+from common import gloo_ranks
 from torch import nn
 
 from raymcn.model.syncbn import GlobalBatchNorm2d, global_batchnorm

@@ -31,7 +31,6 @@ like the original files.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -54,7 +53,6 @@ from raymcn.data.formats.manifest import FORMAT_VERSION
 from raymcn.data.formats.manifest import MANIFEST as SHARD_MANIFEST
 from raymcn.data.formats.words import write_word2vec_bin
 from raymcn.data.read.in_memory import TrainVideos
-from raymcn.data.write.commands import command_error
 from raymcn.data.write.shards import DEFAULT_FEATURE_DTYPE, shards_from_layout
 
 GENERATOR_VERSION = 1  # bump whenever the generated data changes: it is part of the cache key
@@ -455,58 +453,3 @@ def ensure_synthetic_shards(cfg) -> Path:
                            feature_dtype=DEFAULT_FEATURE_DTYPE, progress=False, log=lambda msg: None)
 
     return build_once(final, SHARD_MANIFEST, write, "shard directory")
-
-
-# --- raymcn synth ------------------------------------------------------------------------------------
-SYNTH_HELP = "write a synthetic corpus in the original HowTo100M feature layout (+ a YouCook2-style eval pickle)"
-
-
-# --- raymcn synth ------------------------------------------------------------------------------------
-def add_synth_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    d = SynthSettings()
-    parser.add_argument("--out", required=True, help="directory to write (created; existing files are overwritten)")
-    parser.add_argument("--videos", type=int, default=d.videos, help=f"training videos (default {d.videos})")
-    parser.add_argument("--seed", type=int, default=CORPUS_SEED, help=f"generator seed (default {CORPUS_SEED})")
-    parser.add_argument("--eval-clips", type=int, default=d.eval_clips,
-                        help=f"clips of the YouCook2-style eval pickle (default {d.eval_clips})")
-    parser.add_argument("--msrvtt-clips", type=int, default=0,
-                        help="also write an MSR-VTT-style pickle with this many clips (default 0: none)")
-    parser.add_argument("--topics", type=int, default=d.topics, help=f"latent topics (default {d.topics})")
-    parser.add_argument("--word-dim", type=int, default=d.word_dim, help=f"word-vector size (default {d.word_dim})")
-    parser.add_argument("--full-precision", action="store_true",
-                        help="training features at full fp32 precision (default: fp16-representable values)")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    return parser
-
-
-def run_synth(args: argparse.Namespace) -> int:
-    for name in ("videos", "topics", "word_dim"):
-        if getattr(args, name) < 1:
-            return command_error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
-    for name in ("eval_clips", "msrvtt_clips"):
-        if getattr(args, name) < 0:
-            return command_error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 0")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        return command_error("synth", f"--out {out}: exists and is not a directory")
-    settings = SynthSettings(videos=args.videos, eval_clips=args.eval_clips, topics=args.topics,
-                             word_dim=args.word_dim, seed=args.seed, msrvtt_clips=args.msrvtt_clips,
-                             full_precision=args.full_precision)
-    t0 = time.perf_counter()
-    try:
-        paths = write_corpus(out, settings)
-    except OSError as e:
-        return command_error("synth", f"cannot write {e.filename or out}: {e.strerror or e}")
-    print(f"wrote {args.videos} videos in the original layout to {out} ({time.perf_counter() - t0:.1f} s)")
-    print(f"  video list   {paths.video_csv}\n  features     {paths.features_root}\n"
-          f"  audio        {paths.audio_root}\n  captions     {paths.captions}\n"
-          f"  word vectors {paths.word_vectors}\n  eval pickle  {paths.youcook_eval}")
-    print(f"shard it with: raymcn shards --features {paths.features_root} --audio-features {paths.audio_root} "
-          f"--captions {paths.captions} --video-list {paths.video_csv} --word-vectors {paths.word_vectors} "
-          f"--out {out / 'shards'}")
-    if args.json:
-        print(json.dumps({"out": str(out), "videos": args.videos, "video_list": str(paths.video_csv),
-                          "features": str(paths.features_root), "audio_features": str(paths.audio_root),
-                          "captions": str(paths.captions), "word_vectors": str(paths.word_vectors),
-                          "eval": str(paths.youcook_eval)}))
-    return 0

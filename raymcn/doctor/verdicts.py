@@ -121,16 +121,18 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
 
 def workers_on(facts: dict, req: Request) -> int:
     """Train workers this node can hold: one per GPU on a GPU run, else as many as its Ray CPUs allow."""
-    res = facts.get("resources", {})
+    res = facts.get("resources")  # Ray's view of the node (what it may schedule there), when the head gave it
     if req.use_gpu:
-        return int(res.get("GPU", len(facts["gpus"])))
-    return int(res.get("CPU", facts["cpus"]) // max(req.cpus_per_worker, 1e-9))
+        return int(res.get("GPU", 0) if res is not None else len(facts["gpus"]))
+    cpus = res.get("CPU", 0) if res is not None else facts["cpus"]
+    return int(cpus // max(req.cpus_per_worker, 1e-9))
 
 
 def _cpu_row(facts: dict, req: Request, host: str) -> Row:
     """A GPU node must give each of its GPUs' workers ``scale.cpus_per_worker`` CPUs (Ray Data's read
     tasks reserve none)."""
-    cpus = float(facts.get("resources", {}).get("CPU", facts["cpus"]))
+    res = facts.get("resources")
+    cpus = float(res.get("CPU", 0) if res is not None else facts["cpus"])
     workers = workers_on(facts, req)
     if not workers:
         return Row("CPUs for its workers", None, f"{cpus:g} CPUs: holds no worker")

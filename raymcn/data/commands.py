@@ -1,10 +1,10 @@
-"""The ``raymcn shards`` command (argument definitions + runner; no Ray).
+"""The ``raymcn synth`` and ``raymcn shards`` commands (argument definitions + runners; no Ray).
 
 ``cli.py`` wires them as sub-commands::
 
     p = sub.add_parser("shards", help=...); add_shards_arguments(p); p.set_defaults(func=run_shards)
 
-The runner returns an exit status: 0 on success, 2 on a problem with the inputs (the message,
+Each runner returns an exit status: 0 on success, 2 on a problem with the inputs (the message,
 printed to stderr, names the file).
 """
 
@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
+from raymcn.data import synthetic
 from raymcn.data.formats.features import FeatureFileError
 
 SHARDS_HELP = "convert the original feature layout into shuffled tar shards + vocabulary + manifest"
@@ -30,6 +32,63 @@ def command_error(command: str, message: str) -> int:
 
 
 
+# --- raymcn synth ------------------------------------------------------------------------------------
+# --- raymcn synth ------------------------------------------------------------------------------------
+SYNTH_HELP = "write a synthetic corpus in the original HowTo100M feature layout (+ a YouCook2-style eval pickle)"
+
+
+# --- raymcn synth ------------------------------------------------------------------------------------
+def add_synth_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    d = synthetic.SynthSettings()
+    parser.add_argument("--out", required=True, help="directory to write (created; existing files are overwritten)")
+    parser.add_argument("--videos", type=int, default=d.videos, help=f"training videos (default {d.videos})")
+    parser.add_argument("--seed", type=int, default=synthetic.CORPUS_SEED, help=f"generator seed (default {synthetic.CORPUS_SEED})")
+    parser.add_argument("--eval-clips", type=int, default=d.eval_clips,
+                        help=f"clips of the YouCook2-style eval pickle (default {d.eval_clips})")
+    parser.add_argument("--msrvtt-clips", type=int, default=0,
+                        help="also write an MSR-VTT-style pickle with this many clips (default 0: none)")
+    parser.add_argument("--topics", type=int, default=d.topics, help=f"latent topics (default {d.topics})")
+    parser.add_argument("--word-dim", type=int, default=d.word_dim, help=f"word-vector size (default {d.word_dim})")
+    parser.add_argument("--full-precision", action="store_true",
+                        help="training features at full fp32 precision (default: fp16-representable values)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    return parser
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    for name in ("videos", "topics", "word_dim"):
+        if getattr(args, name) < 1:
+            return command_error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1")
+    for name in ("eval_clips", "msrvtt_clips"):
+        if getattr(args, name) < 0:
+            return command_error("synth", f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 0")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        return command_error("synth", f"--out {out}: exists and is not a directory")
+    settings = synthetic.SynthSettings(videos=args.videos, eval_clips=args.eval_clips, topics=args.topics,
+                             word_dim=args.word_dim, seed=args.seed, msrvtt_clips=args.msrvtt_clips,
+                             full_precision=args.full_precision)
+    t0 = time.perf_counter()
+    try:
+        paths = synthetic.write_corpus(out, settings)
+    except OSError as e:
+        return command_error("synth", f"cannot write {e.filename or out}: {e.strerror or e}")
+    print(f"wrote {args.videos} videos in the original layout to {out} ({time.perf_counter() - t0:.1f} s)")
+    print(f"  video list   {paths.video_csv}\n  features     {paths.features_root}\n"
+          f"  audio        {paths.audio_root}\n  captions     {paths.captions}\n"
+          f"  word vectors {paths.word_vectors}\n  eval pickle  {paths.youcook_eval}")
+    print(f"shard it with: raymcn shards --features {paths.features_root} --audio-features {paths.audio_root} "
+          f"--captions {paths.captions} --video-list {paths.video_csv} --word-vectors {paths.word_vectors} "
+          f"--out {out / 'shards'}")
+    if args.json:
+        print(json.dumps({"out": str(out), "videos": args.videos, "video_list": str(paths.video_csv),
+                          "features": str(paths.features_root), "audio_features": str(paths.audio_root),
+                          "captions": str(paths.captions), "word_vectors": str(paths.word_vectors),
+                          "eval": str(paths.youcook_eval)}))
+    return 0
+
+
+# --- raymcn shards -----------------------------------------------------------------------------------
 def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from raymcn.data.formats.sample import FEATURE_DTYPES
     from raymcn.data.write.shards import DEFAULT_FEATURE_DTYPE, DEFAULT_SHARD_SIZE_MB
