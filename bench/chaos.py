@@ -46,6 +46,7 @@ TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machi
 # A "server": room for a Train worker (1 CPU) beside the trial's own small actor (Tune reserves
 # 0.01 CPU for it), so a restarted group fits on the nodes left after a loss.
 NODE = {"num_cpus": 2}
+TRAINING_S = 15.0  # a Train worker this old is past its start-up here (2 cores): it trains
 
 
 def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T", "joint"),
@@ -109,6 +110,15 @@ def _pids(name: str, cluster=None) -> list[int]:
             if raylets is None or parent in raylets:
                 out.append(int(d.name))
     return sorted(out)
+
+
+def _age_s(pid: int) -> float:
+    """Seconds since the process started (0 when it is gone)."""
+    born = _start_time(pid)
+    if born is None:
+        return 0.0
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return time.time() - (boot + born / os.sysconf("SC_CLK_TCK"))
 
 
 def _start_time(pid: int) -> int | None:
@@ -188,8 +198,10 @@ class Chaos:
                 with open(self.driver.log.parent / "faults.jsonl", "a") as f:
                     f.write(json.dumps(self.injected[-1]) + "\n")
 
-    def _worker(self) -> int | None:
-        pids = _pids("ray::RayTrainWorker", self.cluster)
+    def _worker(self, training_s: float = 0.0) -> int | None:
+        """A Train worker of this cluster; with ``training_s``, one that has run that long (past its
+        start-up, so it is training: a stall then meets the other rank's watchdog)."""
+        pids = [p for p in _pids("ray::RayTrainWorker", self.cluster) if _age_s(p) >= training_s]
         return self.rng.choice(pids) if pids else None
 
     def kill_worker(self) -> str | None:
@@ -213,23 +225,24 @@ class Chaos:
         return f"node {victim.node_id[:8]} removed, a new one added 3 s later"
 
     def stall_rank(self) -> str | None:
-        pid = self._worker()
+        pid = self._worker(training_s=TRAINING_S)
         if pid is None:
             return None
         born = _start_time(pid)
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(self.stall_timeout_s * 1.5)
+        # past the watchdog's limit: run.stall_timeout_s, or a few of the longest steps, plus its grace
+        time.sleep(self.stall_timeout_s * 3)
         how = self.rng.choice(["SIGCONT", "SIGKILL"])
         if _start_time(pid) != born:  # Ray ended it meanwhile (and its pid may be another process's now)
             how = "(already gone)"
         else:
             os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
-        return f"SIGSTOP Train worker {pid} for {self.stall_timeout_s * 1.5:.0f} s, then {how}"
+        return f"SIGSTOP Train worker {pid} for {self.stall_timeout_s * 3:.0f} s, then {how}"
 
-    def storage_readonly(self, seconds: float = 8.0) -> str | None:
+    def storage_readonly(self, seconds: float = 10.0) -> str | None:
         runs = sorted(self.experiment.glob("train/train-*"), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            return None
+        if not runs or self._worker(training_s=TRAINING_S) is None:
+            return None  # no trial training: its checkpoints would not meet the fault
         run = runs[-1]  # the newest: the one running
         if subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
             return ""  # chattr not permitted here: the fault is not injected (and not counted)

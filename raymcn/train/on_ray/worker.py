@@ -190,6 +190,7 @@ class Reports:
                                                       broadcast=functools.partial(_broadcast, run),
                                                       check_every=cfg.run.log_every)
         self.tracked = trackers.Trackers(cfg, run_dir, say=out.say) if self.rank == 0 else None
+        self.table = history.EpochTable(run_dir) if self.rank == 0 else None
 
     def save_and_report(self, run: Run, metrics: dict[str, float]) -> None:
         ck = None
@@ -220,9 +221,10 @@ class Reports:
         self.save_and_report(run, metrics)
         if self.rank == 0:  # metrics.csv beside the checkpoints (one row per epoch), and run.trackers
             try:
-                history.record_epoch(self.run_dir, metrics)
-            except OSError as e:  # a table of convenience: never worth ending the run for
-                self.out.log(f"warning: could not write {METRICS_FILE} in {self.run_dir}: {e}")
+                self.table.record(metrics)
+            except OSError as e:  # never worth ending the run for: the next epoch writes this row too
+                self.out.log(f"warning: could not write {METRICS_FILE} in {self.run_dir} (kept for the next "
+                             f"epoch's write): {e}")
             self.tracked.log(run.state.epoch, metrics)
             if run.state.epoch == run.plan.epochs:
                 self.tracked.close()
