@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from raymcn.config import RUN_CONFIG_FILE
+from raymcn.train.monitor.watchdog import STALLS_DIR
 
 KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
 TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
@@ -229,15 +230,24 @@ class Chaos:
         if pid is None:
             return None
         born = _start_time(pid)
+        before = self._stall_records()
         os.kill(pid, signal.SIGSTOP)
-        # past the watchdog's limit: run.stall_timeout_s, or a few of the longest steps, plus its grace
-        time.sleep(self.stall_timeout_s * 3)
+        # until the other rank's watchdog names the stall (its limit is run.stall_timeout_s, or ten
+        # of the longest steps of the attempt when that is longer), at most 20 limits
+        deadline, waited = time.time() + 20 * self.stall_timeout_s, time.time()
+        while time.time() < deadline and self._stall_records() == before:
+            time.sleep(0.5)
+        waited = time.time() - waited
         how = self.rng.choice(["SIGCONT", "SIGKILL"])
         if _start_time(pid) != born:  # Ray ended it meanwhile (and its pid may be another process's now)
             how = "(already gone)"
         else:
             os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
-        return f"SIGSTOP Train worker {pid} for {self.stall_timeout_s * 3:.0f} s, then {how}"
+        named = "named by the watchdog" if self._stall_records() != before else "NOT named by the watchdog"
+        return f"SIGSTOP Train worker {pid} for {waited:.0f} s ({named}), then {how}"
+
+    def _stall_records(self) -> set[Path]:
+        return set(self.experiment.glob(f"train/train-*/{STALLS_DIR}/*.json"))
 
     def storage_readonly(self, seconds: float = 10.0) -> str | None:
         runs = sorted(self.experiment.glob("train/train-*"), key=lambda p: p.stat().st_mtime)

@@ -36,11 +36,18 @@ def ray_local():
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
     if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
         ray.shutdown()
+    # the settings raymcn gives an instance it starts itself (idle workers kept, Train's quick polls)
+    from raymcn.train.on_ray.cluster import LOCAL_RAY_ENV, LOCAL_TRAIN_ENV
+
+    added = {k: v for k, v in {**LOCAL_RAY_ENV, **LOCAL_TRAIN_ENV}.items() if k not in os.environ}
+    os.environ.update(added)
     # address="local": a new instance even where a `ray start` cluster or RAY_ADDRESS exists here.
     ctx = ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
                    log_to_driver=False, configure_logging=False)
     yield ctx
     ray.shutdown()
+    for key in added:
+        del os.environ[key]
 
 
 def event_log_callback(path):

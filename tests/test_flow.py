@@ -44,7 +44,7 @@ def forbid_generating(monkeypatch) -> None:
 
 
 def test_only_the_entry_points_resolution_may_generate_the_synthetic_corpus():
-    """Of raymcn's modules only ``train/inputs`` (and ``cli``, for ``raymcn synth``) import the
+    """Of raymcn's modules only ``train/inputs`` (and ``data/commands``, for ``raymcn synth``) import the
     synthetic corpus's module: no plan step, preflight check, trial or rank can write data."""
     root = Path(raymcn.__file__).parent
     importers = set()
@@ -56,7 +56,7 @@ def test_only_the_entry_points_resolution_may_generate_the_synthetic_corpus():
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             if any(n == "raymcn.data.synthetic" or n.startswith("raymcn.data.synthetic.") for n in names):
                 importers.add(module)
-    assert importers == {"raymcn.train.inputs", "raymcn.cli"}, importers
+    assert importers == {"raymcn.train.inputs", "raymcn.data.commands"}, importers
 
 
 @pytest.mark.ray

@@ -48,6 +48,9 @@ from raymcn.train.stages import budget_offset
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
+# Tune runs the next trial in a finished trial's driver process (reuse_actors: Tune's reset_config
+# for function trainables), so a trial starts no new process and imports Tune, Train and torch no
+# second time. Each trial still builds its own TorchTrainer, whose controller and workers are new.
 
 
 @dataclass
@@ -299,7 +302,7 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler,
-                                    trial_dirname_creator=trial_dirname_creator),
+                                    trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
                                   callbacks=_callbacks(cfg, experiment_dir, console),
                                   failure_config=_failure_config(cfg)),
@@ -365,7 +368,7 @@ def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, A
         _trainable(base, where, inputs),
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=len(configs),
                                     max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
-                                    trial_dirname_creator=trial_dirname_creator),
+                                    trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
         run_config=tune.RunConfig(name=CONFIRM_DIR, storage_path=experiment_dir,
                                   callbacks=_callbacks(base, where, console), failure_config=_failure_config(cfg)))
     return _summarise(tuner.fit(), where)
