@@ -43,6 +43,7 @@ from raymcn.config import RUN_CONFIG_FILE
 from raymcn.train.monitor.watchdog import STALLS_DIR
 
 KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
+NAMED, UNNAMED = "named by the watchdog", "not named by the watchdog"  # a stopped rank, in its fault's detail
 TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
 # A "server": room for a Train worker (1 CPU) beside the trial's own small actor (Tune reserves
 # 0.01 CPU for it), so a restarted group fits on the nodes left after a loss.
@@ -181,7 +182,9 @@ class Chaos:
     def _inject(self, faults: int, stop: threading.Event) -> None:
         plan = [KINDS[i % len(KINDS)] for i in range(faults)]
         self.rng.shuffle(plan)
-        for kind in plan:
+        retries = 3  # a rank stopped as its trial ended meets no watchdog: stop another one later
+        while plan:
+            kind = plan.pop(0)
             if stop.wait(self.rng.uniform(0.5, 1.5) * self.mean_gap_s):
                 return
             detail = None
@@ -198,12 +201,17 @@ class Chaos:
                 self.injected.append({"kind": kind, "at": started, "detail": detail})
                 with open(self.driver.log.parent / "faults.jsonl", "a") as f:
                     f.write(json.dumps(self.injected[-1]) + "\n")
+            if kind == "stall_rank" and detail and UNNAMED in detail and retries:
+                retries -= 1
+                plan.append(kind)
 
     def _worker(self, training_s: float = 0.0) -> int | None:
-        """A Train worker of this cluster; with ``training_s``, one that has run that long (past its
-        start-up, so it is training: a stall then meets the other rank's watchdog)."""
-        pids = [p for p in _pids("ray::RayTrainWorker", self.cluster) if _age_s(p) >= training_s]
-        return self.rng.choice(pids) if pids else None
+        """A Train worker of this cluster; with ``training_s``, the youngest that has run that long
+        (past its start-up, so it is training, and the least likely to be near its trial's end)."""
+        aged = sorted((_age_s(p), p) for p in _pids("ray::RayTrainWorker", self.cluster))
+        if training_s:
+            return next((p for age, p in aged if age >= training_s), None)
+        return self.rng.choice(aged)[1] if aged else None
 
     def kill_worker(self) -> str | None:
         pid = self._worker()
@@ -233,9 +241,11 @@ class Chaos:
         before = self._stall_records()
         os.kill(pid, signal.SIGSTOP)
         # until the other rank's watchdog names the stall (its limit is run.stall_timeout_s, or ten
-        # of the longest steps of the attempt when that is longer), at most 20 limits
-        deadline, waited = time.time() + 20 * self.stall_timeout_s, time.time()
-        while time.time() < deadline and self._stall_records() == before:
+        # of the longest steps of the attempt when that is longer, plus a grace), or until Ray ends
+        # the stopped process (its trial ended: no rank waits for it), at most 6 limits
+        waited = time.time()
+        deadline = waited + 6 * max(self.stall_timeout_s, 10.0)
+        while time.time() < deadline and self._stall_records() == before and _start_time(pid) == born:
             time.sleep(0.5)
         waited = time.time() - waited
         how = self.rng.choice(["SIGCONT", "SIGKILL"])
@@ -243,7 +253,7 @@ class Chaos:
             how = "(already gone)"
         else:
             os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)
-        named = "named by the watchdog" if self._stall_records() != before else "NOT named by the watchdog"
+        named = NAMED if self._stall_records() != before else UNNAMED
         return f"SIGSTOP Train worker {pid} for {waited:.0f} s ({named}), then {how}"
 
     def _stall_records(self) -> set[Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chaos import KINDS, NODE, chaos_settings, compare, epoch_metrics, run_sweep
+from chaos import KINDS, NAMED, NODE, chaos_settings, compare, epoch_metrics, run_sweep
 from conftest import multinode_cluster
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(1200)]
@@ -40,7 +40,7 @@ def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results
     # (on the terminal), and a restart of the worker group for every rank or node lost
     log, console = loud["log"].read_text(), (loud["experiment"] / "raymcn_console.log").read_text()
     assert loud["driver_starts"] == 2 and "=== driver start 1 (resume) ===" in log
-    assert "STALL: rank" in log and all("(named by the watchdog)" in f["detail"] for f in loud["faults"]
-                                        if f["kind"] == "stall_rank")
-    lost = sum(f["kind"] in ("kill_worker", "lose_node", "stall_rank") for f in loud["faults"])
+    # (a rank stopped as its trial ended meets no watchdog; the soak then stops another one)
+    assert "STALL: rank" in log and any(f"({NAMED})" in f["detail"] for f in loud["faults"])
+    lost = sum(f["kind"] in ("kill_worker", "lose_node") or f"({NAMED})" in f["detail"] for f in loud["faults"])
     assert console.count("[FailurePolicy] RETRY") >= lost

@@ -180,6 +180,11 @@ def test_a_run_resumed_on_another_number_of_workers_continues_with_the_same_step
             assert v == pytest.approx(full_steps[step]["inputs"][k], rel=1e-9), (step, k)
     for term in LOSS_TERMS:  # the first resumed step starts from the identical state
         assert resized[6][term] == pytest.approx(full_steps[6][term], rel=1e-5, abs=1e-6), term
+    # for the record (pytest -s): how far each CPU's kernels carry the rounding difference
+    first = max(abs(resized[6][t] - full_steps[6][t]) / max(abs(full_steps[6][t]), 1e-12) for t in LOSS_TERMS)
+    final = abs(resumed.metrics["cluster_loss"] - full.metrics["cluster_loss"])
+    print(f"\nresized: first resumed step's loss terms within {first:.1e} (relative); final cluster_loss "
+          f"{resumed.metrics['cluster_loss']:.6f} against {full.metrics['cluster_loss']:.6f} ({final:.1e}, not asserted)")
     assert all(math.isfinite(resumed.metrics[k]) for k in ("total_loss", "cluster_loss", "recon_loss"))
     assert resumed.metrics["videos_read"] == full.metrics["videos_read"]
     # the LR curve continued, not restarted: the preset's warm-up (256 videos) outlasts these 12
