@@ -378,10 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         same_answer = answer_line(quiet["experiment"]) == answer_line(loud["experiment"])
         per_kind = {k: sum(f["kind"] == k for f in loud["faults"]) for k in KINDS}
         lost = (loud["seconds"] - quiet["seconds"]) / max(1, len(loud["faults"]))
+        # every restart of a trial's worker group, as Ray Train's failure policy logs it
+        restarts = (loud["experiment"] / "raymcn_console.log").read_text().count("[FailurePolicy] RETRY")
         print(f"bench/chaos.py on {machine_line()}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
               f"epochs, run.checkpoint_every=2 steps")
         print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
-              f"driver starts {loud['driver_starts']}")
+              f"worker-group restarts {restarts}; driver starts {loud['driver_starts']}")
         print(f"wall time: quiet {quiet['seconds']:.0f} s, under faults {loud['seconds']:.0f} s: "
               f"{lost:.1f} s lost per fault")
         print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")
@@ -389,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + p)
         if args.json:
             Path(args.json).write_text(json.dumps({"machine": machine_line(), "faults": loud["faults"],
-                                                   "per_kind": per_kind, "quiet_s": quiet["seconds"],
+                                                   "per_kind": per_kind, "restarts": restarts, "quiet_s": quiet["seconds"],
                                                    "loud_s": loud["seconds"], "lost_per_fault_s": lost,
                                                    "differences": problems, "same_answer": same_answer}, indent=1))
     return 0 if not problems and same_answer else 1
