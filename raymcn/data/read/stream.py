@@ -315,6 +315,13 @@ def _shard_vocab(shards_dir: str, mtime_ns: int, bf16: bool) -> np.ndarray:
     return model_vocab(load_vocab(shards_dir).matrix, bf16)
 
 
+def step_row_nbytes(cfg: Config, videos: int) -> int:
+    """Bytes of the arrays of a step row holding ``videos`` videos' clips (:func:`step_row`)."""
+    clips, d = videos * cfg.data.clips_per_video, cfg.data
+    text = d.max_words * cfg.model.word_dim * (2 if text_in_bf16(cfg) else 4)
+    return clips * (2 * FEATURE_DIM * 4 + MEL_BINS * d.audio_frames * 2 + 4 + text)
+
+
 def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
     """One Arrow row holding one step's batch (zero-copy: the arrays' memory is the row's)."""
     bf16 = batch["text"].dtype == BF16
