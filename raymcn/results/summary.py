@@ -89,8 +89,8 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         s = conf.settings
         grouped = confirmation_grouped(conf)
         done = int((conf.trials["status"] == "done").sum())
-        lines += [f"{PRIMARY_BEST} by {s.group_column}, confirmation over seeds {', '.join(map(str, conf.seeds))} "
-                  f"({done} of {conf.planned} runs done):", "",
+        lines += [f"{PRIMARY_BEST} by {s.group_column}, confirmation: seeds {', '.join(map(str, conf.seeds))}, "
+                  f"{done} of {conf.planned} runs done", "",
                   answer_table(grouped, s.group_column, confirmation=True).rstrip("\n"), "",
                   answer_line(grouped, s.group_column, done, conf.planned).rstrip("\n")]
     elif by is not None:
