@@ -57,7 +57,8 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     _set_threads(cfg, rank, out)
     device = _checked_device(cfg)
     # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
-    # are fixed by seed, epoch and step: the same at any world size and after any restart).
+    # are fixed by seed, epoch and step: the same at any world size and after any restart); the
+    # benchmarks' reader="local" builds the same rows in this process instead.
     if loop_config.get("reader", "ray") == "local":
         stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
     else:
@@ -102,7 +103,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 class Printer:
     """A rank's one print channel. Everything goes to its stdout, which Ray sends to the driver's
     console (``monitor/console.py``); rank 0's lines are tagged by what they are for, the other
-    ranks print nothing but stall alerts.
+    ranks print nothing but their thread count (to the console log) and stall alerts.
 
     ``log``: the console log only (shown with --verbose); ``each``: the console log only, from
     every rank, prefixed with the rank; ``say``: the terminal; ``progress``: the in-epoch progress
