@@ -5,7 +5,9 @@ a cold page cache before every measurement (``sync; echo 3 > /proc/sys/vm/drop_c
 permitted; the table says which), at two per-video sizes — short clips (~0.33 MB) and
 HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/s of:
 
-  (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each;
+  (a) the original way: per-video npz files (2d, 3d, spec) in random order, ``np.load`` each, and
+      each video's clips drawn as the original's ``__getitem__`` drew them (``data.clips_per_video``
+      per video, by the same sampler, in steps of ``--batch`` videos): the work (b) and (c2) do;
   (a2) the same files split over ``--streams`` processes, as a DataLoader's workers load them;
   (b) raymcn's reader as the trainer uses it: each of ``--ranks`` Ray actors (standing in for the
       Ray Train workers, ``--consumer-cpus`` each) consumes its own ``reader.RankStream``: the
@@ -13,13 +15,14 @@ HowTo100M-like videos (~10 MB, several minutes) — it measures videos/s and MB/
       the shards in read tasks on its node (each step's bytes requested from the kernel while the
       step before is drawn), checked (CRC-32), clips drawn, one Arrow row per step.
       Timed: epoch 1 after an epoch 0 (which starts the read-task workers), i.e. what every epoch
-      of a run costs, including Ray Data's per-epoch start-up;
+      of a run costs, including Ray Data's per-epoch start-up. Ray is started with the settings of
+      the instance ``raymcn train`` starts (``on_ray/cluster.LOCAL_RAY_ENV``: idle worker processes kept);
   (c) a single-process sequential tar reader without Ray (``stream.iter_shard_records``: same
       checks and decoding, no Ray, shard order) — the overhead-free reference;
   (c2) what (b) does, in one process without Ray (``stream.read_steps`` of every rank's steps),
       split into reading (byte ranges in step order + CRC checks: the deterministic order's cost
       against (c), which reads whole shards front to back) and drawing the clips (``data.clips_per_video``
-      per video, as the training batches need; (a), (c) and (d) draw none);
+      per video, as the training batches need; (c) and (d) draw none);
   (d) ``cat`` of the shard files to /dev/null: one sequential stream (the fp16 target's yardstick);
   (d2) the same files split over ``--streams`` ``cat`` processes at once (default: as many as
       (b) has read tasks in flight, ranks x ``READ_CONCURRENCY``): what the disk gives to parallel
@@ -29,8 +32,13 @@ A step holds ``--batch`` videos (the steps of one epoch use ``videos // batch`` 
 default, 64 over 2 ranks, gives each rank a paper share: the paper's 128 videos per step over 4 GPUs.
 (b), (c), (c2) and (d) run on shards of each ``--dtypes`` (default float32 and float16: the 2d/3d
 features at 4 or 2 bytes), (a) once; a fresh shard folder also times the conversion (``raymcn
-shards`` in one process). Targets: fp32 shards (b) >= 2x (a) and (b) >= 0.6x (c); fp16 shards
-(b) >= 1.6x (a) and (b) >= 0.8x (d) of their own bytes. ``--diagnose`` adds rows for
+shards`` in one process). Targets: (b) >= 0.8x (c2) for both dtypes and sizes (Ray costs the
+reader at most a fifth of its own Ray-free path); fp32 shards (b) >= 2x (a) and (b) >= 0.6x (c);
+fp16 shards (b) >= 1.6x (a) and (b) >= 0.8x (d) of their own bytes (the last four set when (a)
+drew no clips). Every row also gives this benchmark's CPU milliseconds per video (all its
+processes, ``bench/procstat.py``) and the share of a core the rest of the machine took meanwhile:
+on a shared machine videos/s move with the others' load, CPU per video much less.
+``--diagnose`` adds rows for
 ``ray.data.read_webdataset`` with its default decoder and for a Python ``tarfile`` + ``np.load``
 sequential reader.
 
@@ -42,6 +50,7 @@ Usage::
                                            # Ray Data's per-epoch start-up (~0.2 s) dominates (b)
     python bench/loader.py --json          # the figures as one JSON line at the end
     python bench/loader.py --repeat 3      # best of 3 runs of each measurement (noisy machines)
+    python bench/loader.py --out docs/measurements/loader.json   # every figure, the machine and its load
 
 What the profile showed (``stream.read_steps`` in one process on the page cache, 192 videos, best
 of 3; this machine): the read tasks' CPU per fp16 video fell from 6.2 to 3.1 ms. The CRC-32 checks
@@ -60,7 +69,6 @@ import io
 import json
 import os
 import pickle
-import platform
 import random
 import subprocess
 import sys
@@ -70,12 +78,26 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.data.formats import manifest as shard_manifest
-from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, read_video_paths, video_id_of
-from raymcn.data.formats.words import write_word2vec_bin
-from raymcn.data.read import order, stream
-from raymcn.data.read.datasource import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS
-from raymcn.data.write import shards
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import procstat  # noqa: E402
+from common import machine_line  # noqa: E402
+from raymcn.data.formats import manifest as shard_manifest  # noqa: E402
+from raymcn.data.formats.features import (  # noqa: E402
+    FEATURE_DIM,
+    MEL_BINS,
+    load_captions,
+    read_video,
+    read_video_paths,
+    sample_batch,
+    video_id_of,
+)
+from raymcn.data.formats.words import build_vocab, read_word2vec_bin, write_word2vec_bin  # noqa: E402
+from raymcn.data.read import order, stream  # noqa: E402
+from raymcn.data.read.datasource import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS  # noqa: E402
+from raymcn.data.write import shards  # noqa: E402
+
+SAMPLER: procstat.ProcessSampler | None = None  # CPU of every process during each measurement (main)
 
 # per-video shapes: (2d rows, 3d rows, spectrogram frames); 1 row/s, 1.5 rows/s, 100 frames/s
 SIZES = {
@@ -84,6 +106,7 @@ SIZES = {
 }
 TARGET_B_OVER_A = 2.0
 TARGET_B_OVER_C = 0.6
+TARGET_B_OVER_C2 = 0.8
 WORDS = [f"w{i:03d}" for i in range(200)]
 
 
@@ -159,31 +182,48 @@ class Cache:
 
 
 # --- (a) the original way ---------------------------------------------------------------------------
-def run_npz(layout: Path, seed: int = 0, processes: int = 1) -> dict:
+_ORIGINAL: dict = {}  # (a)'s captions and vocabulary, loaded once per layout before the timing (the
+# original's dataset loads them when it is built); fork-inherited by (a2)'s processes
+
+
+def run_npz(layout: Path, cfg, seed: int = 0, processes: int = 1) -> dict:
+    """The original loader, one ``np.load`` per npz file in random order, then each video's clips
+    drawn (``data.clips_per_video``, as the training batches need; the original's ``__getitem__``
+    did both) in steps of ``data.batch_size`` videos: the work (b) and (c2) do, from npz files."""
     paths = read_video_paths(layout / "videos.csv")
     random.Random(seed).shuffle(paths)
+    if _ORIGINAL.get("layout") != layout:
+        captions = load_captions(layout / "captions.pickle")
+        texts = [t for rec in captions.values() for t in rec["text"]]
+        vocab = build_vocab(texts, read_word2vec_bin(layout / "word2vec.bin"))
+        _ORIGINAL.update(layout=layout, captions=captions, vocab=vocab,
+                         matrix=np.asarray(vocab.matrix, dtype=np.float32))
     if processes > 1:  # like a DataLoader's worker processes, each loading its share of the files
         import multiprocessing
 
         t0 = time.perf_counter()
         with multiprocessing.get_context("fork").Pool(processes) as pool:
-            parts = pool.starmap(_load_npz_files, [(layout, paths[i::processes]) for i in range(processes)])
+            parts = pool.starmap(_load_npz_files, [(layout, paths[i::processes], cfg) for i in range(processes)])
         return {"videos": len(paths), "bytes": sum(parts), "seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    nbytes = _load_npz_files(layout, paths)
+    nbytes = _load_npz_files(layout, paths, cfg)
     return {"videos": len(paths), "bytes": nbytes, "seconds": time.perf_counter() - t0}
 
 
-def _load_npz_files(layout: Path, paths: list[str]) -> int:
-    nbytes = 0
-    for path in paths:
-        vid = video_id_of(path)
-        files = (layout / "features" / path / f"{vid}_2d.npz", layout / "features" / path / f"{vid}_3d.npz",
-                 layout / "audio" / path / f"{vid}_spec.npz")
-        for f, key in zip(files, ("features", "features", "arr_0")):
-            with np.load(f) as z:
-                z[key]
-            nbytes += f.stat().st_size
+def _load_npz_files(layout: Path, paths: list[str], cfg) -> int:
+    d, caps, vocab = cfg.data, _ORIGINAL["captions"], _ORIGINAL["vocab"]
+    nbytes, step = 0, max(1, d.batch_size)
+    for first in range(0, len(paths), step):
+        records = []
+        for path in paths[first:first + step]:
+            vid = video_id_of(path)
+            records.append(read_video(path, layout / "features", layout / "audio", caps, vocab.word_to_id,
+                                      d.max_words))
+            nbytes += sum(f.stat().st_size for f in (layout / "features" / path / f"{vid}_2d.npz",
+                                                     layout / "features" / path / f"{vid}_3d.npz",
+                                                     layout / "audio" / path / f"{vid}_spec.npz"))
+        rngs = [order.clip_rng(cfg.run.seed, 0, first + j) for j in range(len(records))]
+        sample_batch(records, rngs, d.clips_per_video, d.min_time, d.audio_frames, d.max_words, _ORIGINAL["matrix"])
     return nbytes
 
 
@@ -290,6 +330,10 @@ class RayBench:
 
         self.ray = ray
         kwargs = {"object_store_memory": object_store_mb << 20} if object_store_mb else {}
+        from raymcn.train.on_ray.cluster import LOCAL_RAY_ENV
+
+        for key, value in LOCAL_RAY_ENV.items():  # the settings of the instance `raymcn train` starts
+            os.environ.setdefault(key, value)
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **kwargs)
         Consumer = _consumer_class(ray)
         self.consumers = [Consumer.options(num_cpus=consumer_cpus).remote() for _ in range(ranks)]
@@ -312,10 +356,11 @@ class RayBench:
         # the measured epoch runs as every later epoch of a run does: a new execution, new order.
         epoch(0)
         cache.drop()
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         parts = epoch(1)
         seconds = time.perf_counter() - t0
-        return {"videos": sum(p["videos"] for p in parts), "bad": sum(p["bad"] for p in parts),
+        return {"t0": wall0, "t1": time.time(),
+                "videos": sum(p["videos"] for p in parts), "bad": sum(p["bad"] for p in parts),
                 "bytes": sum(p["bytes"] for p in parts), "seconds": seconds,
                 "consumer_wait_s": [round(p["wait"], 3) for p in parts],
                 "consumer_cpu_s": [round(p["cpu"], 3) for p in parts],
@@ -340,8 +385,27 @@ class RayBench:
 # --- driver -----------------------------------------------------------------------------------------
 def rates(r: dict) -> dict:
     s = max(r["seconds"], 1e-9)
-    return {**{k: v for k, v in r.items() if k != "stats"}, "videos_per_s": r["videos"] / s,
-            "mb_per_s": r["bytes"] / s / 2**20}
+    out = {**{k: v for k, v in r.items() if k != "stats"}, "videos_per_s": r["videos"] / s,
+           "mb_per_s": r["bytes"] / s / 2**20}
+    if SAMPLER is not None and "t0" in r:
+        # CPU per video of this benchmark's processes, and what the rest of the machine took meanwhile:
+        # on a shared machine the videos/s move with the others' load, the CPU per video much less
+        used = SAMPLER.cpu(r["t0"], r["t1"])
+        if used:
+            ours = {k: v for k, v in used["cpu_s"].items() if k != procstat.OTHERS}
+            out["cpu_s"] = {k: round(v, 3) for k, v in ours.items() if v >= 0.005}
+            out["cpu_ms_per_video"] = 1e3 * sum(ours.values()) / max(1, r["videos"])
+            out["others_cpu_percent"] = 100 * used["cpu_s"].get(procstat.OTHERS, 0.0) / used["window_s"]
+    return out
+
+
+def timed(fn, *args, **kwargs) -> dict:
+    """``fn``'s result with the wall times around it (the window of its CPU figures)."""
+    t0 = time.time()
+    r = fn(*args, **kwargs)
+    r.setdefault("t0", t0)
+    r.setdefault("t1", time.time())
+    return r
 
 
 def keep_best(row: dict, key: str, r: dict) -> None:
@@ -379,6 +443,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="shard feature dtypes to measure (b), (c), (c2), (d) on (default both)")
     p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
+    p.add_argument("--out", help="write the figures, the machine and its load as JSON here")
     return p.parse_args(argv)
 
 
@@ -399,6 +464,9 @@ def main(argv=None) -> int:
     cfg = load_config(None, [f"data.batch_size={args.batch}"])
     results: dict = {}
     bench = None
+    global SAMPLER
+    SAMPLER = procstat.ProcessSampler(every_s=0.25).__enter__()
+    load0 = procstat.load()
     try:
         for size in sizes:
             seconds, n = SIZES[size]["seconds"], counts[size]
@@ -412,10 +480,10 @@ def main(argv=None) -> int:
             for _ in range(max(1, args.repeat)):  # the best of --repeat runs of each (noisy machines)
                 if "a" in only:
                     cache.drop()
-                    keep_best(row, "a", rates(run_npz(layout)))
+                    keep_best(row, "a", rates(timed(run_npz, layout, cfg)))
                 if "a2" in only:
                     cache.drop()
-                    keep_best(row, "a2", rates(run_npz(layout, processes=args.streams)))
+                    keep_best(row, "a2", rates(timed(run_npz, layout, cfg, processes=args.streams)))
             for dtype in dtypes:
                 suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
                 shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
@@ -432,36 +500,39 @@ def main(argv=None) -> int:
                                                           cache)))
                     if "c" in only:
                         cache.drop()
-                        keep_best(d, "c", rates(run_sequential(shard_dir, manifest)))
+                        keep_best(d, "c", rates(timed(run_sequential, shard_dir, manifest)))
                     if "c2" in only:
                         cache.drop()
-                        keep_best(d, "c2", rates(run_steps_inprocess(shard_dir, manifest, cfg, args.ranks)))
+                        keep_best(d, "c2", rates(timed(run_steps_inprocess, shard_dir, manifest, cfg, args.ranks)))
                     if "d" in only:
                         cache.drop()
-                        keep_best(d, "d", rates(run_cat(shard_dir, manifest)))
+                        keep_best(d, "d", rates(timed(run_cat, shard_dir, manifest)))
                     if "d2" in only:
                         cache.drop()
-                        keep_best(d, "d2", rates(run_cat(shard_dir, manifest, args.streams)))
+                        keep_best(d, "d2", rates(timed(run_cat, shard_dir, manifest, args.streams)))
                     if args.diagnose:
                         cache.drop()
-                        keep_best(d, "c_tarfile", rates(run_tarfile(shard_dir, manifest)))
+                        keep_best(d, "c_tarfile", rates(timed(run_tarfile, shard_dir, manifest)))
                         keep_best(d, "b_read_webdataset", rates(bench.run_webdataset(shard_dir, manifest, cache)))
                 row["dtypes"][dtype] = d
             results[size] = row
     finally:
+        SAMPLER.__exit__(None, None, None)
         if bench is not None:
             bench.shutdown()
-    report(results, cache, args)
+    report(results, cache, args, load0)
     return 0
 
 
-def report(results: dict, cache: Cache, args) -> None:
+def report(results: dict, cache: Cache, args, load0: list[float]) -> None:
     cold = "cold page cache (dropped before each measurement)" if cache.cold else \
         f"WARM page cache: could not drop caches ({cache.why})"
-    print(f"\nloader benchmark: {platform.node()}, {os.cpu_count()} CPUs, {cold}")
+    machine = machine_line()
+    print(f"\nloader benchmark: {machine}; load average {load0} at the start, "
+          f"{procstat.load()} at the end; {cold}")
     print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
           f">= {args.task_mb:g} MB, steps of {args.batch} videos, shards ~{args.shard_size_mb:g} MB")
-    names = {"a": "(a) npz files, random order, np.load", "a2": f"(a2) the same, {args.streams} processes",
+    names = {"a": "(a) npz files, random order, np.load+clips", "a2": f"(a2) the same, {args.streams} processes",
              "b": "(b) raymcn reader (RankStream)",
              "c": "(c) sequential tar, 1 process, no Ray", "c2": "(c2) step reads, 1 process, no Ray",
              "d": "(d) cat shards > /dev/null",
@@ -470,18 +541,25 @@ def report(results: dict, cache: Cache, args) -> None:
              "c_tarfile": "    tarfile + np.load, 1 process"}
     for size, row in results.items():
         print(f"\n{SIZES[size]['label']}: {row['videos']} videos")
-        print(f"  {'method':40s} {'shards':>8s} {'MB/video':>9s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s}")
+        print(f"  {'method':40s} {'shards':>8s} {'MB/video':>9s} {'videos/s':>10s} {'MB/s':>9s} {'seconds':>8s} "
+              f"{'CPU ms/video':>12s} {'others %':>9s}")
+
+        def cpu(r: dict) -> str:  # this benchmark's CPU per video; the rest of the machine's CPU meanwhile
+            if "cpu_ms_per_video" not in r:
+                return f"{'-':>12s} {'-':>9s}"
+            return f"{r['cpu_ms_per_video']:12.2f} {r['others_cpu_percent']:9.0f}"
+
         for k in ("a", "a2"):
             if k in row:
                 r = row[k]
                 print(f"  {names[k]:40s} {'-':>8s} {'-':>9s} {r['videos_per_s']:10.0f} {r['mb_per_s']:9.0f} "
-                      f"{r['seconds']:8.2f}")
+                      f"{r['seconds']:8.2f} {cpu(r)}")
         for dtype, d in row["dtypes"].items():
             for k in ("b", "c", "c2", "d", "d2", "b_read_webdataset", "c_tarfile"):
                 if k in d:
                     r = d[k]
                     print(f"  {names[k]:40s} {dtype:>8s} {d['mb_per_video']:9.2f} {r['videos_per_s']:10.0f} "
-                          f"{r['mb_per_s']:9.0f} {r['seconds']:8.2f}")
+                          f"{r['mb_per_s']:9.0f} {r['seconds']:8.2f} {cpu(r)}")
             ratios = {}
             if "a" in row and "b" in d:
                 ratios["b_over_a"] = d["b"]["videos_per_s"] / row["a"]["videos_per_s"]
@@ -491,6 +569,8 @@ def report(results: dict, cache: Cache, args) -> None:
                 ratios["b_over_c"] = d["b"]["videos_per_s"] / d["c"]["videos_per_s"]
             if "c" in d and "c2" in d:
                 ratios["c2_over_c"] = d["c2"]["videos_per_s"] / d["c"]["videos_per_s"]
+            if "c2" in d and "b" in d:
+                ratios["b_over_c2"] = d["b"]["videos_per_s"] / d["c2"]["videos_per_s"]
             if "d" in d and "b" in d:
                 ratios["b_over_d"] = d["b"]["videos_per_s"] / d["d"]["videos_per_s"]
             if "d2" in d and "b" in d:
@@ -500,12 +580,14 @@ def report(results: dict, cache: Cache, args) -> None:
                 c2 = d["c2"]
                 print(f"  {dtype} (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "
                       f"({c2['videos'] / max(c2['read_s'], 1e-9):.0f} videos/s), drawing the clips "
-                      f"{c2['build_s']:.2f} s ({row['clips_per_video']} per video; (a), (c) and (d) draw none)")
+                      f"{c2['build_s']:.2f} s ({row['clips_per_video']} per video; (c) and (d) draw none)")
             if "convert_videos_per_s" in d:
                 print(f"  {dtype} conversion (raymcn shards, 1 process): {d['convert_videos_per_s']:.1f} videos/s")
             targets = ((("b_over_a", 1.6), ("b_over_d", 0.8)) if dtype == "float16" else
                        (("b_over_a", TARGET_B_OVER_A), ("b_over_c", TARGET_B_OVER_C)))
-            for key, label in (("b_over_a", "(b)/(a)"), ("b_over_a2", "(b)/(a2)"), ("b_over_c", "(b)/(c)"),
+            targets += (("b_over_c2", TARGET_B_OVER_C2),)
+            for key, label in (("b_over_c2", "(b)/(c2), Ray's cost to the reader"), ("b_over_a", "(b)/(a)"),
+                               ("b_over_a2", "(b)/(a2)"), ("b_over_c", "(b)/(c)"),
                                ("c2_over_c", "(c2)/(c), clips drawn in (c2) only"), ("b_over_d", "(b)/(d)"),
                                ("b_over_d2", "(b)/(d2)")):
                 if key in ratios:
@@ -513,12 +595,18 @@ def report(results: dict, cache: Cache, args) -> None:
                     verdict = "" if target is None else (f"  target >= {target:g}: " +
                                                          ("met" if ratios[key] >= target else "NOT met"))
                     print(f"  {dtype} {label} = {ratios[key]:.2f}{verdict}")
+    figures = {"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
+               "machine": machine, "load_start": load0, "load_end": procstat.load(),
+               "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
+                   "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus", "streams",
+                   "repeat")},
+               "results": results}
     if args.json:
-        print(json.dumps({"cold_cache": bool(cache.cold), "cache_note": "" if cache.cold else cache.why,
-                          "cpus": os.cpu_count(), "settings": {k: getattr(args, k) for k in (
-                              "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus",
-                              "streams")},
-                          "results": results}, default=float))
+        print(json.dumps(figures, default=float))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(figures, default=float, indent=1) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

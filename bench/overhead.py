@@ -1,349 +1,254 @@
-"""Ray Train overhead: raymcn on Ray Train vs the same training under bare ``torch.distributed``.
+"""What Ray costs raymcn's training step, arm by arm, in one run: torchrun -> Ray -> Ray Train -> Ray Data.
 
-    python bench/overhead.py                     # 3 repeats x 4 epochs per path, 2 workers (~5 min, 2 cores)
-    python bench/overhead.py --quick             # 1 repeat x 3 epochs (~1.5 min)
-    python bench/overhead.py --workers 1 --pin   # 1 rank pinned to core 0, everything else on the other cores
-    python bench/overhead.py --json              # the tables, then one JSON line with every figure
+    python bench/overhead.py                       # 3 repeats x 4 arms x 4 epochs, 2 ranks (~10 min, 2 cores)
+    python bench/overhead.py --quick               # 1 repeat x 3 epochs (~3 min)
+    python bench/overhead.py --out docs/measurements/overhead.json
 
-What runs, N gloo workers on CPU in both paths (``--workers``, default 2), same model, data, seeds
-and step count:
+Four arms, the same step in each: the embedded default preset (``scale.num_workers`` ranks, gloo
+on CPU), assembled by ``raymcn.train.build.assemble`` and run by ``build.run_epochs``, seeded the
+same, over the same shards, the same batches (the step rows of ``data/read/stream.py``: the same videos,
+clips and bytes in every arm), the same number of torch threads per rank (``scale.torch_threads``;
+every rank records ``torch.get_num_threads()``, ``OMP_NUM_THREADS`` and its niceness):
 
-(a) **raymcn**: ``raymcn.train.on_ray.launch.fit(cfg)`` on a fresh ``ray.init(address="local", num_cpus=N+1)``,
-    ``cfg`` = the embedded default preset with ``scale.num_workers=N``, ``scale.cpus_per_worker=1``
-    (plus ``--set`` overrides). The extra logical CPU keeps the comparison with the earlier
-    figures (measured when the read tasks reserved a CPU; they now reserve none).
-    Everything raymcn does per epoch runs (Ray Data shard reading, evaluation, checkpoint,
-    ``ray.train.report``); only the training steps are timed for throughput (below), and the time
-    the loop waits for Ray Data batches *is* inside them (``train_one_epoch``'s "data" phase).
-(b) **bare DDP**: this file relaunched as ``python -m torch.distributed.run --standalone
-    --nproc_per_node=N bench/overhead.py --_ddp_child ...``: ``init_process_group("gloo")``, then
-    the run as the Ray worker assembles it (``raymcn.train.build.assemble``, seeded the same) with
-    ``DistributedDataParallel(find_unused_parameters=False, gradient_as_bucket_view=True)`` as the
-    wrap, and ``run_epochs`` over ``TrainVideos.batches(...)`` for the same epochs. The data are the
-    same synthetic corpus (same videos, batch size, clips per video, steps per epoch), held in
-    memory by ``raymcn.data.read.stream.TrainVideos`` instead of read from the shards through Ray Data;
-    the clips drawn differ, the shapes and amount of work do not. No evaluation, no checkpoints,
-    no reporting.
+1. ``torchrun``: bare DDP, ``python -m torch.distributed.run --standalone`` (the reference); the
+   rank builds its batches in its own process (``stream.LocalStream``, on the prefetch thread).
+2. ``ray-ddp``: the same rank function as 1, in one Ray actor per rank on a fresh local Ray
+   instance (``scale.cpus_per_worker`` each), forming its own gloo group: how Ray's release
+   benchmark (``air_benchmarks/workloads/torch_benchmark.py``) launches its "vanilla" baseline.
+   1 -> 2 is Ray's runtime: worker processes, their niceness, Ray's daemons beside the ranks.
+3. ``train-local``: ``TorchTrainer`` running raymcn's own worker (``train/on_ray/worker.py``:
+   evaluation, checkpoint and report every epoch, progress, watchdog), its batches built in-process
+   as in 1 and 2 (``on_ray/launch.build_trainer(reader="local")``). 2 -> 3 is the Train layer.
+4. ``train-raydata``: raymcn as it runs: ``TorchTrainer``, each rank's batches from its own Ray Data
+   stream (``datasource.RankStream``: read tasks build the step rows). 3 -> 4 is the data path.
 
-Measurement, with nothing patched: both paths report every epoch's metrics of the loop itself,
-averaged over the ranks: ``samples_per_s`` (clips of a rank / the time of its training steps;
-evaluation and checkpointing are outside it), the per-phase times per step, ``time_first_batch_s``
-(the wait for the epoch's first batch), ``time_epoch_s`` and, in the Ray path, ``time_eval_s``.
-The Ray path's records come from a Ray Train callback (``after_report``, in the controller on
-this machine), the bare path's from the run assembly's ``after_epoch`` hook. Job samples/s of an
-epoch = the rank mean × N; **steady** = mean over the epochs after the first (warm-up: Adam state,
-first k-means fit, allocator growth), then the median over ``--repeats``. **startup** = from just
-before ``ray.init`` (a) / spawning torchrun (b) to the start of the first epoch's steps (its
-report time less its steps, its evaluation and, in (a), the checkpoint write, which is not
-subtracted: a slight over-estimate): Ray start, trainer and worker-group setup, Ray Data dataset,
-process group, corpus load, model build. The corpus and its shards are generated into the cache
-before any timing.
+Timed, as Ray's benchmark times it, is the training loop only: samples/s = clips / the time of a
+rank's steps (``train_one_epoch``'s phases; evaluation and checkpoints lie outside), averaged over
+the ranks, times the ranks; **steady** = the mean over the epochs after the first (warm-up), then
+the median over the repeats. Ray is started for each Ray arm the way ``raymcn train`` starts it
+(``on_ray/cluster.start_ray``, a fresh local instance) and stopped after it. The arms run in the order 1 2 3
+4, then 4 3 2 1, and so on.
 
-Where the time goes (second and third table): the ranks' mean milliseconds per step in the steady
-epochs (the wait for the epoch's first batch, the wait for each later batch, forward, loss,
-backward with DDP's all-reduce, optimizer), and the CPU every process used during the steady
-epochs (their evaluation, checkpoint and report included), read from ``/proc`` twice a second
-(Linux) and grouped: the training ranks, Ray
-Data's read tasks, its split coordinator and stats actor, Ray Train's control actors, Ray's
-daemons (raylet, GCS, dashboard, agents), everything else. On a machine with as many cores as
-ranks, every CPU-second of the others is taken from the ranks. ``--pin`` separates the two: each
-rank runs on a core of its own (the Ray workers are pinned from outside, by this driver, as soon
-as they exist), everything else on the cores above N (needs more cores than ranks).
+CPU per kind of process (``bench/procstat.py``, ``/proc`` every 0.25 s) during the steady epochs'
+steps: the ranks (split into their training thread and their other threads), Ray Data's read
+tasks and coordinator, the Train controller, the Tune driver, raylet, GCS, the dashboard, idle Ray
+workers, this driver, and every process on the machine that is not this benchmark's (other users'
+jobs: on a shared machine they take CPU from the arms unevenly, so compare within one run). The
+machine and ``os.getloadavg()`` are printed beside the figures.
 
-(c) **raymcn-noprefetch**: (a) with ``data.prefetch_batches=0``, the loop before the batch pipeline:
-    each batch is fetched from Ray Data in the training thread, between two steps, instead of by
-    ``train/feed.py``'s thread while the step runs. The "wait for each later batch" row of (a) and
-    (c) is the data time on the step's critical path with and without the pipeline.
-
-Threads: Ray gives each 1-CPU worker ``OMP_NUM_THREADS=1``; the thread count torch uses in a Ray
-task with the workers' resources (printed) is given to the torchrun children
-(``OMP_NUM_THREADS`` and ``torch.set_num_threads``), so both paths compute with the same threads. The paths
-run in the order raymcn, raymcn-noprefetch, bare in the first repeat, reversed in the second, and so on.
-
-Target (issue): raymcn steady samples/s >= 0.95 x bare DDP. Startup is reported separately.
-
-Load caveat: wall-clock figures on a shared machine; re-measure on a quiet one.
+Goal: arm 4 >= 0.9 x arm 2 (Ray's own comparison, training loop only). Ray's published threshold
+for its own TorchTrainer vs vanilla comparison is a time ratio <= 1.15.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
+import pickle
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TARGET = 0.95
-INLINE = "raymcn-noprefetch"  # data.prefetch_batches=0: each batch fetched in the step (the loop before prefetching)
-PATHS = ("bare", "raymcn", INLINE)
+import procstat  # noqa: E402
+from common import machine_line  # noqa: E402
 
-
-def plan_of(cfg, videos: int):
-    """The run plan of both paths over the corpus (the shards' manifest counts the same videos)."""
-    from raymcn.train.plan import make_plan
-
-    return make_plan(cfg, videos)
+ARMS = ("torchrun", "ray-ddp", "train-local", "train-raydata")
+NOPREFETCH = "train-raydata-noprefetch"  # optional: arm 4 with each batch fetched in the step (data.prefetch_batches=0)
+LABELS = {"torchrun": "1 bare DDP under torchrun", "ray-ddp": "2 plain DDP in Ray actors",
+          "train-local": "3 TorchTrainer, in-process reader", "train-raydata": "4 TorchTrainer + Ray Data (raymcn)",
+          NOPREFETCH: "4 with data.prefetch_batches=0"}
+GOAL = 0.9  # arm 4 / arm 2
+RAY_THRESHOLD = 1.15  # Ray's release benchmark: TorchTrainer time / vanilla time
+PHASES = ("data", "forward", "loss", "backward", "optimizer", "checkpoint")
+TRACE = "RAYMCN_TIMELINE"
 
 
 def make_config(workers: int, epochs: int, overrides: list[str]):
     from raymcn.cli import preset_path
     from raymcn.config import load_config
 
-    return load_config(preset_path(), [f"scale.num_workers={workers}", "scale.cpus_per_worker=1",
-                                       f"schedule.epochs={epochs}", *overrides])
+    return load_config(preset_path(), [f"scale.num_workers={workers}", f"schedule.epochs={epochs}", *overrides])
 
 
-def pin_process(cpus: set[int]) -> None:
-    """Pin every thread of this process to ``cpus``: ``sched_setaffinity(0)`` moves only the calling
-    thread, and gloo's and Ray's threads already exist when a rank's code starts."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # a thread may end meanwhile
-            os.sched_setaffinity(int(tid), cpus)
-
-
-# --- CPU of every process (Linux /proc) --------------------------------------------------------------
-CPU_GROUPS = (  # (group, substrings of the process's command line); first match wins
-    ("training ranks", ("ray::RayTrainWorker", "--_ddp_child")),
-    ("Ray Data read tasks", ("ray::Read", "ray::IDLE")),
-    ("Ray Data split coordinator + stats", ("ray::SplitCoordinator", "ray::_StatsActor", "ray::DatasetManager")),
-    ("Ray Train control actors", ("ray::TrainController", "ray::SynchronizationActor", "ray::PlacementGroupCleaner",
-                                  "ray::PreemptionWatcher", "ray::_AutoscalingCoordinatorActor")),
-    ("Ray daemons (raylet, GCS, dashboard, agents)", ("/ray/core/src/", "ray/dashboard/", "ray/_private/",
-                                                       "ray::DashboardAgent", "ray::IDLE_SpillWorker")),
-)
-OTHER_GROUP = "everything else (bench driver, torchrun agent, system)"
-
-
-class CpuMeter:
-    """Samples the CPU time of every process from /proc in a background thread (Linux only)."""
-
-    def __init__(self, every_s: float = 0.5):
-        self.available = os.path.isdir("/proc/self/task")
-        self._every, self._samples, self._stop = every_s, [], threading.Event()
-        self._tick = os.sysconf("SC_CLK_TCK") if self.available else 100
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> CpuMeter:
-        if self.available:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self.available:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self._samples.append((time.time(), self._snapshot()))
-            if self._stop.wait(self._every):
-                self._samples.append((time.time(), self._snapshot()))
-                return
-
-    def _snapshot(self) -> dict[int, tuple[str, float]]:
-        out = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmd = f.read().replace("\0", " ")
-            except OSError:  # the process ended meanwhile
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()  # utime, stime are fields 14, 15 of stat
-            out[int(pid)] = (cmd or stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / self._tick)
-        return out
-
-    def usage(self, t0: float, t1: float) -> dict:
-        """CPU-seconds per group between the samples around wall times t0 and t1, and the window."""
-        before = max((s for s in self._samples if s[0] <= t0), default=None, key=lambda s: s[0])
-        after = min((s for s in self._samples if s[0] >= t1), default=None, key=lambda s: s[0])
-        if before is None or after is None:
-            return {}
-        groups = dict.fromkeys([g for g, _ in CPU_GROUPS] + [OTHER_GROUP], 0.0)
-        for pid, (cmd, cpu) in after[1].items():
-            spent = cpu - before[1].get(pid, (cmd, 0.0))[1]
-            group = next((g for g, keys in CPU_GROUPS if any(k in cmd for k in keys)), OTHER_GROUP)
-            groups[group] += max(0.0, spent)
-        return {"window_s": after[0] - before[0], "cpu_s": groups}
-
-
-# --- per-epoch records (both paths) ---------------------------------------------------------------
-PHASES = ("forward", "loss", "backward", "optimizer")  # the loop's timed phases after the data wait
-
-
-def epoch_record(metrics: dict, t: float) -> dict:
-    """What the summary needs of one epoch's reported metrics (rank means), reported at wall time t."""
-    return {"reported": t, "samples_per_s": metrics["samples_per_s"], "steps": metrics["steps"],
-            "time_epoch_s": metrics["time_epoch_s"], "time_eval_s": metrics.get("time_eval_s", 0.0),
-            "time_first_batch_s": metrics["time_first_batch_s"], "time_data_s": metrics["time_data_s"],
-            "phases_s": {p: metrics[f"time_{p}_s"] for p in PHASES}}
-
-
-def recorder(path: Path):
-    """A Ray Train callback appending each epoch's record to ``path`` (it runs in the controller)."""
-    from ray.train.v2.api.callback import UserCallback
-
-    class Record(UserCallback):
-        def after_report(self, run_context, metrics, checkpoint):
-            with open(path, "a") as f:
-                f.write(json.dumps(epoch_record(metrics[0], time.time())) + "\n")
-
-    return Record()
-
-
-def read_records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def summarise(records: list[dict], workers: int, t0: float, t_end: float, epochs: int, meter: CpuMeter) -> dict:
-    """Throughput, startup, the per-step breakdown and every process's CPU over the steady epochs' steps."""
-    if len(records) != epochs:
-        raise RuntimeError(f"expected {epochs} epoch records, got {len(records)}")
-    job = [r["samples_per_s"] * workers for r in records]
-    steady = slice(1, None) if epochs > 1 else slice(None)
-    rows = records[steady]
-    later = [(r["time_data_s"] * r["steps"] - r["time_first_batch_s"]) / max(1.0, r["steps"] - 1) for r in rows]
-    ms = {"first batch wait (per epoch)": statistics.fmean(r["time_first_batch_s"] for r in rows) * 1e3,
-          "later batch wait": statistics.fmean(later) * 1e3}
-    for p in PHASES:
-        ms[p] = statistics.fmean(r["phases_s"][p] for r in rows) * 1e3
-
-    def started(r: dict) -> float:  # the epoch's first step, from its report
-        return r["reported"] - r["time_eval_s"] - r["time_epoch_s"]
-
-    # From the first steady epoch's first step to the last one's end (the evaluation, checkpoint
-    # and report between them included, as the loop's own epochs run them)
-    usage = meter.usage(started(rows[0]), started(rows[-1]) + rows[-1]["time_epoch_s"])
-    cpu = {g: 100 * v / usage["window_s"] for g, v in usage["cpu_s"].items()} if usage else {}
-    return {"startup_s": started(records[0]) - t0, "wall_s": t_end - t0,
-            "steady_samples_per_s": statistics.fmean(job[steady]), "epoch_samples_per_s": job,
-            "step_ms": ms, "cpu_percent_of_one_core": cpu}
-
-
-def worker_threads(cfg) -> int:
-    """torch's thread count in a Ray task with the resources of one Train worker."""
-    import ray
-
-    @ray.remote(num_cpus=cfg.scale.cpus_per_worker)
-    def threads() -> int:
-        import torch
-
-        return torch.get_num_threads()
-
-    return ray.get(threads.remote())
-
-
-def pin_train_workers(cores: list[int], stop: threading.Event) -> None:
-    """Pin each Ray Train worker process (all its threads) to a core of its own, from outside, as
-    soon as it appears: a worker's rank does not matter for where it runs."""
-    pinned: set[int] = set()
-    while not stop.wait(0.2):
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) in pinned or len(pinned) >= len(cores):
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline") as f:
-                    if "ray::RayTrainWorker" not in f.read():
-                        continue
-                core = cores[len(pinned)]
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    with contextlib.suppress(OSError):
-                        os.sched_setaffinity(int(tid), {core})
-                pinned.add(int(pid))
-            except OSError:  # gone meanwhile
-                continue
-
-
-# --- (a) raymcn on Ray Train -----------------------------------------------------------------------
-def run_raymcn(cfg, record_dir: Path, storage: Path, args, cores: list[int]) -> dict:
-    import ray
-
-    import raymcn.train.on_ray.launch as launch
-
-    stop = threading.Event()
-    pinner = threading.Thread(target=pin_train_workers, args=(cores[:args.workers], stop), daemon=True)
-    with CpuMeter() as meter:
-        t0 = time.time()
-        # Ray's processes inherit the driver's affinity (--pin: the cores above the ranks');
-        # the Train workers are then moved to the ranks' cores.
-        ray.init(address="local", num_cpus=args.workers + 1, include_dashboard=False, log_to_driver=args.verbose)
-        if args.pin:
-            pinner.start()
-        try:
-            threads = worker_threads(cfg)
-            launch.fit(cfg, Path(storage) / f"overhead-{record_dir.name}",
-                       callbacks=[recorder(record_dir / "raymcn.jsonl")])
-            t_end = time.time()
-        finally:
-            stop.set()
-            ray.shutdown()
-    out = summarise(read_records(record_dir / "raymcn.jsonl"), args.workers, t0, t_end, cfg.schedule.epochs, meter)
-    return {**out, "threads": threads}
-
-
-# --- (b) bare torch.distributed under torchrun -----------------------------------------------------
-def run_bare(args, threads: int, record_dir: Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.workers}",
-           str(Path(__file__).resolve()), "--_ddp_child", "--workers", str(args.workers), "--epochs", str(args.epochs),
-           "--threads", str(threads), "--record-dir", str(record_dir)] + (["--pin"] if args.pin else [])
-    for o in args.overrides:
-        cmd += ["--set", o]
-    with CpuMeter() as meter:
-        t0 = time.time()
-        proc = subprocess.run(cmd, env=env, capture_output=not args.verbose, text=True)
-        t_end = time.time()
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout or ''}\n{proc.stderr or ''}")
-    return summarise(read_records(record_dir / "bare.jsonl"), args.workers, t0, t_end, args.epochs, meter)
-
-
-def ddp_child(args) -> int:
-    """One torchrun rank: the run as the Ray worker assembles it, under plain DDP, no Ray."""
+# --- arms 1 and 2: one rank, plain DDP ----------------------------------------------------------------
+def rank_main(spec: dict, rank: int, world: int) -> None:
+    """One rank of arms 1 and 2: gloo group from MASTER_ADDR/PORT, the run as raymcn's worker
+    assembles it, DDP as ``ray.train.torch.prepare_model`` wraps it, the in-process reader."""
     import torch
     import torch.distributed as dist
 
-    from raymcn.data import synthetic
+    from raymcn.config import Config
+    from raymcn.data.read.stream import LocalStream
     from raymcn.losses import Collectives
     from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.monitor import timeline
 
-    if args.pin:
-        pin_process({int(os.environ["RANK"])})
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
+    os.environ[TRACE] = spec["trace"]
+    cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
+    threads = cfg.scale.torch_threads
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
+                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        cfg = make_config(args.workers, args.epochs, args.overrides)
         comm = Collectives.from_process_group()
-        videos = synthetic.train_videos(cfg)
-        plan = plan_of(cfg, len(videos.records))
+        stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                             steps_per_epoch=plan.steps_per_epoch, log=None)
+        unused = cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters
         run = assemble(cfg, plan, comm=comm, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
-            net, find_unused_parameters=False, gradient_as_bucket_view=True))
+            net, find_unused_parameters=unused, gradient_as_bucket_view=True))
 
         def record(run, metrics: dict) -> None:
-            if comm.rank == 0:
-                with open(Path(args.record_dir) / "bare.jsonl", "a") as f:
-                    f.write(json.dumps(epoch_record(metrics, time.time())) + "\n")
+            if rank == 0:
+                with open(spec["records"], "a") as f:
+                    f.write(json.dumps({**metrics, "reported": time.time()}) + "\n")
 
-        run_epochs(run, EpochHooks(batches=lambda epoch, start: (videos.batches(
-            cfg, epoch, comm.rank, comm.world, plan.steps_per_epoch, start), None),
-            after_epoch=record))
+        run_epochs(run, EpochHooks(batches=stream.epoch, after_epoch=record))
     finally:
         dist.destroy_process_group()
-    return 0
 
 
-# --- driver ----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(spec_file: Path, workers: int, threads: int, verbose: bool) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}",
+           str(Path(__file__).resolve()), "--_rank_child", str(spec_file)]
+    proc = subprocess.run(cmd, env=env, capture_output=not verbose, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout or ''}\n{proc.stderr or ''}")
+
+
+def run_ray_ddp(spec: dict, cfg) -> None:
+    import ray
+
+    @ray.remote
+    class VanillaRank:
+        def run(self, spec: dict, rank: int, world: int, port: int) -> None:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            rank_main(spec, rank, world)
+
+    world, port = cfg.scale.num_workers, _free_port()
+    actors = [VanillaRank.options(num_cpus=cfg.scale.cpus_per_worker).remote() for _ in range(world)]
+    ray.get([a.run.remote(spec, r, world, port) for r, a in enumerate(actors)])
+    for a in actors:
+        ray.kill(a)
+
+
+def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
+    from ray.train.v2.api.callback import UserCallback
+
+    from raymcn.train.on_ray import launch
+
+    class Record(UserCallback):  # runs in the Train controller: rank 0's epoch metrics
+        def after_report(self, run_context, metrics, checkpoint):
+            with open(records, "a") as f:
+                f.write(json.dumps({**metrics[0], "reported": time.time()}) + "\n")
+
+    launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
+                         reader=reader).fit()
+
+
+# --- one arm, measured ----------------------------------------------------------------------------------
+def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, args) -> dict:
+    records, trace_file = where / f"{arm}.jsonl", where / f"{arm}.timeline"
+    # the plan holds its inputs and the shards' video index (pickled, as Ray hands it to the workers)
+    spec = {"config": cfg.to_dict(), "plan": plan, "records": str(records), "trace": str(trace_file)}
+    os.environ[TRACE] = str(trace_file)  # Ray's workers inherit it (launch passes RAYMCN_* on)
+    load_before = procstat.load()
+    t0 = time.time()
+    from raymcn.train.monitor.console import Console
+
+    try:
+        # As `raymcn train` runs it: Ray's and the workers' output goes to a log file, not the terminal.
+        with Console(where / "console.log", verbose=args.verbose):
+            if arm == "torchrun":
+                spec_file = where / "spec.pkl"
+                spec_file.write_bytes(pickle.dumps(spec))
+                run_torchrun(spec_file, cfg.scale.num_workers, cfg.scale.torch_threads, args.verbose)
+            else:
+                import ray
+
+                from raymcn.train.on_ray.cluster import start_ray
+
+                start_ray("local")
+                try:
+                    if arm == "ray-ddp":
+                        run_ray_ddp(spec, cfg)
+                    else:
+                        if arm == NOPREFETCH:
+                            cfg = cfg.replace({"data.prefetch_batches": 0})
+                        run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, where / "results")
+                finally:
+                    ray.shutdown()
+    finally:
+        del os.environ[TRACE]
+    wall = time.time() - t0
+    return summarise(arm, read_lines(records), read_lines(trace_file), sampler, cfg, wall, load_before)
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def summarise(arm: str, records: list[dict], events: list[dict], sampler, cfg, wall: float, load_before) -> dict:
+    epochs = [r for r in records if "samples_per_s" in r]
+    if len(epochs) != cfg.schedule.epochs:
+        raise RuntimeError(f"{arm}: expected {cfg.schedule.epochs} epoch records, got {len(epochs)}")
+    world = cfg.scale.num_workers
+    job = [r["samples_per_s"] * world for r in epochs]
+    steady = epochs[1:]
+    ms = {p: statistics.fmean(r.get(f"time_{p}_s", 0.0) for r in steady) * 1e3 for p in PHASES}
+    ms["data"] = statistics.fmean(  # the wait for each batch after the epoch's first
+        (r["time_data_s"] * r["steps"] - r["time_first_batch_s"]) / max(1.0, r["steps"] - 1) for r in steady) * 1e3
+    ranks = sorted(({k: e.get(k) for k in ("rank", "threads", "omp", "nice")} for e in events
+                    if e["event"] == "worker: function entered"), key=lambda e: e["rank"])
+    # CPU during the steady epochs' steps only: rank 0's [steps started, steps done] of each epoch >= 1
+    spans = {}
+    for e in events:
+        if e.get("rank") == 0 and e["event"] in ("epoch: steps started", "epoch: steps done") and e["epoch"] >= 1:
+            spans.setdefault(e["epoch"], {})[e["event"]] = e["t"]
+    cpu_s: dict[str, float] = {}
+    threads = {"training thread": 0.0, "other threads": 0.0}
+    window = 0.0
+    for span in spans.values():
+        u = sampler.cpu(span["epoch: steps started"], span["epoch: steps done"])
+        if not u:
+            continue
+        window += u["window_s"]
+        for k, v in u["cpu_s"].items():
+            cpu_s[k] = cpu_s.get(k, 0.0) + v
+        for k, v in u["rank_threads"].items():
+            threads[k] += v
+    pct = {k: 100 * v / window for k, v in cpu_s.items()} if window else {}
+    # CPU per sample moves much less than samples/s with the rest of the machine's load (a shared
+    # machine takes cores away unevenly; it hardly changes what a step costs)
+    samples = sum(r["steps"] for r in steady) * cfg.clips_per_step
+    ours = sum(v for k, v in cpu_s.items() if k != procstat.OTHERS)
+    per_sample = ({"ranks": 1e3 * cpu_s.get("training ranks", 0.0) / samples, "all": 1e3 * ours / samples}
+                  if window else {})
+    return {"cpu_ms_per_sample": per_sample, "others_percent": pct.get(procstat.OTHERS, 0.0),
+            "steady_samples_per_s": statistics.fmean(job[1:]), "epoch_samples_per_s": job, "step_ms": ms,
+            "ms_per_step": statistics.fmean(sum(r.get(f"time_{p}_s", 0.0) for p in PHASES) for r in steady) * 1e3,
+            "ranks": ranks, "cpu_percent_of_one_core": pct,
+            "rank_threads_percent": {k: 100 * v / window for k, v in threads.items()} if window else {},
+            "cpu_window_s": window, "wall_s": wall, "load_before": load_before, "load_after": procstat.load()}
+
+
+# --- driver ---------------------------------------------------------------------------------------------
 def _table(head: tuple[str, ...], rows: list[tuple]) -> str:
     from raymcn.results.render import render_table
 
@@ -353,123 +258,123 @@ def _table(head: tuple[str, ...], rows: list[tuple]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=4, help="epochs per run; the first is warm-up (default 4)")
-    p.add_argument("--workers", type=int, default=2, help="training ranks in both paths (default 2)")
-    p.add_argument("--pin", action="store_true",
-                   help="rank r on core r only, everything else on the cores above the ranks' (Linux)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per arm; the first is warm-up (default 4)")
+    p.add_argument("--workers", type=int, default=2, help="ranks in every arm (default 2)")
     p.add_argument("--quick", action="store_true", help="1 repeat, 3 epochs")
-    p.add_argument("--json", action="store_true", help="print one JSON line with every figure last")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=(*ARMS, NOPREFETCH),
+                   help=f"which arms (default the four; {NOPREFETCH}: arm 4 fetching each batch in the step)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for both paths (repeatable)")
-    p.add_argument("--threads", type=int, help="torch threads of the bare-DDP ranks (default: the Ray workers')")
-    p.add_argument("--verbose", action="store_true", help="show Ray worker logs and torchrun output")
-    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS,
-                   help="what to run (default all): bare DDP, raymcn, and raymcn with data.prefetch_batches=0")
-    p.add_argument("--_ddp_child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--record-dir", help=argparse.SUPPRESS)
+                   help="config override for every arm (repeatable)")
+    p.add_argument("--out", help="write every figure as JSON here (e.g. docs/measurements/ray_overhead.json)")
+    p.add_argument("--json", action="store_true", help="also print every figure as one JSON line last")
+    p.add_argument("--verbose", action="store_true", help="show torchrun's output")
+    p.add_argument("--_rank_child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args._ddp_child:
-        return ddp_child(args)
+    if args._rank_child:  # a torchrun child
+        rank_main(pickle.loads(Path(args._rank_child).read_bytes()), int(os.environ["RANK"]),
+                  int(os.environ["WORLD_SIZE"]))
+        return 0
     if args.quick:
         args.repeats, args.epochs = 1, 3
     if args.epochs < 2:
-        p.error("--epochs must be >= 2 (the first epoch is warm-up)")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if args.pin and len(cores) <= args.workers:
-        p.error(f"--pin needs more cores than ranks: {len(cores)} core(s) for {args.workers} rank(s) "
-                f"(try --workers {max(1, len(cores) - 1)})")
-    if args.pin:  # this driver, torchrun's agent and every Ray process on the cores the ranks leave
-        os.sched_setaffinity(0, set(cores[args.workers:]))
+        p.error("--epochs must be >= 2 (the first is warm-up)")
+    from raymcn.train.inputs import resolve_inputs
+    from raymcn.train.plan import plan_of
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
-    configs = {"raymcn": cfg,
-               INLINE: make_config(args.workers, args.epochs, [*args.overrides, "data.prefetch_batches=0"])}
-    if "bare" not in args.paths or "raymcn" not in args.paths:
-        p.error("--paths needs bare and raymcn (the ratio compares them)")
-    from raymcn.data import synthetic
-    from raymcn.train.inputs import resolve_inputs
-
-    videos = synthetic.train_videos(cfg)  # generate / read the cached corpus once, before any timing
-    steps = plan_of(cfg, resolve_inputs(cfg).videos).steps_per_epoch  # and raymcn's shards of it
-    if steps != plan_of(cfg, len(videos.records)).steps_per_epoch:
-        p.error(f"raymcn runs {steps} steps per epoch over its shards; the in-memory corpus gives "
-                f"{plan_of(cfg, len(videos.records)).steps_per_epoch}")
-    placement = (f"rank r pinned to core r, everything else on cores {cores[args.workers:]}" if args.pin
-                 else f"ranks and everything else sharing {len(cores) or os.cpu_count()} core(s)")
-    print(f"config: default preset, {args.workers} workers x 1 CPU (Ray: {args.workers + 1} logical CPUs), "
-          f"{placement}; {args.epochs} epochs x {steps} steps, {cfg.data.batch_size} videos x "
-          f"{cfg.data.clips_per_video} clips per step, stage_order={cfg.schedule.stage_order}; "
-          f"{args.repeats} repeat(s)", flush=True)
-
-    paths = [path for path in PATHS if path in args.paths]
-    runs: dict[str, list[dict]] = {path: [] for path in paths}
-    threads = args.threads
+    plan = plan_of(cfg, resolve_inputs(cfg))  # the synthetic shards are generated once, before any timing
+    info = machine_line()
+    print(f"machine: {info}; load average {procstat.load()} (1, 5, 15 min)")
+    print(f"config: default preset, {cfg.scale.num_workers} ranks x {cfg.scale.cpus_per_worker} CPU, "
+          f"{cfg.scale.torch_threads} torch thread(s) each; {args.epochs} epochs x {plan.steps_per_epoch} steps, "
+          f"{cfg.data.batch_size} videos x {cfg.data.clips_per_video} clips per step; {args.repeats} repeat(s)",
+          flush=True)
+    runs: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     t_bench = time.time()
-    with tempfile.TemporaryDirectory(prefix="raymcn-overhead-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="raymcn-overhead-") as tmp, \
+            procstat.ProcessSampler(every_s=0.25) as sampler:
         for rep in range(args.repeats):
-            order = [x for x in ("raymcn", INLINE, "bare") if x in paths]
-            if rep % 2:
-                order.reverse()
-            for path in order:
-                record_dir = Path(tmp) / f"{path}{rep}"
-                record_dir.mkdir()
-                if path != "bare":
-                    r = run_raymcn(configs[path], record_dir, Path(tmp) / "results", args, cores)
-                    if threads is None:
-                        threads = r["threads"]
-                        print(f"Ray workers: torch threads {r['threads']}; bare DDP ranks get {threads} thread(s)",
-                              flush=True)
-                else:
-                    r = run_bare(args, threads, record_dir)
-                runs[path].append(r)
-                print(f"repeat {rep + 1} {path:6s}: startup {r['startup_s']:.1f} s, steady "
-                      f"{r['steady_samples_per_s']:.1f} samples/s (epochs: "
-                      f"{', '.join(f'{x:.0f}' for x in r['epoch_samples_per_s'])}), wall {r['wall_s']:.1f} s",
-                      flush=True)
+            order = list(args.arms) if rep % 2 == 0 else list(reversed(args.arms))
+            for arm in order:
+                where = Path(tmp) / f"{arm}-{rep}"
+                where.mkdir()
+                r = run_arm(arm, cfg, plan, where, sampler, args)
+                runs[arm].append(r)
+                threads = ", ".join(f"rank {x['rank']}: {x['threads']} thread(s), OMP_NUM_THREADS={x['omp']}, "
+                                    f"nice {x['nice']}" for x in r["ranks"])
+                print(f"repeat {rep + 1} {arm:13s}: steady {r['steady_samples_per_s']:.0f} samples/s (epochs "
+                      f"{', '.join(f'{x:.0f}' for x in r['epoch_samples_per_s'])}), wall {r['wall_s']:.0f} s, "
+                      f"load {r['load_before']} -> {r['load_after']}; {threads}", flush=True)
     total = time.time() - t_bench
-
-    def median(path: str, get) -> float:
-        return statistics.median(get(r) for r in runs[path])
-
-    med = {path: {k: median(path, lambda r, k=k: r[k]) for k in ("startup_s", "steady_samples_per_s", "wall_s")}
-           for path in runs}
-    ratio = med["raymcn"]["steady_samples_per_s"] / med["bare"]["steady_samples_per_s"]
-    startup_extra = med["raymcn"]["startup_s"] - med["bare"]["startup_s"]
-    print(f"\nmedian of {args.repeats} repeat(s); samples/s per job (all ranks), epochs 2..{args.epochs}")
-    print(_table(("path", "startup s", "steady samples/s", "ratio"),
-                 [(path, f"{med[path]['startup_s']:.1f}", f"{med[path]['steady_samples_per_s']:.1f}",
-                   f"{med[path]['steady_samples_per_s'] / med['bare']['steady_samples_per_s']:.3f}")
-                  for path in paths]))
-    verdict = "meets" if ratio >= TARGET else "misses"
-    print(f"raymcn/bare steady ratio {ratio:.3f}: {verdict} the target >= {TARGET}; "
-          f"raymcn startup +{startup_extra:.1f} s over torchrun; bench time {total:.0f} s")
-
-    step_ms = {path: {k: median(path, lambda r, k=k: r["step_ms"][k]) for k in runs[path][0]["step_ms"]}
-               for path in runs}
-    print("\nwhere the time goes: the ranks' mean ms per step, steady epochs (median over repeats)")
-    print(_table(("phase", *paths, "raymcn - bare"),
-                 [(k, *(f"{step_ms[path][k]:.1f}" for path in paths),
-                   f"{step_ms['raymcn'][k] - step_ms['bare'][k]:+.1f}") for k in step_ms["bare"]]))
-    cpu = {}
-    if all(r["cpu_percent_of_one_core"] for rs in runs.values() for r in rs):
-        cpu = {path: {g: median(path, lambda r, g=g: r["cpu_percent_of_one_core"][g])
-                      for g in runs[path][0]["cpu_percent_of_one_core"]} for path in runs}
-        print("\nCPU used during the steady epochs, % of one core (median over repeats)")
-        print(_table(("processes", *paths),
-                     [(g, *(f"{cpu[path][g]:.1f}" for path in paths)) for g in cpu["bare"]]
-                     + [("all", *(f"{sum(cpu[path].values()):.1f}" for path in paths))]))
-    if args.json:
-        print(json.dumps({
-            "workers": args.workers, "pinned": args.pin, "epochs": args.epochs, "steps_per_epoch": steps,
-            "repeats": args.repeats, "threads": threads, "target": TARGET,
-            "raymcn_steady_samples_per_s": med["raymcn"]["steady_samples_per_s"],
-            "bare_steady_samples_per_s": med["bare"]["steady_samples_per_s"],
-            "steady_ratio": ratio, "meets_target": ratio >= TARGET,
-            "raymcn_startup_s": med["raymcn"]["startup_s"], "bare_startup_s": med["bare"]["startup_s"],
-            "startup_extra_s": startup_extra, "startup_ratio": med["raymcn"]["startup_s"] / med["bare"]["startup_s"],
-            "raymcn_wall_s": med["raymcn"]["wall_s"], "bare_wall_s": med["bare"]["wall_s"],
-            "step_ms": step_ms, "cpu_percent_of_one_core": cpu, "runs": runs, "bench_s": total}), flush=True)
+    report(runs, args, info, total)
     return 0
+
+
+def _median(rs: list[dict], get) -> float:
+    values = [get(r) for r in rs]
+    return statistics.median(values) if values else float("nan")
+
+
+def report(runs: dict[str, list[dict]], args, info: str, total: float) -> None:
+    arms = list(runs)
+    thr = {a: _median(runs[a], lambda r: r["steady_samples_per_s"]) for a in arms}
+    print(f"\nsteady samples/s (all ranks), median of {args.repeats}; epochs 2..{args.epochs}; "
+          f"machine: {info}; load average now {procstat.load()}")
+    base = thr.get("ray-ddp") or thr.get(arms[0])
+    per = {a: {k: _median(runs[a], lambda r, k=k: r["cpu_ms_per_sample"].get(k, float("nan")))
+               for k in ("ranks", "all")} for a in arms}
+    print(_table(("arm", "samples/s", "vs arm 2", "repeats", "CPU ms/sample: ranks", "all of ours",
+                  "the rest of the machine, % of a core"),
+                 [(LABELS[a], f"{thr[a]:.0f}", f"{thr[a] / base:.3f}",
+                   ", ".join(f"{r['steady_samples_per_s']:.0f}" for r in runs[a]), f"{per[a]['ranks']:.3f}",
+                   f"{per[a]['all']:.3f}", f"{_median(runs[a], lambda r: r['others_percent']):.0f}") for a in arms]))
+    att = {}
+    steps = [("Ray runtime (1 -> 2)", "torchrun", "ray-ddp"), ("Train layer (2 -> 3)", "ray-ddp", "train-local"),
+             ("data path (3 -> 4)", "train-local", "train-raydata"),
+             ("all of Ray (1 -> 4)", "torchrun", "train-raydata")]
+    rows = []
+    for name, a, b in steps:
+        if a in thr and b in thr:
+            att[name] = {"throughput_ratio": thr[b] / thr[a], "time_ratio": thr[a] / thr[b]}
+            rows.append((name, f"{thr[b] / thr[a]:.3f}", f"{thr[a] / thr[b]:.3f}"))
+    if rows:
+        print("\nattribution: each step's throughput ratio, and its time ratio (Ray's threshold for its own "
+              f"TorchTrainer vs vanilla: <= {RAY_THRESHOLD})")
+        print(_table(("step", "samples/s ratio", "time ratio"), rows))
+    goal = thr["train-raydata"] / thr["ray-ddp"] if {"train-raydata", "ray-ddp"} <= set(thr) else None
+    if goal is not None:
+        ray_own = thr["torchrun"] / thr["ray-ddp"] if "torchrun" in thr else None
+        print(f"arm 4 / arm 2 = {goal:.3f}: goal >= {GOAL} " + ("met" if goal >= GOAL else "NOT met")
+              + (f"; Ray's own cost, arm 2's time / arm 1's = {ray_own:.3f} (Ray's threshold {RAY_THRESHOLD})"
+                 if ray_own else ""))
+    ms = {a: {k: _median(runs[a], lambda r, k=k: r["step_ms"][k]) for k in runs[a][0]["step_ms"]} for a in arms}
+    print("\nms per step, ranks' mean, steady epochs (median over repeats; data = the wait for each later batch)")
+    print(_table(("phase", *arms), [(k, *(f"{ms[a][k]:.1f}" for a in arms)) for k in runs[arms[0]][0]["step_ms"]]))
+    cpu = {a: {k: _median(runs[a], lambda r, k=k: r["cpu_percent_of_one_core"].get(k, 0.0))
+               for k in procstat.kinds_order()} for a in arms}
+    thr_split = {a: {k: _median(runs[a], lambda r, k=k: r["rank_threads_percent"].get(k, 0.0))
+                     for k in ("training thread", "other threads")} for a in arms}
+    shown = [k for k in procstat.kinds_order() if any(cpu[a][k] >= 0.05 for a in arms)]
+    print("\nCPU during the steady epochs' steps, % of one core (median over repeats)")
+    rows = [(k, *(f"{cpu[a][k]:.1f}" for a in arms)) for k in shown]
+    rows += [("  ranks: their training threads", *(f"{thr_split[a]['training thread']:.1f}" for a in arms)),
+             ("  ranks: all their other threads", *(f"{thr_split[a]['other threads']:.1f}" for a in arms)),
+             ("all of this benchmark's", *(f"{sum(v for k, v in cpu[a].items() if k != procstat.OTHERS):.1f}"
+                                           for a in arms))]
+    print(_table(("processes", *arms), rows))
+    print(f"bench time {total:.0f} s")
+    figures = {
+        "machine": info, "load_end": procstat.load(), "workers": args.workers, "epochs": args.epochs,
+        "repeats": args.repeats, "overrides": args.overrides, "goal": GOAL, "ray_threshold": RAY_THRESHOLD,
+        "steady_samples_per_s": thr, "cpu_ms_per_sample": per, "attribution": att, "arm4_over_arm2": goal,
+        "step_ms": ms, "cpu_percent_of_one_core": cpu, "rank_threads_percent": thr_split, "runs": runs,
+        "bench_s": total}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    if args.json:
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -221,8 +221,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"\nsweep interrupted; resume with: raymcn sweep --resume {exp_dir}", file=sys.stderr)
         if result is None:
             return 130
-    print(f"\n{result.num_trials} trials ({result.num_errors} errored) in {result.experiment_dir}")
-    _print_results(exp_dir)
+    print()
+    print(_sweep_summary(exp_dir), end="")
     if args.json:
         print(json.dumps({"experiment_dir": str(exp_dir), "best_config": result.best_config,
                           "best_metrics": result.best_metrics}, default=str), flush=True)
@@ -305,10 +305,16 @@ def _describe_sweep(cfg: Config) -> str:
             f"{cfg.scale.workers_text} worker(s) per trial{confirm}")
 
 
-def _print_results(experiment_dir: str) -> None:
-    from raymcn.results import table
+def _sweep_summary(experiment_dir: str) -> str:
+    """The end of a sweep on one screen (``results.summary``); the wide tables: ``raymcn table``."""
+    from raymcn import storage
+    from raymcn.config import default_cache_dir
+    from raymcn.results.summary import sweep_summary
 
-    cmd_table(table.add_table_arguments(argparse.ArgumentParser()).parse_args([str(experiment_dir)]))
+    local = experiment_dir
+    if storage.is_uri(experiment_dir):  # read (and the plots and CSVs written) through a local copy
+        local = str(storage.local_copy(experiment_dir, default_cache_dir(Config()) / "experiments", skip=("train",)))
+    return sweep_summary(local)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

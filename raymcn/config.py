@@ -222,6 +222,9 @@ class ScaleConfig:
                                    why="needs a count >= 0, or [min, max] with 1 <= min <= max (elastic)")
     use_gpu: bool = False  # one GPU per worker (DDP over NCCL, bf16 autocast); false = CPU workers (gloo)
     cpus_per_worker: float = setting(1.0, gt=0)  # CPUs a worker reserves (the read tasks reserve none)
+    # torch threads per worker (and its OMP_NUM_THREADS), set on every rank; 0 = max(1, ⌊cpus_per_worker⌋),
+    # Ray's own rule, made explicit: Ray applies it only where OMP_NUM_THREADS is unset, torchrun sets 1
+    threads_per_worker: int = setting(0, ge=0)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
     elastic_resize_interval_s: float = setting(60.0, gt=0)  # how often a running elastic group checks for capacity
@@ -245,6 +248,11 @@ class ScaleConfig:
         """``num_workers`` for messages: ``4``, or ``3-4 (an elastic group starts with at least 3)``."""
         lo, hi = self.min_workers, self.max_workers
         return f"{lo}-{hi} (an elastic group starts with at least {lo})" if lo != hi else str(lo)
+
+    @property
+    def torch_threads(self) -> int:
+        """The threads every worker computes with (``threads_per_worker``, its 0 resolved)."""
+        return self.threads_per_worker or max(1, math.floor(self.cpus_per_worker))
 
     @property
     def elastic(self) -> bool:

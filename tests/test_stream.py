@@ -128,6 +128,10 @@ def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg,
     from_shards = [b for b, _ in rank_rows(shard_dir, index, cfg, epoch, rank, world, steps, start)]
     assert len(in_memory) == steps - start
     assert_same_batches(from_shards, in_memory)
+    # the in-process reader (bench/overhead.py's Ray-free arms) gives them too, with its counters
+    local, stats = stream.LocalStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps).epoch(epoch, start)
+    assert_same_batches(list(local), in_memory)
+    assert stats.videos == sum(len(b["key"]) for b in in_memory) // cfg.data.clips_per_video
 
 
 def test_bf16_bits_round_as_torch_does():

@@ -36,7 +36,7 @@ def test_sweep_console_contract_and_paired_repeats(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    end = next(i for i, line in enumerate(lines) if re.match(r"^4 trials \(0 errored\) in ", line))
+    end = next(i for i, line in enumerate(lines) if re.match(r"^search: 4 trials \(0 errored\) in ", line))
     head = [line for line in lines[:end] if line.strip()]
     assert len(head) <= 80 and len(head) == len(set(head)), "\n".join(head)
     starts = [line for line in head if line.startswith("trial ") and " started: " in line]
@@ -49,5 +49,11 @@ def test_sweep_console_contract_and_paired_repeats(tmp_path):
         assert chatter in log and chatter not in proc.stdout + proc.stderr, chatter
     assert (tmp_path / "faults" / "fired-raise_after_epoch").exists()  # the crash did happen
     # the repeats pair across stage orders: same run.seed, nothing else swept
+    header = next(line for line in lines[end:] if line.startswith("| schedule.stage_order |"))
     stats = next(line for line in lines[end:] if line.startswith("| AV_T |") and "paired t" in line)
-    assert stats.split("|")[10].strip() == "2", stats  # the pairs column
+    pairs = [c.strip() for c in header.split("|")].index("pairs")
+    assert stats.split("|")[pairs].strip() == "2", stats
+    # the end reads on one screen: no line wider than the results' limit, the wide tables in CSV files
+    tail = lines[end:-1]
+    assert max(map(len, tail)) <= 160 and len(tail) <= 40, "\n".join(tail)
+    assert (exp_dir / "tables" / "search_trials.csv").exists()

@@ -12,10 +12,20 @@ from raymcn.cli import main
 pytestmark = pytest.mark.ray
 
 
-def test_cli_smoke_run_learns(ray_local, capsys, tmp_path):
+def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
+    # Every rank records what it computes with (train/monitor/timeline.py; the workers get RAYMCN_* variables)
+    monkeypatch.setenv("RAYMCN_TIMELINE", str(tmp_path / "timeline.jsonl"))
     code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
                  "--set", f"run.storage_path={tmp_path}", "--set", "run.trackers=mlflow,tensorboard"])
     assert code == 0
+    # the thread setting reaches every rank: torch's count and OMP_NUM_THREADS, as the config says
+    from raymcn.config import load_config
+
+    threads = load_config("sweeps/smoke.yaml", []).scale.torch_threads
+    events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    ranks = {e["rank"]: e for e in events if e["event"] == "worker: function entered"}
+    assert sorted(ranks) == [0, 1]
+    assert all(e["threads"] == threads and e["omp"] == str(threads) for e in ranks.values()), ranks
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     chance = 100 * 10 / summary["eval_size"]
     assert summary["eval_size"] == 256 and summary["epochs"] == 4

@@ -37,13 +37,13 @@ def tune_row(trial_id: str, epoch: int, r10: float, config: dict[str, Any], **ex
 
 
 def write_trial(exp: Path, dirname: str, trial_id: str, params: dict[str, Any], r10s: list[float],
-                error: bool = False, partial_line: bool = False) -> Path:
+                error: bool = False, partial_line: bool = False, extra: dict[str, Any] | None = None) -> Path:
     """A trial directory with one result row per value of ``r10s``; ``partial_line`` appends the
-    half-written line a running trial's file can end in."""
+    half-written line a running trial's file can end in; ``extra``: more metrics in every row."""
     d = exp / dirname
     d.mkdir(parents=True, exist_ok=True)
     (d / "params.json").write_text(json.dumps(params))
-    rows = [tune_row(trial_id, e, r, params) for e, r in enumerate(r10s, start=1)]
+    rows = [tune_row(trial_id, e, r, params, **(extra or {})) for e, r in enumerate(r10s, start=1)]
     text = "".join(json.dumps(r) + "\n" for r in rows) + ('{"epoch": 9, "text_to' if partial_line else "")
     (d / "result.json").write_text(text)
     with open(d / "progress.csv", "w", newline="") as f:

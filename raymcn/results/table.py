@@ -35,7 +35,7 @@ from raymcn.results.render import format_cell, render_table
 from raymcn.results.stats import counted, group_statistics, pairing_keys
 
 __all__ = ["ExperimentError", "GroupKeyError", "add_table_arguments", "format_statistics", "format_table",
-           "group_table", "load_experiment", "main_table", "report", "run_table"]
+           "group_table", "load_experiment", "main_table", "report", "run_table", "write_tables"]
 
 
 class GroupKeyError(KeyError):
@@ -208,6 +208,8 @@ def add_table_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Arguments of ``raymcn table``; returns ``parser`` so callers can chain ``.parse_args``."""
     parser.add_argument("experiment_dir", help="Tune experiment directory (holds raymcn_sweep.yaml and trial dirs)")
     parser.add_argument("--format", choices=("md", "csv"), default="md", help="table format (default md)")
+    parser.add_argument("--out", metavar="DIR", help="csv: write every table (the search's trials and groups, the "
+                        "confirmation's) as CSV files into DIR instead of one table to stdout")
     parser.add_argument("--group-by", metavar="KEY", default=None,
                         help=f"also print n, mean, 95%% CI and tests against the best group per value of KEY "
                              f"(md default: {STAGE_KEY} when swept; with --format csv only the grouped table "
@@ -333,6 +335,25 @@ def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric:
     return "\n".join(textwrap.wrap(text + ".", 100)) + "\n"
 
 
+def write_tables(out: str | Path, trials: pd.DataFrame, by: str | None, conf: Confirmation | None) -> list[Path]:
+    """Every table of a sweep as CSV files in the folder ``out`` (full precision, every column):
+    the search's trials and (grouped ``by``) groups, the confirmation's trials and groups. Returns
+    the paths written."""
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {"search_trials.csv": trials}
+    if by is not None:
+        tables["search_groups.csv"] = group_table(trials, by)
+    if conf is not None and len(conf.trials):
+        tables["confirmation_trials.csv"] = conf.trials
+        tables["confirmation_groups.csv"] = confirmation_grouped(conf)
+    written = []
+    for name, df in tables.items():
+        df.to_csv(out / name, index=False)
+        written.append(out / name)
+    return written
+
+
 def run_table(args: argparse.Namespace) -> int:
     """Print the table (and grouped table), write plots; 0 on success, 2 on a bad directory or key.
     A confirmed sweep prints the search (labelled so) and then its confirmation, whose plots take
@@ -345,7 +366,10 @@ def run_table(args: argparse.Namespace) -> int:
     conf = load_confirmation(args.experiment_dir)
     by = group_key(trials, args.group_by) if args.format == "md" else args.group_by
     try:
-        if args.format == "csv" and conf is not None and not args.group_by:
+        if args.format == "csv" and getattr(args, "out", None):
+            for path in write_tables(args.out, trials, by or group_key(trials, None), conf):
+                print(f"table: {path}", file=sys.stderr)
+        elif args.format == "csv" and conf is not None and not args.group_by:
             # the confirmation's group table is the answer: that is what a pipe gets
             print(format_table(confirmation_grouped(conf), "csv"), end="")
         elif args.format == "csv":

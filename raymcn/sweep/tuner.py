@@ -40,6 +40,7 @@ from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.space import param_space, plain
 from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
+from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
 from raymcn.train.monitor.trackers import local_folder
 from raymcn.train.on_ray.launch import fit
@@ -79,8 +80,12 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
     # does not log a second time.
     cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
+    timeline.mark("trial: driver entered", trial=trial_id, process_started=timeline.process_started())
     try:
-        fit(cfg, storage.join(experiment_dir, "train", f"train-{trial_id}"), plan=plan_of(cfg, inputs),
+        timeline.mark("trial: plan started")
+        plan = plan_of(cfg, inputs)
+        timeline.mark("trial: plan done")
+        fit(cfg, storage.join(experiment_dir, "train", f"train-{trial_id}"), plan=plan,
             callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
     except Exception as e:
         cause = permanent_cause(e)
@@ -89,6 +94,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         hint = doctor_hint(cause)
         storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
                            f"{type(cause).__name__}: {cause}\n" + (f"({hint})\n" if hint else ""))
+    finally:
+        timeline.mark("trial: driver done", trial=trial_id)
 
 
 @functools.cache

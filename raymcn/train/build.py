@@ -31,6 +31,7 @@ from raymcn.train.loop import (
     build_scheduler,
     train_one_epoch,
 )
+from raymcn.train.monitor import timeline
 from raymcn.train.plan import RunPlan
 
 
@@ -137,6 +138,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
     for epoch in range(state.epoch, plan.epochs):
         state.epoch = epoch
         start = state.step_in_epoch(plan.steps_per_epoch)  # > 0 only when resumed inside this epoch
+        timeline.mark("epoch: steps started", rank=run.comm.rank, epoch=epoch)
         batches, stats = hooks.batches(epoch, start)
         # The next batches are fetched (and moved to the device) while the step runs.
         feed = Prefetcher(batches, run.device, depth=run.cfg.data.prefetch_batches,
@@ -148,6 +150,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
                                       data_stats=feed.stats, after_step=after_step, watch=hooks.watch)
         finally:
             feed.close()
+        timeline.mark("epoch: steps done", rank=run.comm.rank, epoch=epoch)
         state.epoch = epoch + 1
         state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch

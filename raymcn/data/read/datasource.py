@@ -50,11 +50,17 @@ from raymcn.data.read.stream import (
     log_stderr,
     read_steps,
     step_jobs,
+    step_row_nbytes,
     step_rows,
     to_tensors,
 )
 
-DEFAULT_TASK_MB = 256.0  # bytes of videos one read task reads (measured: tasks of >= 256 MB amortise Ray's start gap)
+# A read task's size: it reads, or emits as step rows, about this many bytes (measured: >= 256 MB of
+# videos amortise Ray's start gap). The rows count too: clips multiply a short video's bytes ~11x at
+# the paper's 32 clips (0.33 MB in, 3.8 MB out), and a task of many such steps kept its second
+# in-flight task's rows waiting in the object store behind its own (bench/loader.py --sizes short:
+# 0.53 of the Ray-free path with tasks cut by the videos' bytes alone).
+DEFAULT_TASK_MB = 256.0
 READ_CONCURRENCY = 2  # read tasks in flight per rank: one being consumed, one reading ahead
 # CPUs a read task reserves: none. Every rank runs its own Ray Data execution, and Ray Data lets an
 # execution start a task only within its share of what the Train workers leave: with any CPU
@@ -65,12 +71,29 @@ READ_CONCURRENCY = 2  # read tasks in flight per rank: one being consumed, one r
 READ_CPUS = 0.0
 
 
+# Step rows a rank takes from its Ray Data execution ahead of its step: as many as fit in this many
+# MB (at least 1; 2 at the paper's 120 MB rows, a whole epoch of the embedded default's 3 MB rows).
+# An execution runs a scheduling loop in the rank's own process (every 0.1 s) until every row has
+# been taken; taken early, it ends when its read tasks do instead of at the epoch's end. Measured
+# (bench/overhead.py, 2 cores, the two ranks' threads other than the training threads during the
+# steps): 46 % of a core with one row ahead, 14 % with the rows taken ahead. The rows stay in the
+# object store, mapped, until their step.
+READ_AHEAD_MB = 256.0
+
+
+def rows_ahead(cfg: Config, jobs: list[StepJob]) -> int:
+    """Rows a rank prefetches from its execution (:data:`READ_AHEAD_MB` of its largest row, >= 1)."""
+    row = max((step_row_nbytes(cfg, len(j.videos)) for j in jobs), default=1)
+    return max(1, min(len(jobs), int(READ_AHEAD_MB * (1 << 20) // max(1, row))))
+
+
 class DataOrderError(RuntimeError):
     """A step row arrived out of order (a bug guard: the rows of a rank's dataset are in step order)."""
 
 
 class RankStepsDatasource(Datasource):
-    """The read tasks of one rank's steps: consecutive steps grouped into tasks of >= task_bytes."""
+    """The read tasks of one rank's steps: consecutive steps grouped into tasks of >= task_bytes (the
+    larger of the videos' bytes and the step rows' bytes)."""
 
     def __init__(self, shards_dir: str | Path, jobs: list[StepJob], cfg: Config, epoch: int,
                  task_mb: float = DEFAULT_TASK_MB, verify: bool = True):
@@ -86,7 +109,8 @@ class RankStepsDatasource(Datasource):
         return sum(j.nbytes for j in self._jobs)
 
     def task_groups(self) -> list[list[StepJob]]:
-        """The jobs cut into consecutive groups of >= task_bytes (one read task each)."""
+        """The jobs cut into consecutive groups of >= task_bytes (one read task each); a step weighs
+        the larger of the bytes it reads and the bytes of the row it emits."""
         groups: list[list[StepJob]] = [[]]
         size = 0
         for job in self._jobs:
@@ -94,7 +118,7 @@ class RankStepsDatasource(Datasource):
                 groups.append([])
                 size = 0
             groups[-1].append(job)
-            size += job.nbytes
+            size += max(job.nbytes, step_row_nbytes(self._cfg, len(job.videos)))
         return [g for g in groups if g]
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
@@ -238,8 +262,9 @@ class RankStream:
         return None if self._next is None else self._next.epoch
 
     def _open(self, epoch: int, start: int) -> _OpenEpoch:
-        ds = rank_dataset(self._dir, self.jobs(epoch, start), self._cfg, epoch, **self._read)
-        tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)
+        jobs = self.jobs(epoch, start)
+        ds = rank_dataset(self._dir, jobs, self._cfg, epoch, **self._read)
+        tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=rows_ahead(self._cfg, jobs))
         return _OpenEpoch(epoch, start, step_rows(tables))
 
     def _start(self, epoch: int) -> None:

@@ -10,8 +10,9 @@ here, each a plain function (``datasource.py`` only runs :func:`read_steps` as R
 
 Without Ray: ``in_memory.TrainVideos`` holds a corpus in memory (benchmarks that need the data
 without Ray) and builds its batches with the same :func:`assemble_step` in the same order, so both
-paths give the same batches; :func:`iter_shard_records` reads whole shards in one process (the
-writer's tests, ``bench/loader.py``'s reference row). Bad samples are never dropped silently: each is
+paths give the same batches; :class:`LocalStream` builds a rank's step rows in the rank's own
+process (``bench/overhead.py``'s measure of what Ray Data costs); :func:`iter_shard_records`
+reads whole shards in one process (the writer's tests, ``bench/loader.py``'s reference row). Bad samples are never dropped silently: each is
 counted (:class:`EpochStats`), logged with its shard, and its slot refilled by a good video of
 the same step.
 
@@ -43,7 +44,7 @@ from raymcn.data.formats.features import (
 from raymcn.data.formats.sample import SampleError, ShardChecker, ShardScan, decode_sample_bytes
 from raymcn.data.formats.tarfmt import advise_ranges, read_pieces, read_ranges
 from raymcn.data.formats.words import load_vocab
-from raymcn.data.read.order import StepSlice, VideoIndex, clip_rng
+from raymcn.data.read.order import StepSlice, VideoIndex, clip_rng, rank_steps
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # pieces of the sequential whole-shard reader
 TENSOR_KEYS = ("video", "audio", "nframes", "text")
@@ -314,6 +315,13 @@ def _shard_vocab(shards_dir: str, mtime_ns: int, bf16: bool) -> np.ndarray:
     return model_vocab(load_vocab(shards_dir).matrix, bf16)
 
 
+def step_row_nbytes(cfg: Config, videos: int) -> int:
+    """Bytes of the arrays of a step row holding ``videos`` videos' clips (:func:`step_row`)."""
+    clips, d = videos * cfg.data.clips_per_video, cfg.data
+    text = d.max_words * cfg.model.word_dim * (2 if text_in_bf16(cfg) else 4)
+    return clips * (2 * FEATURE_DIM * 4 + MEL_BINS * d.audio_frames * 2 + 4 + text)
+
+
 def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
     """One Arrow row holding one step's batch (zero-copy: the arrays' memory is the row's)."""
     bf16 = batch["text"].dtype == BF16
@@ -408,3 +416,32 @@ def to_tensors(batch: dict) -> dict:
         out["text"] = out["text"].view(torch.int16).view(torch.bfloat16)
     out["key"] = batch["key"]
     return out
+
+
+class LocalStream:
+    """This rank's batches built in its own process: the same step rows, in the same order, as
+    ``datasource.RankStream``'s read tasks build, without Ray Data (``epoch`` has its signature).
+
+    For measuring what Ray Data costs a run (``bench/overhead.py``): the rows are read, checked and
+    drawn by :func:`read_steps` where they are consumed (on the caller's prefetch thread), so the
+    batches are identical and only the path differs.
+    """
+
+    def __init__(self, shards_dir: str | os.PathLike, index: VideoIndex, cfg: Config, rank: int, world: int, *,
+                 steps_per_epoch: int, log: Callable[[str], None] | None = log_stderr):
+        self._dir, self._index, self._cfg = str(shards_dir), index, cfg
+        self._rank, self._world, self._steps, self._log = rank, world, steps_per_epoch, log
+
+    def epoch(self, epoch: int, start: int = 0) -> tuple[Iterator[dict], EpochStats]:
+        """The batches of ``epoch`` from in-epoch step ``start`` to its end, and its counters
+        (filled as the batches are built; complete when the iterator is exhausted)."""
+        slices = rank_steps(self._cfg.run.seed, epoch, len(self._index), self._cfg.data.batch_size, self._steps,
+                            self._rank, self._world, start)
+        stats = EpochStats()
+        return self._batches(step_jobs(self._index, slices), epoch, stats), stats
+
+    def _batches(self, jobs: list[StepJob], epoch: int, stats: EpochStats) -> Iterator[dict]:
+        for batch, info in step_rows(read_steps(self._dir, jobs, self._cfg, epoch)):
+            stats.add_step(info, self._log)
+            yield to_tensors(batch)
+        stats.summarise(self._log)

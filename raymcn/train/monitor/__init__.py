@@ -1,1 +1,2 @@
-"""What a person sees: the console, in-epoch progress, the watchdog that names stalls, trackers, metrics.csv."""
+"""What a person sees: the console, in-epoch progress, the watchdog that names stalls, trackers, metrics.csv;
+and the benchmarks' event timeline."""

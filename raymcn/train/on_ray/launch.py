@@ -31,7 +31,7 @@ from raymcn.config import (
     permanent_cause,
 )
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.monitor import watchdog
+from raymcn.train.monitor import timeline, watchdog
 from raymcn.train.on_ray.worker import train_func_per_worker
 from raymcn.train.plan import RunPlan, plan_of
 
@@ -88,10 +88,11 @@ class FailFastOnPermanentErrors(UserCallback):
 
 
 def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None,
-                  label: str = "") -> TorchTrainer:
+                  label: str = "", reader: str = "ray") -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
     ``plan`` (made on the driver, inputs and video index included). ``label`` names the run's
-    in-epoch progress lines (a sweep's trial name)."""
+    in-epoch progress lines (a sweep's trial name); ``reader`` is the workers' (``"ray"`` or
+    ``"local"``, see ``worker.train_func_per_worker``)."""
     # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
@@ -100,7 +101,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
+        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label,
+                           "reader": reader},
         # A collective one rank never joins fails after 2 x run.stall_timeout_s (Ray's default: 30 min),
         # a backstop: the ranks' watchdogs end such a wait after run.stall_timeout_s (monitor/watchdog.py).
         torch_config=ray.train.torch.TorchConfig(
@@ -132,9 +134,15 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     it already has checkpoints. ``plan``: the run's plan when the caller made it (its preflight
     did); otherwise it is made here, once."""
     run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
-    plan = plan or plan_of(cfg, resolve_inputs(cfg))
+    if plan is None:
+        timeline.mark("trial: plan started")
+        plan = plan_of(cfg, resolve_inputs(cfg))
+        timeline.mark("trial: plan done")
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
-    result = build_trainer(cfg, plan, run_dir, callbacks, label).fit()
+    trainer = build_trainer(cfg, plan, run_dir, callbacks, label)
+    timeline.mark("trial: fit started")
+    result = trainer.fit()
+    timeline.mark("trial: fit done")
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)

@@ -1,15 +1,17 @@
 """The Ray side of training: ``train_func_per_worker`` runs once on every Ray Train worker.
 
-One worker per GPU (or per CPU slot). It assembles the run (``build.assemble``, the same assembly
-the benchmarks use) and plugs Ray into the epoch loop's hooks: this rank's batches from its own
-Ray Data stream, the evaluation, a checkpoint and ``ray.train.report`` after every epoch and every
-``run.checkpoint_every`` inside one (every rank reports each time), and the in-epoch progress.
+One worker per GPU (or per CPU slot), computing with ``scale.torch_threads`` threads. It assembles
+the run (``build.assemble``, the same assembly the benchmarks use) and plugs Ray into the epoch
+loop's hooks: this rank's batches from its own Ray Data stream, the evaluation, a checkpoint and
+``ray.train.report`` after every epoch and every ``run.checkpoint_every`` inside one (every rank
+reports each time), and the in-epoch progress.
 A rank only reads files: its plan, made on the driver, names them.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 import tempfile
 from dataclasses import dataclass
@@ -23,13 +25,14 @@ from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, C
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
+from raymcn.data.read.stream import LocalStream
 from raymcn.losses import Collectives
 from raymcn.train import faults
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import evaluate, fold_progress
-from raymcn.train.monitor import history, trackers
+from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.progress import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
@@ -44,17 +47,24 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (the driver's
     ``RunPlan``, inputs and video index included), ``run_dir`` (where checkpoints and the progress
-    marker go) and ``label`` (names the run's progress lines in a sweep).
+    marker go), ``label`` (names the run's progress lines in a sweep) and ``reader`` (``"ray"``,
+    default: Ray Data read tasks; ``"local"``: the same rows built in this process,
+    ``stream.LocalStream``, for measuring what Ray Data costs).
     """
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
+    _set_threads(cfg, rank, out)
     device = _checked_device(cfg)
     # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
-    # are fixed by seed, epoch and step: the same at any world size and after any restart).
-    stream = datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
-                                   steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                                   node_id=ray.get_runtime_context().get_node_id())
+    # are fixed by seed, epoch and step: the same at any world size and after any restart); the
+    # benchmarks' reader="local" builds the same rows in this process instead.
+    if loop_config.get("reader", "ray") == "local":
+        stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
+    else:
+        stream = datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                                       steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                                       node_id=ray.get_runtime_context().get_node_id())
     eval_set = _eval_set(cfg, plan, out)
     # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
     # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.
@@ -63,6 +73,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
                    prepare=functools.partial(_start_weights, cfg, fresh=ckpt is None, out=out))
     if ckpt is not None:
         _resume(run, ckpt, run_dir, out)
+    timeline.mark("worker: assembled", rank=rank)
     # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
     # reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
@@ -84,6 +95,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     finally:
         dog.stop()
     reports.progress.flush()
+    timeline.mark("worker: done", rank=rank)
     return metrics
 
 
@@ -91,10 +103,11 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 class Printer:
     """A rank's one print channel. Everything goes to its stdout, which Ray sends to the driver's
     console (``monitor/console.py``); rank 0's lines are tagged by what they are for, the other
-    ranks print nothing but stall alerts.
+    ranks print nothing but their thread count (to the console log) and stall alerts.
 
-    ``log``: the console log only (shown with --verbose); ``say``: the terminal; ``progress``: the
-    in-epoch progress lines; ``alert``: a stall, from any rank, prefixed with the trial's name.
+    ``log``: the console log only (shown with --verbose); ``each``: the console log only, from
+    every rank, prefixed with the rank; ``say``: the terminal; ``progress``: the in-epoch progress
+    lines; ``alert``: a stall, from any rank, prefixed with the trial's name.
     """
 
     rank: int
@@ -106,6 +119,9 @@ class Printer:
     def log(self, line: str) -> None:
         if self.rank == 0:
             self._print(line)
+
+    def each(self, line: str) -> None:
+        self._print(f"rank {self.rank}: {line}")
 
     def say(self, line: str) -> None:
         if self.rank == 0:
@@ -127,6 +143,18 @@ def _rank_in(plan: RunPlan) -> tuple[int, int]:
         raise RuntimeError(f"Ray Train started {world} workers, outside scale.num_workers "
                            f"[{plan.min_workers}, {plan.max_workers}]")
     return rank, world
+
+
+def _set_threads(cfg: Config, rank: int, out: Printer) -> None:
+    """Every rank computes with the same, explicit thread count (``scale.torch_threads``), logged:
+    Ray derives OMP_NUM_THREADS from the CPU reservation only where it is unset, and a torch
+    imported before it was set keeps its own."""
+    threads = cfg.scale.torch_threads
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    out.each(f"{torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS={threads}")
+    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
+                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
 
 
 def _checked_device(cfg: Config) -> torch.device:
@@ -208,6 +236,9 @@ class Reports:
 
     def after_step(self, run: Run) -> None:
         self.progress.step(run.state.step)
+        if run.state.progress.steps == 1:  # an epoch's first step (its first batch's wait included)
+            timeline.mark("worker: epoch's first step done", rank=self.rank, epoch=run.state.epoch,
+                          first_batch_s=run.state.progress.first_batch_s)
         if self.schedule.due(run.state.step):
             fold_progress(run.state.progress, run.comm, run.device)  # every rank: the sums over all ranks
             self.save_and_report(run, {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch),

@@ -1,0 +1,45 @@
+"""A timeline of a run's fixed costs, for the benchmarks: written only when ``RAYMCN_TIMELINE`` names a file.
+
+Every process of a run or a sweep (the trial drivers, the Train workers) appends one JSON line per
+event: ``{"t": wall time, "pid", "event", ...fields}``. ``bench/trial_cost.py`` sets the variable
+and reads the file back; Ray Train's workers see it because ``on_ray/launch.build_trainer``
+hands every ``RAYMCN_*`` variable to them. Unset, as in every normal run, :func:`mark` returns at once.
+
+Stdlib only: the workers import it before anything heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ENV = "RAYMCN_TIMELINE"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def process_started() -> float | None:
+    """Wall time this process started (Linux ``/proc``; None elsewhere): a trace event's distance
+    from it separates a fresh process's start-up and imports from a reused one's."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks after boot
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def mark(event: str, **fields) -> None:
+    """Append ``event`` with the wall time and this process's id to the trace file, if one is set."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **fields}, default=str)
+    # One write of one line in append mode: the lines of concurrent processes never interleave.
+    with open(path, "a") as f:
+        f.write(line + "\n")
