@@ -58,3 +58,16 @@ def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
     epochs_run = run_fake_sweep("epoch", tmp_path, ["joint", "AV_T", "VT_A", "AT_V"])
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)
 
+
+
+@pytest.mark.parametrize("algorithm,reused", [("grid", True), ("random", True), ("asha", False), ("bohb", False)])
+def test_trial_drivers_are_reused_only_where_no_trial_is_stopped_or_paused(algorithm, reused):
+    """Tune's actor reuse waits 2 s for the previous trial's thread; a trial that ASHA stopped or
+    BOHB paused is still inside its Train run then, and Tune fails the next trial."""
+    pytest.importorskip("ray")
+    from raymcn.sweep.tuner import build_search, reuse_trial_drivers
+
+    space = ("{schedule.stage_order: {grid: [AV_T, joint]}, optim.lr: {grid: [0.001, 0.003]}}" if algorithm == "grid"
+             else "{schedule.stage_order: {choice: [AV_T, joint]}, optim.lr: {loguniform: [0.001, 0.01]}}")
+    cfg = load_config(preset_path(), [f"sweep.algorithm={algorithm}", f"sweep.space={space}"])
+    assert reuse_trial_drivers(build_search(cfg)[1]) is reused

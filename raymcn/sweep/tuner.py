@@ -52,6 +52,16 @@ TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0
 # Tune runs the next trial in a finished trial's driver process (reuse_actors: Tune's reset_config
 # for function trainables), so a trial starts no new process and imports Tune, Train and torch no
 # second time. Each trial still builds its own TorchTrainer, whose controller and workers are new.
+# Only where every trial runs to its end: the reset waits 2 s for the previous trial's thread, and
+# a trial that early stopping stopped or paused is still inside its Train run then, so Tune fails
+# the next trial (and a BOHB sweep with a paused trial was seen to hang).
+
+
+def reuse_trial_drivers(scheduler) -> bool:
+    """Whether trials may share driver processes: under a scheduler that never stops or pauses one."""
+    from ray.tune.schedulers import FIFOScheduler
+
+    return type(scheduler) is FIFOScheduler
 
 
 @dataclass
@@ -309,7 +319,8 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
         tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler,
-                                    trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
+                                    trial_dirname_creator=trial_dirname_creator,
+                                    reuse_actors=reuse_trial_drivers(scheduler)),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
                                   callbacks=_callbacks(cfg, experiment_dir, console),
                                   failure_config=_failure_config(cfg)),
