@@ -130,9 +130,12 @@ class PeakMemory:
                 grew, tree = bool(new), tree | new
             for pid in tree | {p for p, (_, cmd) in procs.items() if "ShardWriter" in cmd}:
                 cmd = procs.get(pid, (0, ""))[1]
+                if "ShardWriter" in cmd:  # a Ray worker process becomes a writer when its actor starts
+                    self.kind[pid] = "ray writer"
+                # local writers are the driver's grandchildren: forked by multiprocessing's server
                 self.kind.setdefault(pid, "driver" if pid == self.root else
-                                     "ray writer" if "ShardWriter" in cmd else
-                                     "local writer" if pid in tree and "raymcn" in cmd else "other")
+                                     "local writer" if pid in tree and procs.get(pid, (self.root,))[0] != self.root
+                                     else "other")
                 self.peak[pid] = max(self.peak.get(pid, 0), pss(pid))
             self._stop.wait(self.every_s)
 

@@ -41,8 +41,9 @@ from raymcn.data.formats.manifest import ShardError
 
 STORE_DIR = ".captions"
 STORE_FILE = "store.json"
-# Memory to unpickle a caption table, per byte of the pickle file: measured by bench/scale.py on
-# HowTo100M-like tables (117 segments of 5-11 words per video) at 1/40 and 1/20 of its count.
+# Memory to unpickle a caption table, per byte of the pickle file: 2.32 at both 1/40 and 1/20 of
+# HowTo100M's count (bench/scale.py, HowTo100M-like tables: 117 segments of 5-11 words per video),
+# rounded up so that a refusal errs on the safe side: about 22.6 GB for HowTo100M's 9 GB pickle.
 UNPICKLE_BYTES_PER_FILE_BYTE = 2.5
 
 

@@ -99,8 +99,11 @@ class LocalProcesses:
         if self.workers <= 1 or len(jobs) <= 1:
             write_here(state, jobs, on_done)
             return
+        # Not forked from this process: after the caption table was unpickled and dropped, its
+        # freed but still mapped heap would be every writer's too (measured, bench/scale.py: a
+        # forked writer's PSS grew with the table's size). A fresh server forks the writers.
         methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         with ctx.Pool(min(self.workers, len(jobs)), initializer=init_writer, initargs=(state,)) as pool:
             for marker in pool.imap_unordered(write_shard, jobs):
                 on_done(marker)
