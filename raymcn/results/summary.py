@@ -120,7 +120,8 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         lines += _wrapped(f"plots in {exp_dir}: " + ", ".join(p.name for p in written))
     lines += _wrapped(f"full tables (every trial and metric, CSV) in {exp_dir / TABLES_DIR}: "
                       + ", ".join(p.name for p in tables))
-    lines.append(f"every table, with the statistics' rules and notes: raymcn table {exp_dir}")  # one command line
+    # the command on a line of its own, to copy whole
+    lines += ["every table, with the statistics' rules and notes:", f"  raymcn table {exp_dir}"]
     return "\n".join(lines) + "\n"
 
 
