@@ -40,6 +40,7 @@ from pathlib import Path
 import yaml
 
 from raymcn.config import RUN_CONFIG_FILE
+from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
 
 KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
@@ -116,19 +117,8 @@ def _pids(name: str, cluster=None) -> list[int]:
 
 def _age_s(pid: int) -> float:
     """Seconds since the process started (0 when it is gone)."""
-    born = _start_time(pid)
-    if born is None:
-        return 0.0
-    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    return time.time() - (boot + born / os.sysconf("SC_CLK_TCK"))
-
-
-def _start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks (tells a pid's process from a later one's)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    born = process_started(pid)
+    return 0.0 if born is None else time.time() - born
 
 
 @dataclass
@@ -237,7 +227,7 @@ class Chaos:
         pid = self._worker(training_s=TRAINING_S)
         if pid is None:
             return None
-        born = _start_time(pid)
+        born = process_started(pid)
         before = self._stall_records()
         os.kill(pid, signal.SIGSTOP)
         # until the other rank's watchdog names the stall (its limit is run.stall_timeout_s, or ten
@@ -245,11 +235,11 @@ class Chaos:
         # the stopped process (its trial ended: no rank waits for it), at most 6 limits
         waited = time.time()
         deadline = waited + 6 * max(self.stall_timeout_s, 10.0)
-        while time.time() < deadline and self._stall_records() == before and _start_time(pid) == born:
+        while time.time() < deadline and self._stall_records() == before and process_started(pid) == born:
             time.sleep(0.5)
         waited = time.time() - waited
         how = self.rng.choice(["SIGCONT", "SIGKILL"])
-        if _start_time(pid) != born:  # Ray ended it meanwhile (and its pid may be another process's now)
+        if process_started(pid) != born:  # Ray ended it meanwhile (and its pid may be another process's now)
             how = "(already gone)"
         else:
             os.kill(pid, signal.SIGCONT if how == "SIGCONT" else signal.SIGKILL)

@@ -4,13 +4,13 @@ import csv
 
 import pytest
 
-from raymcn.train.monitor.history import record_epoch
+from raymcn.train.monitor.history import EpochTable
 
 
 def test_rows_per_epoch_with_every_metric_and_a_replayed_epoch_replaced(tmp_path):
-    record_epoch(str(tmp_path), {"epoch": 1.0, "total_loss": 5.0, "text_to_video_R@10": 10.0})
-    record_epoch(str(tmp_path), {"epoch": 2.0, "total_loss": 4.0, "text_to_video_R@10": 20.0, "time_eval_s": 1.5})
-    record_epoch(str(tmp_path), {"epoch": 2.0, "total_loss": 3.5, "text_to_video_R@10": 21.0, "time_eval_s": 1.4})
+    EpochTable(str(tmp_path)).record({"epoch": 1.0, "total_loss": 5.0, "text_to_video_R@10": 10.0})
+    EpochTable(str(tmp_path)).record({"epoch": 2.0, "total_loss": 4.0, "text_to_video_R@10": 20.0, "time_eval_s": 1.5})
+    EpochTable(str(tmp_path)).record({"epoch": 2.0, "total_loss": 3.5, "text_to_video_R@10": 21.0, "time_eval_s": 1.4})
     with open(tmp_path / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [float(r["epoch"]) for r in rows] == [1.0, 2.0]
@@ -23,7 +23,6 @@ def test_a_row_whose_write_failed_is_written_with_the_next_one(tmp_path, monkeyp
     """Storage read-only for a while: epoch 2's write fails, epoch 3's carries it (chaos found the
     row lost when each write re-read the file)."""
     from raymcn import storage
-    from raymcn.train.monitor.history import EpochTable
 
     table = EpochTable(str(tmp_path))
     table.record({"epoch": 1.0, "total_loss": 5.0})

@@ -43,7 +43,3 @@ class EpochTable:
         writer.writerows(rows)
         storage.write_text(self.path, out.getvalue())
 
-
-def record_epoch(run_dir: str, metrics: dict[str, float]) -> None:
-    """Add (or replace) the row of ``metrics["epoch"]`` in ``run_dir``/metrics.csv."""
-    EpochTable(run_dir).record(metrics)

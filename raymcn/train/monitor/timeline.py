@@ -17,15 +17,12 @@ import time
 ENV = "RAYMCN_TIMELINE"
 
 
-def enabled() -> bool:
-    return bool(os.environ.get(ENV))
-
-
-def process_started() -> float | None:
-    """Wall time this process started (Linux ``/proc``; None elsewhere): a trace event's distance
-    from it separates a fresh process's start-up and imports from a reused one's."""
+def process_started(pid: int | str = "self") -> float | None:
+    """Wall time process ``pid`` started (Linux ``/proc``; None elsewhere, or when it is gone): a
+    trace event's distance from it separates a fresh process's start-up and imports from a reused
+    one's, and two readings that differ tell a pid's process from a later one's."""
     try:
-        with open("/proc/self/stat") as f:
+        with open(f"/proc/{pid}/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks after boot
         with open("/proc/stat") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))

@@ -54,7 +54,9 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
-    _set_threads(cfg, rank, out)
+    _set_threads(cfg, out)
+    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
+                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
     device = _checked_device(cfg)
     # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
     # are fixed by seed, epoch and step: the same at any world size and after any restart); the
@@ -145,7 +147,7 @@ def _rank_in(plan: RunPlan) -> tuple[int, int]:
     return rank, world
 
 
-def _set_threads(cfg: Config, rank: int, out: Printer) -> None:
+def _set_threads(cfg: Config, out: Printer) -> None:
     """Every rank computes with the same, explicit thread count (``scale.torch_threads``), logged:
     Ray derives OMP_NUM_THREADS from the CPU reservation only where it is unset, and a torch
     imported before it was set keeps its own."""
@@ -153,8 +155,6 @@ def _set_threads(cfg: Config, rank: int, out: Printer) -> None:
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     out.each(f"{torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS={threads}")
-    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
-                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
 
 
 def _checked_device(cfg: Config) -> torch.device:
