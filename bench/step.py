@@ -60,6 +60,18 @@ What it found (this machine, 2 cores; the tables are in docs/performance.md):
   second copy of the gradients in its buckets (0.9 GB per worker at paper size), now
   ``gradient_as_bucket_view=True``, except under gradient caching's ``no_sync`` chunks, which the
   estimate counts (P x 4 bytes until the last chunk's backward).
+
+The convolution workspace by kernel path (``footprint.conv_path()``; the estimate has one formula
+per path, and this bench prints which one the machine takes):
+
+* ``onednn-avx512`` (x86 with AVX-512; AMX CPUs too): weights + input (twice in the strided
+  convs' backward) + output, reordered; measured per conv call, 1-32 threads.
+* ``onednn-avx2`` (AVX2 without AVX-512, or ``ONEDNN_MAX_CPU_ISA=AVX2``): the same with channels
+  padded to blocks of 8 (conv1: 8 x its input); the test suite runs this path on every CI machine.
+* ``native`` (oneDNN disabled or not built): im2col columns, b x C_in * k * T'; measured per call.
+* ``cudnn`` (``scale.use_gpu``): not known in advance; a stated margin (the AVX-512 formula in
+  fp32), measured by ``bench/gpu_smoke.py`` on a GPU.
+* ``unknown`` (any other CPU): not known in advance; the larger of the AVX2 and native formulas.
 """
 
 from __future__ import annotations
