@@ -1,8 +1,9 @@
 """What Ray costs raymcn's training step, arm by arm, in one run: torchrun -> Ray -> Ray Train -> Ray Data.
 
-    python bench/overhead.py                       # 3 repeats x 4 arms x 4 epochs, 2 ranks (~10 min, 2 cores)
-    python bench/overhead.py --quick               # 1 repeat x 3 epochs (~3 min)
-    python bench/overhead.py --out docs/measurements/overhead.json
+    python bench/overhead.py                       # 3 repeats x 4 arms x 4 epochs, 2 ranks (~4 min, 2 cores)
+    python bench/overhead.py --quick               # 1 repeat x 3 epochs (~1.5 min)
+    python bench/overhead.py --arms torchrun ray-ddp train-local train-raydata train-raydata-noprefetch \
+        --out docs/measurements/overhead.json      # docs/ray-cost.md's figures (~5.5 min)
 
 Four arms, the same step in each: the embedded default preset (``scale.num_workers`` ranks, gloo
 on CPU), assembled by ``raymcn.train.build.assemble`` and run by ``build.run_epochs``, seeded the
@@ -214,6 +215,7 @@ def summarise(arm: str, records: list[dict], events: list[dict], sampler, cfg, w
     ms = {p: statistics.fmean(r.get(f"time_{p}_s", 0.0) for r in steady) * 1e3 for p in PHASES}
     ms["data"] = statistics.fmean(  # the wait for each batch after the epoch's first
         (r["time_data_s"] * r["steps"] - r["time_first_batch_s"]) / max(1.0, r["steps"] - 1) for r in steady) * 1e3
+    ms["first batch"] = statistics.fmean(r["time_first_batch_s"] for r in steady) * 1e3  # once per epoch
     ranks = sorted(({k: e.get(k) for k in ("rank", "threads", "omp", "nice")} for e in events
                     if e["event"] == "worker: function entered"), key=lambda e: e["rank"])
     # CPU during the steady epochs' steps only: rank 0's [steps started, steps done] of each epoch >= 1
@@ -348,7 +350,8 @@ def report(runs: dict[str, list[dict]], args, info: str, total: float) -> None:
               + (f"; Ray's own cost, arm 2's time / arm 1's = {ray_own:.3f} (Ray's threshold {RAY_THRESHOLD})"
                  if ray_own else ""))
     ms = {a: {k: _median(runs[a], lambda r, k=k: r["step_ms"][k]) for k in runs[a][0]["step_ms"]} for a in arms}
-    print("\nms per step, ranks' mean, steady epochs (median over repeats; data = the wait for each later batch)")
+    print("\nms per step, ranks' mean, steady epochs (median over repeats; data = the wait for each later batch, "
+          "first batch = the wait for each epoch's first)")
     print(_table(("phase", *arms), [(k, *(f"{ms[a][k]:.1f}" for a in arms)) for k in runs[arms[0]][0]["step_ms"]]))
     cpu = {a: {k: _median(runs[a], lambda r, k=k: r["cpu_percent_of_one_core"].get(k, 0.0))
                for k in procstat.kinds_order()} for a in arms}

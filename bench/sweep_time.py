@@ -1,7 +1,8 @@
 """The embedded default sweep (`python sweep.py`, 16 trials) timed against an earlier commit, alternating.
 
-    python bench/sweep_time.py --baseline 3151102              # 1 run each (~15-20 min on 2 cores)
-    python bench/sweep_time.py --baseline 3151102 --runs 2 --out docs/measurements/sweep_time.json
+    python bench/sweep_time.py --baseline 4de240c --out docs/measurements/sweep_time.json
+                    # 1 run each (16 min on 2 cores); 4de240c: the code before trials shared their driver
+    python bench/sweep_time.py --baseline 4de240c --runs 2     # 2 each, alternating (~33 min)
 
 The baseline's tree is extracted with ``git archive`` into a temporary folder (no worktree is
 added to the repository) and run with ``PYTHONPATH`` pointing at it, so its driver and every Ray

@@ -195,7 +195,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
-            what = (f"sweep {exp_dir}: {_describe_sweep(cfg)}" if not existing else
+            what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
             started = start_ray(args.address)
@@ -291,7 +291,8 @@ def _confirm(cfg: Config, experiment_dir: str, console: Console, inputs, after=N
 
 
 def _describe_sweep(cfg: Config) -> str:
-    """One line: algorithm, trials, epochs and what is swept (the start of a sweep's console)."""
+    """Algorithm, trials, epochs and what is swept (the start of a sweep's console); the
+    confirmation, if any, on a line of its own (each line well under 160 characters)."""
     from raymcn.sweep.tuner import search_trials
 
     sw = cfg.sweep
@@ -299,7 +300,7 @@ def _describe_sweep(cfg: Config) -> str:
     trials = search_trials(cfg)
     repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
     c = sw.confirm
-    confirm = (f"; then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
+    confirm = (f";\n  then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
                if c else "")
     return (f"{sw.algorithm} over {keys}, {trials} trials{repeats}, {cfg.schedule.epochs} epochs each, "
             f"{cfg.scale.workers_text} worker(s) per trial{confirm}")

@@ -332,14 +332,27 @@ FIGURES = [
         ("docs/lab-guide.md", r"over (\d+) fresh seeds at the full (\d+) epochs"),
         ("docs/sweeps.md", r"confirmed over (\d+) fresh seeds at the full (\d+) epochs"),
         ("docs/sweeps.md", r"confirms over (\d+) seeds at the full (\d+) epochs")]),
-    ("the batch pipeline: later and first batch waits, ms (bench/overhead.py)",
-     lambda: "{:.1f} {:.1f} {:.0f} {:.0f}".format(*(lambda m: (
-         m["raymcn-noprefetch"]["later batch wait"], m["raymcn"]["later batch wait"],
-         m["raymcn-noprefetch"]["first batch wait (per epoch)"], m["raymcn"]["first batch wait (per epoch)"]))(
+    ("the batch pipeline: later and first batch waits with and without the thread, ms (bench/overhead.py)",
+     lambda: "{:.1f} {:.1f} {:.1f} {:.1f}".format(*(lambda m: (
+         m["train-raydata"]["data"], m["train-raydata-noprefetch"]["data"],
+         m["train-raydata"]["first batch"], m["train-raydata-noprefetch"]["first batch"]))(
          _measured("overhead")["step_ms"])), [
-        ("docs/performance.md", r"wait for each later batch \(on the step's critical path\) \| ([\d.]+) ms \| "
-                                r"\*\*([\d.]+) ms\*\* \| \| wait for the epoch's first batch \(once per epoch\) \| "
-                                r"(\d+) ms \| (\d+) ms")]),
+        ("docs/ray-cost.md", r"the wait per later batch is ([\d.]+) ms with the thread and ([\d.]+) ms without, the "
+                             r"epoch's first batch ([\d.]+) ms and ([\d.]+) ms")]),
+    ("raymcn's samples/s against the same ranks as plain Ray actors (bench/overhead.py)",
+     lambda: f"{_measured('overhead')['arm4_over_arm2']:.2f}", [
+        ("docs/ray-cost.md", r"Goal arm 4 ≥ 0\.9 × arm 2: \*\*([\d.]+), met"),
+        ("docs/ray-cost.md", r"\*\*4 TorchTrainer \+ Ray Data \(raymcn as it runs\)\*\* \| \*\*\d+\*\* \| \*\*([\d.]+)\*\*"),
+        ("docs/performance.md", r"trains at \*\*([\d.]+)\*\* of the same ranks as plain Ray actors")]),
+    ("the embedded default sweep before and after, minutes (bench/sweep_time.py)",
+     lambda: "{:.2f} {:.2f}".format(*(lambda m: (m["baseline"], m["current"]))(
+         {k: v / 60 for k, v in _measured("sweep_time")["median_wall_s"].items()})), [
+        ("docs/ray-cost.md", r"([\d.]+) min before this work, \*\*([\d.]+) min\*\* now"),
+        ("docs/performance.md", r"sweep took ([\d.]+) min before this work and ([\d.]+) min after")]),
+    ("a sweep trial's wall and fixed cost, s (bench/trial_cost.py)",
+     lambda: "{:.1f} {:.1f}".format(*(lambda m: (m["wall_s"], m["fixed_s"]))(
+         _measured("trial_cost")["steady"]["current"])), [
+        ("docs/ray-cost.md", r"trial wall / fixed cost \(wall − steps\) \| ([\d.]+) / ([\d.]+) \|")]),
 ]
 # Sizes quoted as "about N lines": within 10 % of the file's length.
 ABOUT_LINES = [("docs/development.md", r"At about (\d+) lines it is the longest", "config.py")]

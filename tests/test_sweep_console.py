@@ -39,11 +39,13 @@ def test_sweep_console_contract_and_paired_repeats(tmp_path):
     end = next(i for i, line in enumerate(lines) if re.match(r"^search: 4 trials \(0 errored\) in ", line))
     head = [line for line in lines[:end] if line.strip()]
     assert len(head) <= 80 and len(head) == len(set(head)), "\n".join(head)
+    exp_dir = Path(json.loads(lines[-1])["experiment_dir"])
+    # raymcn's own lines fit a terminal too (Ray's warnings, relayed as they are, aside)
+    assert max(len(line.replace(str(exp_dir), "EXP")) for line in head if not line.startswith("Ray ")) <= 160, head
     starts = [line for line in head if line.startswith("trial ") and " started: " in line]
     epochs = [m.group("trial", "epoch") for m in map(EPOCH_LINE.match, head) if m]
     assert len(starts) == 4 and sorted(epochs) == sorted({(t, e) for t, _ in epochs for e in ("1", "2")})
     assert len(epochs) == 8 and any(line.startswith("status after ") for line in head)
-    exp_dir = Path(json.loads(lines[-1])["experiment_dir"])
     log = (exp_dir / "raymcn_console.log").read_text()
     for chatter in ("TrainingReport", "InjectedFault", "Execution plan of Dataset"):
         assert chatter in log and chatter not in proc.stdout + proc.stderr, chatter
