@@ -1,8 +1,10 @@
 """The embedded default sweep (`python sweep.py`, 16 trials) timed against an earlier commit, alternating.
 
-    python bench/sweep_time.py --baseline 4de240c --out docs/measurements/sweep_time.json
-                    # 1 run each (16 min on 2 cores); 4de240c: the code before trials shared their driver
-    python bench/sweep_time.py --baseline 4de240c --runs 2     # 2 each, alternating (~33 min)
+    python bench/sweep_time.py --baseline 4de240c               # 1 run each (16 min on 2 cores)
+    python bench/sweep_time.py --baseline 4de240c --runs 2 --out docs/measurements/sweep_time.json
+                    # 2 each, alternating (31 min): docs/ray-cost.md's figures
+
+4de240c is the code before trials shared their driver process.
 
 The baseline's tree is extracted with ``git archive`` into a temporary folder (no worktree is
 added to the repository) and run with ``PYTHONPATH`` pointing at it, so its driver and every Ray
