@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procstat  # noqa: E402
+from raymcn.train.monitor import timeline  # noqa: E402
 from common import machine_line  # noqa: E402
 
 ARMS = ("torchrun", "ray-ddp", "train-local", "train-raydata")
@@ -90,15 +91,13 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     from raymcn.data.read.stream import LocalStream
     from raymcn.losses import Collectives
     from raymcn.train.build import EpochHooks, assemble, run_epochs
-    from raymcn.train.monitor import timeline
 
     os.environ[TRACE] = spec["trace"]
     cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
     threads = cfg.scale.torch_threads
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
-                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
+    timeline.worker_entered(rank, torch.get_num_threads())
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         comm = Collectives.from_process_group()
@@ -217,7 +216,7 @@ def summarise(arm: str, records: list[dict], events: list[dict], sampler, cfg, w
         (r["time_data_s"] * r["steps"] - r["time_first_batch_s"]) / max(1.0, r["steps"] - 1) for r in steady) * 1e3
     ms["first batch"] = statistics.fmean(r["time_first_batch_s"] for r in steady) * 1e3  # once per epoch
     ranks = sorted(({k: e.get(k) for k in ("rank", "threads", "omp", "nice")} for e in events
-                    if e["event"] == "worker: function entered"), key=lambda e: e["rank"])
+                    if e["event"] == timeline.WORKER_ENTERED), key=lambda e: e["rank"])
     # CPU during the steady epochs' steps only: rank 0's [steps started, steps done] of each epoch >= 1
     spans = {}
     for e in events:

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procstat  # noqa: E402
+from raymcn.train.monitor import timeline  # noqa: E402
 from common import machine_line  # noqa: E402
 
 ORDERS = ("AV_T", "VT_A", "AT_V", "joint")
@@ -101,7 +102,7 @@ def itemise(events: list[dict], sampler: procstat.ProcessSampler) -> list[dict]:
             prev_done = max((e["t"] for e in by_trial[order[i - 1]] if e["event"] == "trial: driver done"),
                             default=None)
         fit0, fit1 = first("trial: fit started"), first("trial: fit done")
-        workers_in = [e for e in ev if e["event"] == "worker: function entered"]
+        workers_in = [e for e in ev if e["event"] == timeline.WORKER_ENTERED]
         w_in = max((e["t"] for e in workers_in), default=None)
         ctrl = sampler.first_seen("ray::TrainController", after=fit0 or 0)
         wtitle = sampler.first_seen("ray::RayTrainWorker", after=fit0 or 0)

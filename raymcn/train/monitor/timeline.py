@@ -15,6 +15,7 @@ import os
 import time
 
 ENV = "RAYMCN_TIMELINE"
+WORKER_ENTERED = "worker: function entered"
 
 
 def process_started(pid: int | str = "self") -> float | None:
@@ -40,3 +41,11 @@ def mark(event: str, **fields) -> None:
     # One write of one line in append mode: the lines of concurrent processes never interleave.
     with open(path, "a") as f:
         f.write(line + "\n")
+
+
+def worker_entered(rank: int, threads: int) -> None:
+    """Mark a rank entering its training function, with what it computes with (torch threads,
+    ``OMP_NUM_THREADS``, niceness) and when its process started; with the timeline off, nothing is read."""
+    if os.environ.get(ENV):
+        mark(WORKER_ENTERED, rank=rank, process_started=process_started(), threads=threads,
+             omp=os.environ.get("OMP_NUM_THREADS"), nice=os.nice(0))

@@ -55,8 +55,7 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
     _set_threads(cfg, out)
-    timeline.mark("worker: function entered", rank=rank, process_started=timeline.process_started(),
-                  threads=torch.get_num_threads(), omp=os.environ["OMP_NUM_THREADS"], nice=os.nice(0))
+    timeline.worker_entered(rank, torch.get_num_threads())
     device = _checked_device(cfg)
     # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
     # are fixed by seed, epoch and step: the same at any world size and after any restart); the
