@@ -6,8 +6,12 @@ moves that work to a thread that stays ``depth`` batches ahead of the step:
 
 * it pulls the next batch from the source (on a Ray worker: the rank's Ray Data stream, whose
   rows are built by the read tasks; the wait for a row is the host work left on this process);
-* on CUDA it pins the batch's tensors (page-locked host memory, so the copy can run
-  asynchronously) and copies them to the device on a side stream, recording an event;
+* on CUDA it first makes the rank's GPU its own current device (the current device is per
+  thread, and a new thread starts on GPU 0: its first CUDA call, the pinning, would otherwise
+  create a CUDA context on GPU 0, about 0.5 GiB there for every other rank, as PyTorch's own
+  DataLoader pin thread avoids the same way), then pins the batch's tensors (page-locked host
+  memory, so the copy can run asynchronously) and copies them to the device on a side stream,
+  recording an event;
 * the training thread takes a batch that is already where the model needs it: on CUDA its
   compute stream waits for the copy's event (a device-side wait, not a host one) and the
   tensors are marked as used on that stream, so the caching allocator does not reuse their
@@ -81,6 +85,8 @@ class Prefetcher:
         self._source, self._stats = source, stats
         self.stats = _Snapshot() if stats is not None else None
         self._cuda = self.device.type == "cuda"
+        if self._cuda and self.device.index is None:  # "cuda": the constructing thread's device, by index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._copy_stream = torch.cuda.Stream(self.device) if self._cuda and self.depth > 0 else None
         self._ready: queue.Queue = queue.Queue()
         self._slots = threading.Semaphore(max(1, self.depth))
@@ -128,8 +134,11 @@ class Prefetcher:
             self.stats.metrics = counters
 
     def _fetch(self) -> None:
-        """The thread: take a slot, fetch a batch, move it, queue it; the end or the error last."""
+        """The thread: take a slot, fetch a batch, move it, queue it; the end or the error last.
+        On CUDA its first CUDA call makes the rank's device its own (see the module doc)."""
         try:
+            if self._cuda:
+                torch.cuda.set_device(self.device)
             it = iter(self._source)
             while True:
                 self._slots.acquire()

@@ -1,0 +1,180 @@
+"""Stand-ins for a GPU machine on one without: :func:`fake_nvml` for NVML (``pynvml``), and
+:class:`CudaRecorder`, a recording stand-in for ``torch.cuda``: every function and class of the
+module (and the tensor methods that reach CUDA: ``pin_memory``, ``record_stream``, ``.to`` /
+``.cuda`` to a CUDA device) is replaced by one that records the call (its name, the calling
+thread, that thread's current device) and returns a stand-in value, so the GPU code paths run on
+CPU and a test can read what they asked of CUDA and from which thread.
+
+The current device is per thread, as in CUDA: ``set_device`` changes the calling thread's only,
+and a thread that never set one is on device 0. ``is_initialized()`` turns true at the first call
+that would initialise CUDA: anything but :data:`QUERIES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import types
+from dataclasses import dataclass
+
+import torch
+
+QUERIES = frozenset({"is_available", "device_count", "is_initialized", "_is_compiled"})  # no CUDA context
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str
+    args: tuple
+    thread: str
+    device: int  # the calling thread's current device when it called
+
+    @property
+    def initialises(self) -> bool:
+        return self.name not in QUERIES
+
+
+class _Stream:
+    def __init__(self, device=None, *args, **kwargs):
+        self.device = device
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Event:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return 0 if device.index is None else device.index
+
+
+class CudaRecorder:
+    """Installs the stand-in with ``monkeypatch`` (undone after the test); ``calls`` lists every call."""
+
+    def __init__(self, monkeypatch, devices: int = 4, free: int = 70 << 30, total: int = 80 << 30):
+        self.devices, self.free, self.total = devices, free, total
+        self.calls: list[Call] = []
+        self._current: dict[int, int] = {}  # thread id -> its current device
+        self._lock = threading.Lock()
+        for name, value in list(vars(torch.cuda).items()):
+            if name.startswith("__") or not (inspect.isfunction(value) or inspect.isbuiltin(value)
+                                             or inspect.isclass(value)):
+                continue
+            if not getattr(value, "__module__", "").startswith("torch.cuda"):
+                continue  # typing names, torch's storage and error types
+            if inspect.isclass(value) and name not in ("Stream", "Event", "device", "StreamContext", "ExternalStream"):
+                continue
+            monkeypatch.setattr(torch.cuda, name, self._recording(name))
+        monkeypatch.setattr(torch.Tensor, "pin_memory", self._tensor_method("Tensor.pin_memory", lambda t, *a, **k: t))
+        monkeypatch.setattr(torch.Tensor, "record_stream", self._tensor_method("Tensor.record_stream",
+                                                                               lambda t, *a, **k: None))
+        monkeypatch.setattr(torch.Tensor, "cuda", self._tensor_method("Tensor.cuda", lambda t, *a, **k: t))
+        to = torch.Tensor.to
+
+        def to_device(t, *args, **kwargs):
+            target = kwargs.get("device", args[0] if args else None)
+            if isinstance(target, (str, torch.device)) and torch.device(target).type == "cuda":
+                self._record("Tensor.to", (str(target),))
+                return t  # stays on the host: only the call is of interest
+            return to(t, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", to_device)
+
+    # --- what a test reads -------------------------------------------------------------------
+    def in_thread(self, thread: str) -> list[Call]:
+        return [c for c in self.calls if c.thread == thread]
+
+    def initialising(self) -> list[Call]:
+        return [c for c in self.calls if c.initialises]
+
+    # --- the stand-ins -------------------------------------------------------------------------
+    def _device(self) -> int:
+        return self._current.get(threading.get_ident(), 0)
+
+    def _record(self, name: str, args: tuple) -> None:
+        with self._lock:
+            self.calls.append(Call(name, args, threading.current_thread().name, self._device()))
+
+    def _tensor_method(self, name: str, result):
+        def method(t, *args, **kwargs):
+            self._record(name, args)
+            return result(t, *args, **kwargs)
+        return method
+
+    def _recording(self, name: str):
+        def call(*args, **kwargs):
+            self._record(name, args)
+            return self._answer(name, args)
+        return call
+
+    def _answer(self, name: str, args: tuple):
+        if name == "is_available":
+            return self.devices > 0
+        if name == "device_count":
+            return self.devices
+        if name == "is_initialized":
+            return bool(self.initialising())
+        if name == "set_device":
+            self._current[threading.get_ident()] = _index(args[0])
+            return None
+        if name == "current_device":
+            return self._device()
+        if name == "mem_get_info":
+            return self.free, self.total
+        if name in ("Stream", "current_stream", "default_stream", "ExternalStream"):
+            return _Stream(*args)
+        if name == "Event":
+            return _Event(*args)
+        if name in ("stream", "device", "StreamContext", "device_of"):
+            return contextlib.nullcontext()
+        if name in ("get_rng_state",):
+            return torch.zeros(16, dtype=torch.uint8)
+        if name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+            return 0
+        return None
+
+
+def fake_nvml(gpus: list[tuple[int, int]]) -> types.ModuleType:
+    """A stand-in for ``pynvml`` that reports ``gpus`` as (free, total) bytes; [] = no driver."""
+    nvml = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def init() -> None:
+        if not gpus:
+            raise NVMLError("NVML Shared Library Not Found")
+
+    memory = [types.SimpleNamespace(free=free, total=total, used=total - free) for free, total in gpus]
+    nvml.NVMLError = NVMLError
+    nvml.nvmlInit, nvml.nvmlShutdown = init, lambda: None
+    nvml.nvmlDeviceGetCount = lambda: len(gpus)
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    nvml.nvmlDeviceGetUUID = lambda i: f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"
+    nvml.nvmlDeviceGetMemoryInfo = lambda i: memory[i]
+    return nvml
