@@ -9,8 +9,9 @@ at its root) and the checkpoints/, monitor/ and preflight/ rooms never import on
 folder of train/ that imports Ray. Two data modules import Ray, each the Ray side of its room:
 read/datasource (Ray Data) and write/ray_writers (Ray actors); the rest of data/ imports without
 Ray. Other deviations: sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
-uses numpy, scipy and yaml (statistics, the sweep file), and monitor/trackers logs a run to
-MLflow and W&B (optional extras, imported when asked for).
+uses numpy, scipy and yaml (statistics, the sweep file), monitor/trackers logs a run to
+MLflow and W&B (optional extras, imported when asked for), and preflight/gpus reads the GPUs'
+free memory through NVML (nvidia-ml-py), which opens no CUDA context.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     if where == "raymcn.train" or where in TRAIN_ROOMS:
         return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
-                    {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()))
+                    {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()) | (
+                    {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
     if where == "raymcn.sweep":
         return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.train", "raymcn.sweep"},
                 {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})

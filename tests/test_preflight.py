@@ -121,16 +121,17 @@ def test_a_gpu_run_planned_without_a_gpu_says_its_memory_is_checked_on_the_worke
 
 
 def test_the_gpu_check_uses_the_least_free_memory_not_gpu0s_total(monkeypatch):
-    import torch
+    import sys
 
-    free = {0: 70 * GIB, 1: 2 * GIB}  # GPU 1: 78 GiB total, most of it held by another process
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=None: (free[i], 78 * GIB))
+    from cuda_stand_in import fake_nvml
+
+    # GPU 1: 78 GiB total, most of it held by another process (read through NVML: no CUDA context)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([(70 * GIB, 78 * GIB), (2 * GIB, 78 * GIB)]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     notes: list[str] = []
     problems = preflight._memory_problems(_gpu_cfg(), None, notes)
     assert problems and "free memory of GPU 1" in problems[0], problems
-    free[1] = 70 * GIB
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([(70 * GIB, 78 * GIB), (70 * GIB, 78 * GIB)]))
     notes.clear()
     assert preflight._memory_problems(_gpu_cfg(), None, notes) == []
     assert any("free memory of GPU" in n for n in notes), notes

@@ -165,7 +165,10 @@ def _steps(cfg: Config, req: Request, inputs, pinned: dict, timeout: float, colu
     if inputs is None:
         return {nid: ([Row("one training step", False, "the head cannot resolve the inputs")], None) for nid in pinned}
     need = {"num_gpus": 1, "num_cpus": 0} if cfg.scale.use_gpu else {"num_cpus": min(1.0, cfg.scale.cpus_per_worker)}
-    fn = ray.remote(step_probe)
+    # One step per process: the step leaves a CUDA context and the allocator's cached memory on
+    # its GPU for as long as the process lives, and Ray would reuse the process for later tasks
+    # (Ray ends a GPU task's process only when the GPUs are declared in ray.remote, not .options).
+    fn = ray.remote(max_calls=1)(step_probe)
     refs = {nid: fn.options(scheduling_strategy=s, **need).remote(
         cfg.to_dict(), inputs.eval_set, inputs.eval_audio_frames, inputs.word_vectors, inputs.shards_dir)
         for nid, s in pinned.items()}

@@ -161,16 +161,18 @@ def _memory_problems(cfg: Config, device_bytes: int | None, notes: list[str]) ->
 
 def _device_bytes(cfg: Config) -> tuple[int | None, str]:
     """One worker's memory and where it was read: the least free memory over this machine's GPUs
-    (a worker may land on any of them; another process may hold part of one), or this machine's
-    RAM shared by the workers on CPU. (None, "") for a GPU run on a machine that sees no GPU."""
+    (a worker may land on any of them; another process may hold part of one), read through NVML
+    (``gpus.py``: this process opens no CUDA context), or this machine's RAM shared by the workers
+    on CPU. (None, "") for a GPU run on a machine that sees no GPU."""
     if cfg.scale.use_gpu:
-        import torch
+        from raymcn.train.preflight.gpus import visible_gpus
 
-        if not torch.cuda.is_available():
+        gpus = visible_gpus()
+        if not gpus:
             return None, ""
-        free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
-        least = min(range(len(free)), key=free.__getitem__)
-        return free[least], f" (free memory of GPU {least}, the least free of this machine's {len(free)})"
+        least = min(gpus, key=lambda g: g.free)
+        return least.free, (f" (free memory of GPU {least.index}, the least free of this machine's {len(gpus)}, "
+                            "read through NVML)")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram // max(1, cfg.scale.max_workers), ""  # as many workers as may share this machine
 
