@@ -40,6 +40,10 @@ CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everyth
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
+# The process group's timeout (run.collective_timeout_s) against the watchdogs' limit (run.stall_timeout_s):
+# its default, and the least it may be, in multiples of the watchdogs' limit (docs/faults.md, "Stalls")
+COLLECTIVE_TIMEOUT_FACTOR = 2
+COLLECTIVE_TIMEOUT_MIN_FACTOR = 1.5
 
 
 class PermanentError(Exception):
@@ -288,10 +292,16 @@ class RunSection:
     progress_every: float = setting(120.0, ge=0)  # seconds between in-epoch lines on the terminal; 0 = none
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
     # the terminal and its attempt ended: a restart from the latest checkpoint, and the same stall
-    # twice ends the run. The process group's timeout is twice this (Ray's default: 30 min), a
-    # backstop behind the watchdogs. 600 s: over 30x the longest stall a paper-dims checkpoint caused
+    # twice ends the run. The process group's timeout (run.collective_timeout_s) is a backstop
+    # behind the watchdogs. 600 s: over 30x the longest stall a paper-dims checkpoint caused
     # (18.6 s with the upload in the step loop, docs/faults.md); a hang costs minutes, not the night.
     stall_timeout_s: float = setting(600.0, ge=10)
+    # The process group's timeout: a collective that waits longer fails (gloo raises; on NCCL its
+    # own watchdog aborts the communicators and the next collective raises; both are named as a
+    # stall). 0 = 2 x run.stall_timeout_s (Ray's default: 30 min). At least 1.5 x
+    # run.stall_timeout_s: the ranks' watchdogs (their limits capped below it) must act first,
+    # naming the rank that holds the others up rather than the ranks waiting for it.
+    collective_timeout_s: float = setting(0.0, ge=0)
     # A raymcn checkpoint (directory or its state.pt) whose model weights start a fresh run:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.
@@ -304,6 +314,11 @@ class RunSection:
     wandb_project: str = "raymcn"  # the W&B project of run.trackers' wandb
     wandb_entity: str = ""  # the W&B team or user; "" = your default entity
     wandb_mode: str = setting("offline", choices=("offline", "online", "disabled"))  # offline: `wandb sync` uploads
+
+    @property
+    def collective_timeout(self) -> float:
+        """The process group's timeout in seconds (``collective_timeout_s``, its 0 resolved)."""
+        return self.collective_timeout_s or COLLECTIVE_TIMEOUT_FACTOR * self.stall_timeout_s
 
 
 @dataclass(frozen=True)
@@ -584,6 +599,13 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or (_workers_ok(sc.num_workers) and sc.min_workers >= 1),
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
+    r = cfg.run
+    least = COLLECTIVE_TIMEOUT_MIN_FACTOR * r.stall_timeout_s
+    need(not r.collective_timeout_s or r.collective_timeout_s >= least,
+         f"run.collective_timeout_s={r.collective_timeout_s:g} is shorter than {COLLECTIVE_TIMEOUT_MIN_FACTOR:g} x "
+         f"run.stall_timeout_s={r.stall_timeout_s:g}: a collective would time out before the watchdogs act, naming "
+         f"the ranks that wait in it instead of the rank that holds them up; allowed 0 (= "
+         f"{COLLECTIVE_TIMEOUT_FACTOR} x run.stall_timeout_s) or >= {least:g}")
     sw = cfg.sweep
     need(not (cfg.optim.warmup_steps and sw.algorithm in ("asha", "bohb") and "data.batch_size" in sw.space),
          f"optim.warmup_steps={cfg.optim.warmup_steps} fixes the warm-up in steps, so {sw.algorithm}'s rungs would "

@@ -135,3 +135,81 @@ def test_the_quiet_console_shows_alerts_and_rays_warnings(line, shown):
 
 def test_tagged_lines_show_in_train_runs():
     assert _for_terminal(f"(RayTrainWorker pid=1) {TAG}an epoch line\n", show_tagged=True) == "an epoch line"
+
+
+@pytest.mark.parametrize("longest", [0.0, 0.05, 0.2, 1.0, 100.0])
+def test_every_limit_stays_short_of_the_process_groups_timeout(longest):
+    """The watchdogs act before a collective times out (on NCCL a timeout would otherwise be the
+    communicators' abort, naming the ranks that wait instead of the one that holds them up), and
+    the rank waiting for its data is still named first."""
+    dog = Watchdog(1.0, rank=0, run_dir=None, say=lambda _: None, poll_s=0.02, collective_s=2.5)
+    dog.longest = longest
+    for phase in watchdog.PHASES:
+        assert 1.0 <= dog.limit(phase) and dog.limit(phase) + dog.poll_s < 2.5, (phase, dog.limit(phase))
+        if phase != "data":
+            assert dog.limit(phase) == dog.limit("data") + dog.grace_s
+    uncapped = Watchdog(1.0, rank=0, run_dir=None, say=lambda _: None, poll_s=0.02)
+    uncapped.longest = longest
+    assert dog.limit("data") == min(uncapped.limit("data"), 2.5 - dog.grace_s - 2 * dog.poll_s)
+
+
+@pytest.mark.parametrize("stall_s", [10, 11, 25, 49, 50, 60, 600, 3600])
+def test_the_configs_least_collective_timeout_leaves_the_watchdog_time_to_act(stall_s):
+    """At the least process group timeout the config allows (1.5 x run.stall_timeout_s, which is
+    at least 10 s), a watchdog with its own look interval still fires (its limit, plus one look)
+    before the collective times out, and never below run.stall_timeout_s."""
+    from raymcn.config import COLLECTIVE_TIMEOUT_MIN_FACTOR
+
+    collective = COLLECTIVE_TIMEOUT_MIN_FACTOR * stall_s
+    dog = Watchdog(stall_s, rank=0, run_dir=None, say=lambda _: None, collective_s=collective)
+    dog.longest = 10.0 * stall_s  # a step far slower than the floor: the cap decides
+    assert dog.limit("data") >= stall_s
+    assert max(dog.limit(p) for p in watchdog.PHASES) + dog.poll_s <= collective
+
+
+NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, OpType=ALLREDUCE, "
+                "NumelIn=1, NumelOut=1, Timeout(ms)=1200000) ran for 1200010 milliseconds before timing out.")
+
+
+@pytest.mark.parametrize("message", [
+    NCCL_TIMEOUT,  # what NCCL's watchdog sets on the timed-out work
+    # the rank's next NCCL call once the communicators were aborted (error handling 2): the failure reason
+    f"NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage, NCCL version 2.27.3\n{NCCL_TIMEOUT}",
+])
+def test_an_nccl_timeout_reaching_python_is_named_as_a_stall(tmp_path, message):
+    dog, lines, _ = fired_dog(tmp_path, timeout_s=60)
+    dog.at("step", 31)
+    named = dog.named(RuntimeError(message))
+    assert isinstance(named, StallError) and "rank 1" in str(named) and "global step 31" in str(named)
+    assert [(s.step, s.phase) for s in watchdog.recorded(str(tmp_path))] == [(31, "step")]
+
+
+def test_workers_abort_nccl_on_a_timeout_instead_of_ending_unnamed(monkeypatch, tmp_path):
+    """The workers' environment sets PyTorch's NCCL error handling to 2 (Ray Train would set 1:
+    the process ends with no Python error to name), unless the driver's environment chose one; the
+    process group's timeout is ``run.collective_timeout_s``."""
+    from raymcn.cli import preset_path
+    from raymcn.config import load_config
+    from raymcn.train.on_ray.launch import build_trainer
+    from raymcn.train.plan import make_plan
+
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    cfg = load_config(preset_path(), ["run.stall_timeout_s=100"])
+    trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
+    assert trainer.run_config.worker_runtime_env["env_vars"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    assert trainer.backend_config.timeout_s == 200  # the default: 2 x run.stall_timeout_s
+    cfg = load_config(preset_path(), ["run.stall_timeout_s=100", "run.collective_timeout_s=150"])
+    assert build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run")).backend_config.timeout_s == 150
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
+    assert trainer.run_config.worker_runtime_env["env_vars"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+
+
+def test_the_config_keeps_the_collective_timeout_behind_the_watchdogs():
+    from raymcn.cli import preset_path
+    from raymcn.config import ConfigError, load_config
+
+    assert load_config(preset_path(), ["run.stall_timeout_s=100"]).run.collective_timeout == 200
+    assert load_config(preset_path(), ["run.stall_timeout_s=100", "run.collective_timeout_s=150"]).run.collective_timeout == 150
+    with pytest.raises(ConfigError, match=r"run.collective_timeout_s=149 is shorter than 1.5 x run.stall_timeout_s=100"):
+        load_config(preset_path(), ["run.stall_timeout_s=100", "run.collective_timeout_s=149"])

@@ -3,15 +3,33 @@
 Each rank tells its :class:`Watchdog` where it is (:meth:`Watchdog.at`: a phase and the global
 step) at every phase start of the step loop, the evaluation and the report. A rank that makes no
 progress for longer than its limit (``run.stall_timeout_s``, or :data:`STEP_FACTOR` times the
-longest step it has run in this attempt when that is longer) prints on the terminal which
-rank waits where, records the stall in the run's folder (:data:`STALLS_DIR`) and ends its
-process: Ray Train restarts the group from the latest checkpoint (``scale.max_failures``).
+longest step it has run in this attempt when that is longer, but always short of the process
+group's timeout) prints on the terminal which rank waits where, records the stall in the run's
+folder (:data:`STALLS_DIR`) and ends its process: Ray Train restarts the group from the latest
+checkpoint (``scale.max_failures``).
 
-The process group's timeout (``TorchConfig.timeout_s``) follows the same setting, at
-:data:`COLLECTIVE_TIMEOUT_FACTOR` times it: a backstop behind the watchdogs (which act first and
-name the rank that waits for its data rather than the ranks waiting for it in a collective). Should
-it fire, :meth:`Watchdog.named` turns the timeout into a :class:`StallError` naming the rank, step
-and phase, recorded the same way.
+The process group's timeout (``TorchConfig.timeout_s`` = ``run.collective_timeout_s``, by default
+2 x ``run.stall_timeout_s``; the config refuses less than 1.5 x) is a backstop behind the
+watchdogs: their limits stay below it (:meth:`Watchdog.limit`), so they act first and name the
+rank that waits for its data rather than the ranks waiting for it in a collective. What happens
+after a rank's watchdog ended it depends on the backend:
+
+* gloo (CPU): the other ranks' TCP connections to it close, so their collectives fail at once
+  with a connection error (not a stall: nothing more is recorded).
+* NCCL (GPU): a peer's exit does not end a collective (NVLink and shared memory carry no
+  connection to lose), so the other ranks keep waiting until Ray Train, which saw the worker
+  die, tears the group down, or their own watchdogs fire, ``grace_s`` after the named rank's.
+
+Should the process group's timeout fire anyway (a collective outside the watched span, such as
+DDP's first broadcast, or a watchdog thread that could not run), gloo raises in the waiting
+thread; NCCL's own watchdog would by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray
+Train sets) take the process down with no Python error, so nothing would be recorded and the
+repeated-stall rule could not see it. Workers therefore run with :data:`NCCL_ERROR_HANDLING`
+(mode 2, "clean up only": the communicators are aborted, the process lives), and the rank's next
+NCCL call raises an error carrying the timeout's text. Either way :meth:`Watchdog.named` turns the
+error into a :class:`StallError` naming the rank, step and phase, recorded the same way (with
+NCCL the step where the error reached the host: the loop's one host sync per step keeps that
+within a step of the collective that hung).
 
 The same stall twice in one ``raymcn train`` (the same global step and phase, in two attempts)
 is permanent: a restart reaches it again. The driver's callback (``launch``) then ends the run
@@ -33,8 +51,10 @@ from raymcn import storage
 
 STALLS_DIR = "raymcn_stalls"  # in a run's folder: one JSON file per stall (a Stall), cleared when a run starts
 STEP_FACTOR = 10.0  # the limit grows to this many times the longest step seen (a slow cluster is not a stall)
-COLLECTIVE_TIMEOUT_FACTOR = 2  # the process group's timeout, in run.stall_timeout_s
 STALL_EXIT_CODE = 75  # the exit status of a process ended by its watchdog
+# PyTorch's NCCL error handling for the workers (module doc): 2 = abort the communicators on an
+# error or timeout and raise in the caller, instead of 1 (Ray Train's choice), which ends the process
+NCCL_ERROR_HANDLING = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
 # What a rank is doing in each phase (the console's wording).
 PHASES = {
@@ -71,6 +91,8 @@ class Watchdog:
 
     Args:
         timeout_s: ``run.stall_timeout_s``, the limit's floor.
+        collective_s: the process group's timeout (``run.collective_timeout``): every limit stays
+            short of it, so the watchdog acts before a collective times out; None = no ceiling.
         rank: this process's rank (named in the message).
         run_dir: the run's folder (a path or URI), where stalls are recorded; None records nothing.
         say: shows a line on the terminal (every rank may call it).
@@ -81,8 +103,10 @@ class Watchdog:
     """
 
     def __init__(self, timeout_s: float, rank: int, run_dir: str | None, say: Callable[[str], None],
-                 end: Callable[[], None] | None = None, poll_s: float | None = None, attempt: str | None = None):
+                 end: Callable[[], None] | None = None, poll_s: float | None = None, attempt: str | None = None,
+                 collective_s: float | None = None):
         self.timeout_s, self.rank, self.run_dir, self.say = float(timeout_s), rank, run_dir, say
+        self.collective_s = collective_s
         self.end = end or (lambda: os._exit(STALL_EXIT_CODE))
         self.poll_s = poll_s if poll_s is not None else min(5.0, self.timeout_s / 10)
         self.grace_s = 2 * self.poll_s + 1.0  # more than one look of the data-waiting rank's watchdog
@@ -105,8 +129,13 @@ class Watchdog:
 
         A rank waiting for its own data gets the plain limit; in any other phase it may be waiting
         in a collective for that rank, so it waits ``grace_s`` longer: the rank that holds the
-        others up is the one named (its exit then ends their collectives at once)."""
+        others up is the one named (on gloo its exit then ends their collectives at once; on NCCL
+        Ray Train or their own watchdogs end them, see the module doc). The plain limit grows with
+        the longest step but stays ``grace_s`` and two looks short of the process group's timeout
+        (``collective_s``), never below ``run.stall_timeout_s`` (the config keeps the two apart)."""
         plain = max(self.timeout_s, STEP_FACTOR * self.longest)
+        if self.collective_s is not None:
+            plain = min(plain, max(self.timeout_s, self.collective_s - self.grace_s - 2 * self.poll_s))
         return plain if (phase or self.phase) == "data" else plain + self.grace_s
 
     def start(self) -> Watchdog:

@@ -9,6 +9,7 @@ may be a local/NFS folder or a bucket URI (``storage.py``); run locations are st
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import secrets
 from dataclasses import dataclass
@@ -87,6 +88,16 @@ class FailFastOnPermanentErrors(UserCallback):
             raise PermanentRunError(repeated)
 
 
+def worker_env() -> dict[str, str]:
+    """What the workers' environment gets from the driver: its RAYMCN_* settings (cache and results
+    folders, fault injection) and PyTorch's NCCL error handling (``watchdog.NCCL_ERROR_HANDLING``: a
+    NCCL timeout raises, named as a stall, instead of ending the process unnamed; a value already
+    set in the driver's environment wins)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}
+    env.update({k: os.environ.get(k, v) for k, v in watchdog.NCCL_ERROR_HANDLING.items()})
+    return env
+
+
 def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None,
                   label: str = "", reader: str = "ray") -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
@@ -103,10 +114,10 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label,
                            "reader": reader},
-        # A collective one rank never joins fails after 2 x run.stall_timeout_s (Ray's default: 30 min),
-        # a backstop: the ranks' watchdogs end such a wait after run.stall_timeout_s (monitor/watchdog.py).
-        torch_config=ray.train.torch.TorchConfig(
-            timeout_s=int(watchdog.COLLECTIVE_TIMEOUT_FACTOR * cfg.run.stall_timeout_s)),
+        # A collective one rank never joins fails after run.collective_timeout_s (default 2 x
+        # run.stall_timeout_s; Ray's default: 30 min), a backstop: the ranks' watchdogs end such a
+        # wait first, their limits capped below it (monitor/watchdog.py).
+        torch_config=ray.train.torch.TorchConfig(timeout_s=math.ceil(cfg.run.collective_timeout)),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=resources,
                                                elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
@@ -122,8 +133,7 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
             callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
-            # Workers see the driver's RAYMCN_* settings (cache and results folders, fault injection).
-            worker_runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}},
+            worker_runtime_env={"env_vars": worker_env()},
         ),
     )
 

@@ -79,10 +79,12 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     # reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
     # [5] Every rank's watchdog: a stall (no progress for run.stall_timeout_s) is named on the
-    # terminal and ends this attempt, so Ray Train restarts it; should the process group's timeout
-    # (the backstop, 2x the setting) fire first, its error is named with the step instead.
+    # terminal and ends this attempt, so Ray Train restarts it; its limit stays below the process
+    # group's timeout (run.collective_timeout_s, the backstop), and should that fire anyway (gloo,
+    # or NCCL with its error handling set by launch.worker_env) its error is named with the step.
     attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
-    dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert).start()
+    dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert,
+                   collective_s=cfg.run.collective_timeout).start()
     hooks = EpochHooks(batches=functools.partial(_batches, stream, plan, rank),
                        evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
                        after_epoch=reports.after_epoch, after_step=reports.after_step, log=out.log, watch=dog.at)
