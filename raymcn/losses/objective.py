@@ -15,6 +15,7 @@ and world as a :class:`~raymcn.losses.gather.Collectives`); it never reads the r
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,11 +45,17 @@ class MCNObjective:
             passed around a ring (ring.py), instead of gathering every rank's rows: the same loss,
             with 1·B·D instead of 3·B·D gathered floats per rank (the cluster term still gathers the
             fused rows) and twice the traffic.
+        shares: global step -> every rank's clips at that step, in rank order (the run plan's
+            rotating shares), when they are known in advance: several ranks then skip the step's
+            exchange of their row counts (an all-gather whose result the host must read, a sync
+            of the GPU's queue on CUDA), and a rank whose batch differs from its share is an error.
+            None: the counts are exchanged every step.
     """
 
     def __init__(self, loss: LossConfig, *, embed_dim: int, clips_per_video: int, queue_rows: int,
                  queue_clips_per_video: int, seed: int, device: torch.device | str,
-                 comm: Collectives | None = None, ring: bool = False):
+                 comm: Collectives | None = None, ring: bool = False,
+                 shares: Callable[[int], Sequence[int]] | None = None):
         self.loss = loss
         self.embed_dim = int(embed_dim)
         self.clips_per_video, self.queue_clips_per_video = int(clips_per_video), int(queue_clips_per_video)
@@ -56,6 +63,7 @@ class MCNObjective:
         self.device = torch.device(device)
         self.comm = comm or Collectives()
         self.ring = bool(ring)
+        self.shares = shares
         self.queue = FeatureQueue(queue_rows, self.embed_dim, _QUEUE_DTYPES[loss.queue_dtype], self.device)
         self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
         self.active: frozenset[str] | None = None  # modality set of the previous call
@@ -106,7 +114,7 @@ class MCNObjective:
         self.active = active
         ref = next(iter(emb.values()))
         # Every rank's rows this step: equal, or ⌊B/N⌋ / ⌈B/N⌉ when the batch does not divide evenly.
-        sizes = self.comm.sizes(b, ref.device)
+        sizes = self._sizes(b, step, ref.device)
         offset, clips = sum(sizes[:self.comm.rank]), sum(sizes)
         gather = functools.partial(self.comm.all_gather, sizes=sizes)
         # Each term below is a mean over this rank's b rows. DDP averages the ranks' gradients and
@@ -137,6 +145,16 @@ class MCNObjective:
             total = total + lc.recon_weight * terms["recon_loss"]
         terms["total_loss"] = total
         return terms
+
+    def _sizes(self, b: int, step: int, device: torch.device) -> list[int]:
+        """Every rank's rows at ``step``: from ``shares`` when given (no exchange), else exchanged."""
+        if self.shares is None or self.comm.world == 1:
+            return self.comm.sizes(b, device)
+        sizes = [int(n) for n in self.shares(step)]
+        if len(sizes) != self.comm.world or sizes[self.comm.rank] != b:
+            raise ValueError(f"rank {self.comm.rank} of {self.comm.world} holds {b} clips at step {step}; the run "
+                             f"plan's shares are {sizes} clips")
+        return sizes
 
     def _checked_embeddings(self, out: dict, active: frozenset[str]) -> dict[str, torch.Tensor]:
         """The active modalities' (b, D) embeddings of ``out`` in a fixed order (the collectives

@@ -64,10 +64,17 @@ class Run:
 
 def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
                     comm: Collectives | None = None) -> MCNObjective:
-    """The objective of a run: its loss settings and the quantities the plan fixed."""
+    """The objective of a run: its loss settings and the quantities the plan fixed, every rank's
+    share of each step among them (the ranks exchange no row counts)."""
+    comm = comm or Collectives()
+
+    def shares(step: int) -> list[int]:
+        return [v * plan.clips_per_video for v in plan.shares(comm.world, step)]
+
     return MCNObjective(cfg.loss, embed_dim=cfg.model.embed_dim, clips_per_video=plan.clips_per_video,
                         queue_rows=plan.queue_rows, queue_clips_per_video=plan.queue_clips_per_video,
-                        seed=cfg.run.seed, device=device, comm=comm, ring=cfg.scale.ring_contrastive)
+                        seed=cfg.run.seed, device=device, comm=comm, ring=cfg.scale.ring_contrastive,
+                        shares=shares)
 
 
 def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", comm: Collectives | None = None,

@@ -175,9 +175,9 @@ class PhaseTimer:
     stream (kernels are queued ahead of their execution, so the host's clock would bill them to the
     wrong phase, and a ``cuda.synchronize`` per phase would stop the host from queueing the next
     phase's kernels): a phase's time is the GPU-side time between its two events. Events are read
-    by :meth:`settle` once they have completed; the loop calls it after the step's own host sync
-    (the loss values it reads), so reading them never waits. The ``data`` phase is then the time
-    the device waited for the next batch.
+    by :meth:`settle` once they have completed (``query``, which never waits; the loop calls it
+    after every step, and the events still running then are read at a later step). The ``data``
+    phase is then the time the device waited for the next batch.
     """
 
     def __init__(self, progress: EpochProgress, device: torch.device):
@@ -293,22 +293,24 @@ class _Epoch:
         terms = forward_backward(self.model, self.objective, batch, active, state.step, chunk_clips=self.chunk_clips,
                                  device=self.device, lap=self.timer.lap,
                                  poison=faults.at_step(state.step, self.comm.rank))
-        self.update(terms)
+        values = self.update(terms)
         self.scheduler.step()
         state.step += 1
         self.timer.lap("optimizer")
-        self.record(terms, batch)
+        self.record(values, batch)
 
-    def update(self, terms: dict[str, torch.Tensor]) -> None:
+    def update(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """The optimizer step, unless the gradients are non-finite (skipped and counted; too many in
         a row end the run). Gradients are all-reduced, so every rank sees the same norm and takes
-        the same decision."""
+        the same decision. Returns the loss terms' values, read with the norm in the step's one
+        host sync (:func:`read_values`)."""
         state = self.state
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip or float("inf"))
-        if torch.isfinite(norm):
+        values, norm_value = read_values(terms, norm)
+        if math.isfinite(norm_value):
             self.optimizer.step()
             state.nonfinite_streak = 0
-            return
+            return values
         state.progress.skipped += 1
         state.skipped_steps += 1
         state.nonfinite_streak += 1
@@ -317,15 +319,14 @@ class _Epoch:
         if state.nonfinite_streak > self.cfg.optim.max_nonfinite_steps:
             raise NonFiniteLossError(
                 f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
-                f"(last at global step {state.step}, terms: "
-                f"{ {k: v.item() for k, v in terms.items()} }); optim.max_nonfinite_steps="
+                f"(last at global step {state.step}, terms: {values}); optim.max_nonfinite_steps="
                 f"{self.cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
+        return values
 
-    def record(self, terms: dict[str, torch.Tensor], batch: dict) -> None:
+    def record(self, values: dict[str, float], batch: dict) -> None:
         """The step's terms, clips and data counters into the epoch's progress, and the log line."""
         state, p = self.state, self.state.progress
-        values = {k: v.item() for k, v in terms.items()}  # one host sync per step
-        self.timer.settle()  # every phase up to the optimizer has run: its events read without waiting
+        self.timer.settle()  # the phases whose events have completed (never waits)
         faults.trace(state.step - 1, self.comm.rank, values, batch, world=self.comm.world)
         for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
             p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
@@ -351,6 +352,14 @@ class _Epoch:
         metrics.update(lr=float(self.optimizer.param_groups[0]["lr"]),
                        stage=float(stage_of(self.cfg.schedule.stage_order, self.state.step - 1, self.switch)))
         return metrics
+
+
+def read_values(terms: dict[str, torch.Tensor], norm: torch.Tensor) -> tuple[dict[str, float], float]:
+    """The loss terms' values and the gradient norm, read in one host sync (the step's only one:
+    on a GPU each read waits for every kernel queued before it, and the queue runs dry while the
+    host then queues the next ones). float64 holds every fp32 value exactly."""
+    read = torch.stack([norm.detach().double(), *(v.detach().double() for v in terms.values())]).tolist()
+    return dict(zip(terms, read[1:])), read[0]
 
 
 def cache_chunk(cfg: Config, world: int) -> int:
