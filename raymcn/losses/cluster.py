@@ -48,6 +48,13 @@ def assign_clusters(x: torch.Tensor, centroids: torch.Tensor, chunk_rows: int = 
         return _best_cosine(x, centroids.detach().float(), norm, chunk_rows)[0]
 
 
+# Lloyd iterations between two looks of the host at the convergence flag. The flag lives on the
+# device, and iterations after convergence leave the centroids as they were (masked), so the result
+# is that of stopping at convergence; the host waits for the device once per this many iterations
+# instead of once per iteration, at the cost of at most this many - 1 iterations past convergence.
+KMEANS_CHECK_EVERY = 10
+
+
 @torch.no_grad()
 def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.Tensor | None = None,
                   generator: torch.Generator | None = None, chunk_rows: int = 16384,
@@ -58,7 +65,7 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
         x: (N, D) points (detached; any float dtype). N >= k.
         k: number of clusters.
         iters: at most this many assignment + update passes.
-        tol: stop once Σ_k ‖C_new − C_old‖² <= tol.
+        tol: stop once Σ_k ‖C_new − C_old‖² <= tol (the update that reached it included).
         init: (k, D) warm start, or None for k distinct random rows of x drawn with ``generator``
             (a CPU torch.Generator; same seed -> same result).
         chunk_rows: rows per similarity block (memory knob only).
@@ -72,6 +79,10 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
     Returns:
         centroids (k, D) fp32 and labels (N,) long, labels = nearest centroid (cosine) w.r.t. the
         returned centroids.
+
+    Run-to-run deterministic on every device (the per-cluster sums: :func:`cluster_sums`). The host
+    waits for the device once every :data:`KMEANS_CHECK_EVERY` iterations (the convergence flag),
+    not once or twice per iteration.
     """
     comm = comm or Collectives()
     with torch.autocast(device_type=x.device.type, enabled=False):
@@ -80,7 +91,7 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
         if n < k:
             raise ValueError(f"cosine_kmeans: {n} points cannot form {k} clusters")
         if init is None:
-            idx = torch.randperm(n, generator=generator)[:k].to(x.device)
+            idx = torch.randperm(n, generator=generator)[:k].to(x.device, non_blocking=True)
             centroids = x[idx].clone()
         else:
             if tuple(init.shape) != (k, d):
@@ -89,30 +100,50 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
         lo, hi = comm.share(n)
         part = x[lo:hi]  # this rank's rows (all of them in one process)
         part_norm = part.norm(dim=1).clamp_min(_EPS)
+        sizes = comm.share_sizes(n)
+        done = torch.zeros((), dtype=torch.bool, device=x.device)  # converged: later updates are masked
 
-        for _ in range(iters):
+        for it in range(iters):
             labels, best = _best_cosine(part, centroids, part_norm, chunk_rows)
             counts = comm.all_reduce_sum_(torch.bincount(labels, minlength=k))
-            sums = torch.zeros(k, d, dtype=torch.float32, device=x.device).index_add_(0, labels, part)
-            sums = comm.all_reduce_sum_(sums)
+            sums = comm.all_reduce_sum_(cluster_sums(part, labels, k))
             new = sums / counts.clamp_min(1).to(sums.dtype)[:, None]
-            empty = torch.nonzero(counts == 0).squeeze(1)
-            if empty.numel():  # the same decision on every rank: the counts are all-reduced integers
-                # Re-seed each empty centroid with one of the worst-fit points (lowest cosine to its
-                # own centroid), distinct, taken only from clusters that keep other members so no
-                # cluster is emptied in turn. Stable sort over all N rows -> deterministic choice.
-                sizes = comm.share_sizes(n)
-                labels, best = comm.all_gather(labels, sizes), comm.all_gather(best, sizes)
-                donor_ok = counts[labels] > 1
-                order = torch.argsort(best, stable=True)
-                order = order[donor_ok[order]]
-                new[empty] = x[order[:empty.numel()]]
-            shift = ((new - centroids) ** 2).sum().reshape(1).double()
-            centroids = new
-            if float(comm.broadcast_from_rank0(shift)) <= tol:
+            new = _reseeded(new, counts, x, comm.all_gather(labels, sizes), comm.all_gather(best, sizes))
+            shift = comm.broadcast_from_rank0(((new - centroids) ** 2).sum().reshape(1).double())[0]
+            centroids = torch.where(done, centroids, new)
+            done = done | (shift <= tol)
+            if (it + 1) % KMEANS_CHECK_EVERY == 0 and it + 1 < iters and bool(done):
                 break
         labels, _ = _best_cosine(part, centroids, part_norm, chunk_rows)
-        return centroids, comm.all_gather(labels, comm.share_sizes(n))
+        return centroids, comm.all_gather(labels, sizes)
+
+
+def cluster_sums(rows: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """(k, D) fp32: the sum of the ``rows`` (n, D) of each cluster, in row order, the same bits on
+    every run. On CPU ``index_add_`` adds row after row. On CUDA ``index_add_`` adds with atomics,
+    whose order (so the sum's last bits) changes from run to run; ``index_put_`` with accumulation
+    sorts the rows by label (a stable sort) and adds each cluster's rows in order instead (its CUDA
+    path whenever it accumulates), about as fast (one sort of n labels more)."""
+    sums = torch.zeros(k, rows.shape[1], dtype=torch.float32, device=rows.device)
+    if rows.device.type == "cpu":
+        return sums.index_add_(0, labels, rows)
+    return sums.index_put_((labels,), rows, accumulate=True)
+
+
+def _reseeded(new: torch.Tensor, counts: torch.Tensor, x: torch.Tensor, labels: torch.Tensor,
+              best: torch.Tensor) -> torch.Tensor:
+    """``new`` (k, D) centroids with every empty cluster (``counts`` 0) re-seeded with one of the
+    worst-fit points: the lowest cosine to their own centroid (``best``, all N rows), distinct,
+    taken only from clusters that keep other members so no cluster is emptied in turn; the i-th
+    empty cluster (by index) takes the i-th such point (a stable sort: deterministic). Computed on
+    the device whether or not a cluster is empty, so the host never waits to find out; the same on
+    every rank (the counts are all-reduced integers)."""
+    empty = counts == 0
+    order = torch.argsort(best, stable=True)
+    donors = (counts[labels] > 1)[order]
+    order = order[torch.argsort((~donors).to(torch.uint8), stable=True)]  # donors first, each kept in order
+    slot = (torch.cumsum(empty, 0) - 1).clamp_min(0)  # the i-th empty cluster -> the i-th point
+    return torch.where(empty[:, None], x[order[slot]], new)
 
 
 def cluster_ce(e: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, margin: float) -> torch.Tensor:
