@@ -519,3 +519,38 @@ def test_cached_ddp_steps_hold_the_gradients_outside_the_buckets_and_the_estimat
     p = footprint.parameter_stats(plain.model)[0]
     assert estimate_worker_memory(plain)["grads"] == 0  # the plain DDP step: gradients are bucket views
     assert estimate_worker_memory(cached)["grads"] == p * 4
+
+
+def test_gpu_workers_count_a_cuda_context_and_nccls_buffers_outside_the_allocator(paper_params):
+    """The paper's step on 4 GPUs (the lab's servers): every worker holds its CUDA context, and
+    with other workers NCCL's buffers; neither is in torch's allocator (the estimate's allocator
+    part is what a GPU's peak statistics are compared with). Estimates from published figures."""
+    cpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 4}), params=paper_params)
+    assert cpu["cuda_context"] == cpu["nccl_buffers"] == 0 and footprint.allocator_total(cpu) == cpu["total"]
+    by_world = {w: estimate_worker_memory(_cfg(**{"scale.num_workers": w, "scale.use_gpu": True}), params=paper_params)
+                for w in (1, 2, 4)}
+    assert all(e["cuda_context"] == footprint.CUDA_CONTEXT_BYTES == 512 << 20 for e in by_world.values())
+    assert [by_world[w]["nccl_buffers"] for w in (1, 2, 4)] == [0, 544 * 10**6, 688 * 10**6]
+    four = by_world[4]
+    assert four["total"] == footprint.allocator_total(four) + four["cuda_context"] + four["nccl_buffers"]
+    # the 4-rank terms the lab's servers add over one process: the gathered 3·B·D (and the fused
+    # rows), DDP's buckets, NCCL; the slabs shrink with the share (b = B/4)
+    clips, dim = 128 * 32, ModelConfig().embed_dim
+    assert four["gathered_embeddings"] >= 3 * clips * dim * 4 and by_world[1]["gathered_embeddings"] == 0
+    assert four["ddp_buckets"] == four["params"] - 8 * footprint.batchnorm_layers(ModelConfig())
+    assert four["loss_slabs"] * 4 == by_world[1]["loss_slabs"]
+
+
+def test_a_workers_own_check_does_not_count_its_context_twice(monkeypatch):
+    """A worker reads its GPU's free memory after its CUDA context exists: the context is no longer
+    free, so the check leaves it out of the estimate (the driver's check, before any worker, keeps it)."""
+    import torch
+
+    from raymcn.train.preflight import checks
+
+    cfg = _cfg(**{"scale.num_workers": 4, "scale.use_gpu": True})
+    est = estimate_worker_memory(cfg)
+    free = int((est["total"] - est["cuda_context"] // 2) / 0.9)  # below the whole, above all but the context
+    assert not fits(cfg, free)[0]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GIB))
+    assert checks.device_problems(cfg, torch.device("cuda", 0)) == []

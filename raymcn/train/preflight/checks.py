@@ -186,8 +186,8 @@ def device_problems(cfg: Config, device) -> list[str]:
         return []
     from raymcn.train.preflight.footprint import fits
 
-    free, total = torch.cuda.mem_get_info(device)
-    ok, message, _ = fits(cfg, free)
+    free, total = torch.cuda.mem_get_info(device)  # this worker's context exists by now: it is not free
+    ok, message, _ = fits(cfg, free, held=("cuda_context",))
     if ok:
         return []
     return [f"{message} (free memory of {device} on this worker: {free / 2**30:.2f} of {total / 2**30:.2f} GiB)"]

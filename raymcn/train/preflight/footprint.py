@@ -97,13 +97,23 @@ grad_cache           with gradient caching (``scale.grad_cache_clips`` = n, smal
                      whatever b), ``loss_grads`` holds only the embedding gradients and the
                      reconstruction term's gradients are one chunk's, ``recon_grads`` =
                      n × (F + F_live) × 4; 0 without caching (they are in ``loss_grads``)
+cuda_context         GPU runs: the worker's CUDA context (kernels, cuBLAS and cuDNN handles and
+                     workspaces), outside torch's allocator: :data:`CUDA_CONTEXT_BYTES`, an estimate
+                     from published figures (see there), not measured here
+nccl_buffers         GPU runs with world > 1: NCCL's buffers for the process group's collectives
+                     (:data:`NCCL_GROUP_BYTES`: 2 ranks, 3 or more), outside torch's allocator; an
+                     estimate from a published figure, not measured here. Not counted: the
+                     send/receive connections of ``scale.ring_contrastive`` to its 2 peers, for which
+                     no figure of this topology is published (an 8-GPU H100 all-to-all was reported
+                     at 0.47 GB per peer, an anomaly its report asks about): ``fits``'s headroom
 grad_accumulation    with caching: every chunk's backward after the first computes each
                      parameter's gradient into a new buffer and adds it into ``.grad`` (the first
                      backward, like the plain step's, writes ``.grad`` itself): 2 × the largest
                      parameter × 4, counted twice as Adam's temporaries are (measured: the cached
                      step's peak falls in a Linear's backward, 98 MB above the estimate without
                      this term at paper dims, 64 clips, chunks of 32; the largest weight is 151 MB)
-total                persistent + max(step phase, batch + optimizer_workspace), where persistent =
+total                persistent + max(step phase, batch + optimizer_workspace) + cuda_context +
+                     nccl_buffers, where persistent =
                      params + grads + adam_moments + ddp_buckets + queue + centroids and the step
                      phase = autocast
                      weights + batch + activations + loss terms + kmeans_input (the refit runs in
@@ -125,8 +135,9 @@ over-estimate the measured loss peak by 9–36 % (gathered) and 1–25 % (ring) 
 N = 1–8 at D = 6144, never below it (``bench/memory.py``, docs/measurements/memory.json);
 ``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
 estimate / measured ratio of every term and of the whole step on the CPU it runs on.
-Not counted: the CUDA context and allocator fragmentation (that is what ``fits``'s headroom is
-for), NCCL buffers, the data loader's host memory.
+The CUDA context and NCCL's buffers (``cuda_context``, ``nccl_buffers``: :data:`OUTSIDE_ALLOCATOR`)
+are estimates from published figures, not measurements: no GPU has run this code yet. Not counted:
+allocator fragmentation (that is what ``fits``'s headroom is for) and the data loader's host memory.
 """
 
 from __future__ import annotations
@@ -177,6 +188,20 @@ LIVE_SLABS_PER_PAIR = 2  # margin-shifted row and column slabs, saved for backwa
 LIVE_SLABS_TRANSIENT = 3  # backward: the two exp terms of one slab's gradient, plus small D-wide temporaries
 EMBED_GRAD_COPIES = 2  # per modality: the accumulated gradient + the addend being summed into it
 RING_TILES = 3  # ring loss: live b × b_p tiles (the block, its gradient's two exp terms)
+
+# Per GPU worker, outside torch's caching allocator (its peak statistics never see them): estimates
+# from published figures, to be replaced by measurements on the lab's servers (docs/memory.md).
+OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers")
+# A CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default since 1.13): 274 MiB
+# after creating one tensor (PyTorch's change that made lazy loading its default, measured there),
+# ~400 MB once the first operations ran (PyTorch maintainers' answers); a training process also
+# loads cuBLAS and cuDNN and their workspaces: 0.5 GiB.
+CUDA_CONTEXT_BYTES = 512 << 20
+# A PyTorch NCCL process group on 4 A100s with NVLink after its first all-reduce, per rank: 544 MB in
+# a group of 2 ranks, 688 MB in a group of 3 or 4 (reported with its measurement on NCCL's issue
+# tracker: github.com/NVIDIA/nccl/issues/964). NCCL's memory grows with its channels (more on
+# faster links) and does not grow with ranks beyond a node, its maintainers say there.
+NCCL_GROUP_BYTES = {2: 544 * 10**6, 3: 688 * 10**6}  # world 2; world >= 3
 
 
 
@@ -291,6 +316,8 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
         "optimizer_workspace": (p * FP32 if gpu else 2 * largest * FP32) + OPTIMIZER_SMALL_TEMPORARIES,
+        "cuda_context": CUDA_CONTEXT_BYTES if gpu else 0,
+        "nccl_buffers": nccl_bytes(world) if gpu else 0,
     }
     persistent = sum(est[k] for k in PERSISTENT)
     step = sum(est[k] for k in STEP_PHASE)
@@ -298,8 +325,19 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         step = sum(est[k] for k in STEP_COMMON) + max(sum(est[k] for k in LOSS_PHASE),
                                                       sum(est[k] for k in CHUNK_PHASE))
     # Adam runs after the backward has freed the activations; the batch is still held then.
-    est["total"] = persistent + max(step, est["batch"] + est["optimizer_workspace"])
+    est["total"] = (persistent + max(step, est["batch"] + est["optimizer_workspace"])
+                    + sum(est[k] for k in OUTSIDE_ALLOCATOR))
     return est
+
+
+def nccl_bytes(world: int) -> int:
+    """NCCL's buffers on one GPU worker of ``world`` (see :data:`NCCL_GROUP_BYTES`); 0 alone."""
+    return NCCL_GROUP_BYTES[min(world, 3)] if world >= 2 else 0
+
+
+def allocator_total(est: dict[str, int]) -> int:
+    """The part of ``est["total"]`` torch's caching allocator holds (what its peak statistics measure)."""
+    return est["total"] - sum(est[k] for k in OUTSIDE_ALLOCATOR)
 
 
 def largest_share_videos(cfg: Config) -> int:
@@ -335,12 +373,14 @@ def format_estimate(est: dict[str, int], top: int | None = None) -> str:
     return f"total {_gib(est['total'])}; largest: " + ", ".join(f"{k} {_gib(v)}" for k, v in parts)
 
 
-def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
-         conv: str | None = None) -> tuple[bool, str, dict[str, int] | None]:
+def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9, conv: str | None = None,
+         held: tuple[str, ...] = ()) -> tuple[bool, str, dict[str, int] | None]:
     """Will one worker of ``cfg`` fit a device of ``device_bytes``?
 
-    Only ``headroom`` of the device is considered usable (CUDA context, allocator fragmentation).
-    ``conv`` is the convolution kernel path (default: this machine's, :func:`conv_path`).
+    Only ``headroom`` of the device is considered usable (allocator fragmentation). ``conv`` is the
+    convolution kernel path (default: this machine's, :func:`conv_path`). ``held``: components
+    already taken out of ``device_bytes`` (a worker's own free memory, read after its CUDA context
+    exists, holds ``("cuda_context",)``).
 
     Returns:
         ``(ok, message, overrides)``. When it fits: ``{}``. When it does not, the dotted settings
@@ -360,9 +400,11 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9,
     conv = conv or conv_path(cfg.scale.use_gpu)
 
     def total(c: Config) -> int:
-        return estimate_worker_memory(c, params=stats, conv=conv)["total"]
+        est = estimate_worker_memory(c, params=stats, conv=conv)
+        return est["total"] - sum(est[k] for k in held)
 
     est = estimate_worker_memory(cfg, params=stats, conv=conv)
+    est["total"] = total(cfg)
     n = cached_chunk(cfg)
     caching = f" with gradient caching in chunks of {n} clips" if n else ""
     where = f"of {_gib(device_bytes)} ({headroom:.0%} usable = {_gib(usable)}); {conv_path_note(conv)}"
@@ -448,7 +490,7 @@ def _fewer_clips(cfg: Config, usable: int, total) -> dict[str, int] | None:
 
 
 __all__ = ["CONV_PATHS", "CUDNN", "MARGIN_PATHS", "MODELLED_CONV_PATHS", "NATIVE", "ONEDNN_AVX2", "ONEDNN_AVX512",
-           "UNKNOWN", "ConvShape", "activation_elements_per_clip", "balanced_chunk", "batchnorm_saved_bytes",
+           "UNKNOWN", "ConvShape", "activation_elements_per_clip", "allocator_total", "balanced_chunk", "batchnorm_saved_bytes",
            "cached_chunk", "conv_path", "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters",
            "estimate_worker_memory", "fits", "format_estimate", "global_batchnorm_extra_bytes",
-           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "parameter_stats", "recon_dims"]
+           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "nccl_bytes", "parameter_stats", "recon_dims"]

@@ -26,7 +26,7 @@ from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import EpochProgress, train_one_epoch
 from raymcn.train.plan import make_plan
-from raymcn.train.preflight.footprint import estimate_worker_memory
+from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
 
 
 def host_batch(cfg: Config, seed: int = 0) -> dict:
@@ -69,8 +69,9 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
 
     Returns: ``clips`` per step, ``s_per_step_wall``, ``samples_per_s``, ``phases_s`` (seconds per
     step by phase), ``losses`` (the timed steps' means), ``estimate_bytes`` (the preflight's
-    estimate), ``peak_bytes`` (allocated device memory at its peak; None on CPU) and
-    ``estimate_over_peak``.
+    estimate of what torch's allocator holds: ``footprint.allocator_total``, the CUDA context left
+    out, as the peak leaves it out), ``peak_bytes`` (allocated device memory at its peak; None on
+    CPU) and ``estimate_over_peak``.
     """
     cfg = cfg.replace({"scale.num_workers": 1, "scale.use_gpu": device.type == "cuda",
                        "schedule.steps_per_epoch": warmup + steps, "schedule.epochs": 2, "optim.warmup_steps": 1})
@@ -104,7 +105,7 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
         metrics = epoch(steps)
         wall = (time.perf_counter() - started) / steps
         peak = (torch.cuda.max_memory_allocated(device) - base) if cuda else None
-    estimate = estimate_worker_memory(cfg)["total"]
+    estimate = allocator_total(estimate_worker_memory(cfg))
     return {"clips": cfg.clips_per_step, "s_per_step_wall": wall, "samples_per_s": metrics["samples_per_s"],
             "phases_s": {k[5:-2]: v for k, v in metrics.items() if k.startswith("time_") and k.endswith("_s")
                          and k not in ("time_epoch_s", "time_first_batch_s")},
