@@ -269,10 +269,14 @@ class ScaleConfig:
     # holds at most two workers' embeddings and the cluster term's gathered fused rows (1·B·D floats)
     # instead of 3·B·D gathered ones; twice the traffic, the similarity products computed twice.
     ring_contrastive: bool = False
-    # fp32 matrix products on GPU (the losses' similarity matrices, k-means, the cluster logits; the
-    # model itself runs under bf16 autocast): "highest" computes them in full fp32 (the original's
-    # numerics: TF32's ~1e-3 relative error on MCN's unnormalised logits is larger than the 0.001
-    # margin); "high" allows TF32 on Ampere and later (A100: 8x the fp32 matmul rate) for speed.
+    # fp32 matrix products on GPU (the losses' similarity slabs, k-means, the cluster logits; the
+    # model runs under bf16 autocast): "highest" = full fp32, "high" = TF32 on Ampere and later. On
+    # the lab's A100s at paper dims a rank's step does 0.66-0.82 TFLOP of them beside 25.7 TFLOP of
+    # bf16 model work: >= 34 ms at fp32's 19.5 TFLOPS peak, >= 4 ms at TF32's 156 (estimates). TF32
+    # would change no similarity logit (the embeddings are bf16 values, which TF32 holds exactly),
+    # only the fp32 gradient factors, k-means and the cluster logits, by 2^-11 relative, 8x below the
+    # bf16 rounding the embeddings already carry. "highest" (the original's fp32 numerics) stays the
+    # default until the first server measures both (docs/memory.md, the GPU checklist).
     matmul_precision: str = setting("highest", choices=("highest", "high"))
 
 

@@ -119,11 +119,11 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
 
 
 def cluster_sums(rows: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
-    """(k, D) fp32: the sum of the ``rows`` (n, D) of each cluster, in row order, the same bits on
-    every run. On CPU ``index_add_`` adds row after row. On CUDA ``index_add_`` adds with atomics,
-    whose order (so the sum's last bits) changes from run to run; ``index_put_`` with accumulation
-    sorts the rows by label (a stable sort) and adds each cluster's rows in order instead (its CUDA
-    path whenever it accumulates), about as fast (one sort of n labels more)."""
+    """(k, D) fp32: the sum of the ``rows`` (n, D) of each cluster, added in a fixed order, so the
+    same bits on every run. On CPU ``index_add_`` adds row after row. On CUDA ``index_add_`` adds
+    with atomics, whose order (so the sum's last bits) changes from run to run; ``index_put_`` with
+    accumulation (its CUDA path whenever it accumulates) sorts the rows by label and adds each
+    cluster's rows one after the other instead, for one sort of n labels more."""
     sums = torch.zeros(k, rows.shape[1], dtype=torch.float32, device=rows.device)
     if rows.device.type == "cpu":
         return sums.index_add_(0, labels, rows)

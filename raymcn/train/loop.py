@@ -133,9 +133,14 @@ def apply_precision(cfg: Config) -> None:
     * The model's forward runs under :func:`autocast` (bf16 on GPU); the losses, k-means and the
       retrieval scores compute in fp32 (they disable autocast themselves).
     * Those fp32 matrix products use ``scale.matmul_precision``: ``"highest"`` = true fp32 (TF32
-      off for matmuls and for cuDNN), ``"high"`` = TF32 allowed on Ampere and later GPUs.
+      off for matmuls and for cuDNN), ``"high"`` = TF32 allowed on Ampere and later GPUs (the
+      default argued in ``config.py`` and docs/memory.md).
     * ``cudnn.benchmark`` on: a run's convolutions see few shapes (a share of ⌊B/N⌋ or ⌈B/N⌉ videos,
       gradient-caching chunks, the evaluation), so each is tuned once and reused for the whole run.
+      The price on CUDA: each process picks its algorithms by timing them, and some of cuDNN's use
+      atomics, so a restarted attempt's convolutions may round differently from the attempt it
+      replaces; GPU runs are therefore reproducible to rounding, not bitwise (on CPU they are,
+      docs/development.md, "Equal on any x86-64 CPU").
     """
     torch.set_float32_matmul_precision(cfg.scale.matmul_precision)  # also sets cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = cfg.scale.matmul_precision != "highest"
