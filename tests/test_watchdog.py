@@ -177,7 +177,7 @@ NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL
     f"NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage, NCCL version 2.27.3\n{NCCL_TIMEOUT}",
 ])
 def test_an_nccl_timeout_reaching_python_is_named_as_a_stall(tmp_path, message):
-    dog, lines, _ = fired_dog(tmp_path, timeout_s=60)
+    dog, _, _ = fired_dog(tmp_path, timeout_s=60)
     dog.at("step", 31)
     named = dog.named(RuntimeError(message))
     assert isinstance(named, StallError) and "rank 1" in str(named) and "global step 31" in str(named)
