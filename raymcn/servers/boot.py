@@ -244,9 +244,11 @@ def continue_sweep(location: str, say=print, home: Path | None = None) -> int | 
 
 
 def boot(args: argparse.Namespace, say=print) -> None:
+    if hasattr(sys.stdout, "reconfigure"):  # its lines reach the journal in order with the children's
+        sys.stdout.reconfigure(line_buffering=True)
     record = load_record()
-    say(f"raymcn boot: this machine is a {record.role} of the cluster; starting Ray as `ray up` did on "
-        f"{record.recorded_at}: {shlex.join(record.argv)}")
+    say(f"raymcn boot: this machine's role: {record.role}; starting Ray as `ray up` did on {record.recorded_at}: "
+        f"{shlex.join(record.argv)}")
     head = gcs_address_of(record.argv) if record.role == "worker" else None
     if head and not poll_until(lambda: port_open(head), args.wait):
         raise BootError(f"the head's GCS at {head} did not answer within {args.wait} s")
