@@ -1,4 +1,5 @@
-"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table | watch``.
+"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table | watch
+| boot | drain``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -177,9 +178,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """A sweep: the search, then (``sweep.confirm``) its confirmation; ``--resume`` continues
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
     from raymcn import storage
+    from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
     from raymcn.train.inputs import resolve_inputs
 
+    if args.stop:
+        return _stop_sweep(args)
     if args.resume and args.confirm:
         raise ConfigError(["--resume and --confirm: give one (--resume also continues a confirmation)"])
     resume = _resume_target(args, tuner.latest_experiment_dir) if args.resume else None
@@ -192,6 +196,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not resume:
         preflight.checked_plan(cfg, inputs, log=print)  # each trial makes its own plan from the inputs
     exp_dir = existing or tuner.default_experiment_dir(cfg)
+    if existing:
+        marks.clear_marks(existing)  # running again: unfinished until it ends, and no longer stopped
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
@@ -223,9 +229,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 130
     print()
     print(_sweep_summary(exp_dir), end="")
+    if not result.num_unfinished:
+        marks.mark_finished(exp_dir)  # a boot never continues it (servers/sweeps.py)
     if args.json:
         print(json.dumps({"experiment_dir": str(exp_dir), "best_config": result.best_config,
                           "best_metrics": result.best_metrics}, default=str), flush=True)
+    return 0
+
+
+def _stop_sweep(args: argparse.Namespace) -> int:
+    """``--stop EXP|latest``: mark the sweep as stopped on purpose, so that a boot never continues it
+    (``latest``: the newest sweep neither finished nor stopped, the one a boot would continue)."""
+    from raymcn import storage
+    from raymcn.config import SWEEP_CONFIG_FILE, default_storage_path
+    from raymcn.servers import sweeps as marks
+
+    if args.resume or args.confirm:
+        raise ConfigError(["--stop marks a sweep; --resume and --confirm run one: give one of them"])
+    if args.stop == LATEST:
+        location = default_storage_path(resolve_config(args))
+        unfinished = marks.unfinished_sweeps(location)
+        if not unfinished:
+            raise ConfigError([f"--stop latest: no sweep under {location} is unfinished and not stopped"])
+        target = unfinished[0]
+    else:
+        target = storage.normalize(args.stop)
+        if SWEEP_CONFIG_FILE not in storage.files(target):
+            raise ConfigError([f"--stop {args.stop}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"])
+    marks.mark_stopped(target)
+    print(f"sweep {target} marked as stopped on purpose: a boot of the cluster never continues it "
+          f"(a running driver goes on until Ctrl-C in its tmux session).\n"
+          f"continue it by hand with: raymcn sweep --resume {target} (that clears the mark)")
     return 0
 
 
@@ -441,6 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm", metavar="EXPERIMENT_DIR", help="confirm a finished search: its best configuration "
                    "per stage order (or sweep.confirm's per/top) over fresh seeds at the full budget, into the "
                    "same folder")
+    p.add_argument("--stop", metavar="EXPERIMENT_DIR", help="mark a sweep as stopped on purpose: a boot of the "
+                   "cluster (raymcn boot) never continues it; 'latest': the newest sweep neither finished nor stopped")
     p.set_defaults(func=cmd_sweep)
     from raymcn import doctor
 
@@ -456,7 +492,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every key with its default, bounds and meaning, as Markdown (docs/settings.md)")
     p.set_defaults(func=cmd_config)
     _add_data_and_results_commands(sub)
+    _add_server_commands(sub)
     return parser
+
+
+def _add_server_commands(sub) -> None:
+    """The lab's servers: Ray and the unfinished sweep after a boot, a node drained before a reboot."""
+    from raymcn.servers import boot, drain
+
+    p = sub.add_parser("boot", help="after a server boots: Ray as `ray up` started it, and on the head the newest "
+                       "unfinished sweep (the opt-in service of cluster.yaml; --install, --unit, --record)")
+    boot.add_arguments(p)
+    p.set_defaults(func=boot.run)
+    p = sub.add_parser("drain", help="before a planned reboot: drain this server's Ray node, wait for its Ray Train "
+                       "workers to checkpoint and leave (or the deadline), then --reboot")
+    drain.add_arguments(p)
+    p.set_defaults(func=drain.run)
 
 
 def _add_data_and_results_commands(sub) -> None:

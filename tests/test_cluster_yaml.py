@@ -113,6 +113,61 @@ def test_local_declares_four_gpus_on_every_node():
     assert "$RAY_HEAD_IP:6379" in raw["worker_start_ray_commands"][-1]
 
 
+def recorded_start(role: str) -> list[str]:
+    """The command cluster.yaml's last start command of ``role`` runs through `raymcn boot --record
+    ROLE -- COMMAND` (which keeps it for the boot service), as the real command-line parser reads it."""
+    import shlex
+
+    from raymcn.cli import build_parser
+
+    ulimit, boot = load("local")[f"{role}_start_ray_commands"][-1].split(";", 1)
+    assert "ulimit -n 65536" in ulimit  # recorded with the command: the open-files limit in effect
+    words = shlex.split(boot)
+    assert words[0] == "raymcn", boot
+    args = build_parser().parse_args(words[1:])
+    assert args.command == "boot" and args.record == role and args.start_command[0] == "--", boot
+    return args.start_command[1:]
+
+
+def test_start_commands_record_themselves_for_the_boot_service():
+    """cluster.yaml stays the one place of the start commands: each `ray start` runs through
+    `raymcn boot --record`, and the boot service replays what `ray up` last ran."""
+    for role in ("head", "worker"):
+        command = recorded_start(role)
+        assert command[command.index("ray"):][:2] == ["ray", "start"], command
+    assert "--head" in recorded_start("head") and "--head" not in recorded_start("worker")
+
+
+def _env_and_flags(command: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(what `env` sets before `ray start`, ray start's --flag=value options)."""
+    assert command[0] == "env", command
+    ray = command.index("ray")
+    env = dict(w.split("=", 1) for w in command[1:ray])
+    flags = dict(w[2:].split("=", 1) for w in command[ray + 2:] if w.startswith("--") and "=" in w)
+    return env, flags
+
+
+def test_the_daemons_are_pinned_to_this_cluster():
+    """A second Ray instance on a server (a colleague's run, a `make test`) must not confuse Ray Train's
+    placement-group cleaner, which asks the State API without an address: the head's daemons name
+    their own dashboard (whose port is given, so Ray refuses a taken one instead of moving it), the
+    workers' daemons the head's GCS. What `ray start` has in its environment every process the raylet
+    starts inherits (docs/cluster.md)."""
+    env, flags = _env_and_flags(recorded_start("head"))
+    assert env == {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{flags['dashboard-port']}"}
+    assert flags["dashboard-port"] == "8265" and flags["port"] == "6379"
+    env, flags = _env_and_flags(recorded_start("worker"))
+    assert env == {"RAY_ADDRESS": flags["address"]} and flags["address"] == "$RAY_HEAD_IP:6379"
+
+
+def test_the_boot_service_is_off_unless_its_line_is_uncommented():
+    raw = load("local")
+    text = CONFIGS["local"].read_text()
+    assert not [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands")
+                for c in raw[key] if "boot --install" in c]
+    assert re.search(r"^  # - raymcn boot --install$", text, flags=re.MULTILINE)  # one uncommenting away
+
+
 def test_gcp_declares_a2_highgpu_4g_resources():
     raw = load("gcp")
     types = raw["available_node_types"]

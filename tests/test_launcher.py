@@ -1,6 +1,8 @@
 """The lab's own commands, for real: `ray up`, `ray submit --tmux cluster.yaml sweep.py -- ...` (the
-README's), a sweep interrupted and resumed with `ray submit ... -- --resume latest`, and `ray down`,
-over SSH. (Beside a Ray instance of someone else's the tier stands aside: tests/test_launcher_safety.py.)
+README's), a sweep interrupted and resumed with `ray submit ... -- --resume latest`, the head's
+reboot with the boot service's command continuing the unfinished sweep (and leaving a finished and
+a stopped one alone), `raymcn drain`, and `ray down`, over SSH; one `ray up` for all of them.
+(Beside a Ray instance of someone else's the tier stands aside: tests/test_launcher_safety.py.)
 
 The project's own cluster.yaml is filled in for one head on 127.0.0.1 (placeholders and paths
 only; the setup and start commands run as written) and the launcher reaches it through an sshd
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -28,6 +32,8 @@ from pathlib import Path
 
 import pytest
 from tune_dirs import result_rows, trial_statuses
+
+from raymcn.servers import sweeps
 
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[1]
@@ -180,51 +186,157 @@ def _tmux_sessions() -> set[str]:
     return set(listed.stdout.split()) if listed.returncode == 0 else set()
 
 
-def test_ray_up_submit_resume_down_on_127_0_0_1(sshd, home_restored):
+@pytest.fixture(scope="module")
+def cluster(sshd, home_restored):
+    """One `ray up` of the project's cluster.yaml for the module (it costs minutes), `ray down` after
+    it; yields (the filled cluster.yaml, the work folder)."""
     key, work = sshd
     sessions = _tmux_sessions()
     (HOME / ".ray").mkdir(exist_ok=True)
     assert _ray("get-auth-token", "--generate", timeout=60).returncode == 0  # the laptop's one-time step
-    cluster = _filled_cluster_yaml(key, work, _cluster_venv(work))
-    epochs = ["--set", "schedule.epochs=2"]  # the smoke sweep, shortened: 2 trials of 2 epochs
+    config = _filled_cluster_yaml(key, work, _cluster_venv(work))
     try:
-        up = _ray("up", "-y", str(cluster), timeout=900)
+        up = _ray("up", "-y", str(config), timeout=900)
         assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
-
-        # A script of the user's own, run from the home folder, imports the installed package.
-        own = _ray("exec", str(cluster), "cd ~ && python -c 'import raymcn.cli as c; print(c.__file__)'")
-        assert own.returncode == 0 and "/raymcn-src/raymcn/cli.py" in own.stdout, own.stdout[-2000:]
-
-        # The documented command, verbatim (plus a shorter schedule and a name to find it by): in a
-        # tmux session on the head, so it outlives the laptop's SSH connection; `ray submit`
-        # returns at once. Its driver then dies after the first trial (the head's reboot) ...
-        interrupted = work / "results" / "interrupted"
-        submitted = _ray("submit", "--tmux", str(cluster), "sweep.py", "--", "--config", "sweeps/smoke.yaml",
-                         "--set", "run.name=interrupted", *epochs)
-        assert submitted.returncode == 0, submitted.stdout[-4000:] + submitted.stderr[-4000:]
-        try:
-            deadline = time.time() + 600
-            while "TERMINATED" not in trial_statuses(interrupted).values():
-                assert time.time() < deadline, "no trial of the sweep in tmux finished in time"
-                time.sleep(1)
-        finally:
-            subprocess.run(["pkill", "-KILL", "-f", "sweep.py --config sweeps/smoke.yaml --set run.name=interrupted"])
-        assert not (interrupted / "best_by_stage_order.png").exists(), "the sweep ended before it could be killed"
-        # ... and the one-line recovery
-        finished = [t for t, s in trial_statuses(interrupted).items() if s == "TERMINATED"]
-        before = result_rows(interrupted)
-        resumed = _ray("submit", str(cluster), "sweep.py", "--", "--resume", "latest", "--json")
-        assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
-        assert _last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
-        after = result_rows(interrupted)
-        assert set(trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
-        for t in finished:
-            assert after[t] == before[t] == [1, 2]  # kept, not rerun
-        assert (interrupted / "best_by_stage_order.png").exists()
+        yield config, work
     finally:
-        down = _ray("down", "-y", str(cluster), timeout=300)
-        for session in _tmux_sessions() - sessions:  # the --tmux submit's session (its shell stays open)
+        down = _ray("down", "-y", str(config), timeout=300)
+        for session in _tmux_sessions() - sessions:  # the --tmux submits' sessions (their shells stay open)
             subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
     left = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout.split()
     assert not left, f"Ray processes left after `ray down`: {left}"
+
+
+EPOCHS = ["--set", "schedule.epochs=2"]  # the smoke sweep, shortened: 2 trials of 2 epochs
+PINNED = ("import os, ray; ray.init(log_to_driver=False); "
+          "print('pinned:', ray.get(ray.remote(num_cpus=0)(lambda: os.environ.get('RAY_API_SERVER_ADDRESS')).remote()))")
+
+
+def _submit_and_kill(config: Path, name: str, until) -> None:
+    """The README's `ray submit --tmux` of the smoke sweep named ``name``; its driver SIGKILLed (the
+    head's reboot, for the driver) once ``until()`` holds."""
+    submitted = _ray("submit", "--tmux", str(config), "sweep.py", "--", "--config", "sweeps/smoke.yaml",
+                     "--set", f"run.name={name}", *EPOCHS)
+    assert submitted.returncode == 0, submitted.stdout[-4000:] + submitted.stderr[-4000:]
+    try:
+        deadline = time.time() + 600
+        while not until():
+            assert time.time() < deadline, f"the sweep {name} in tmux did not get there in time"
+            time.sleep(1)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", f"sweep.py --config sweeps/smoke.yaml --set run.name={name}"])
+
+
+def _a_trial_finished(exp: Path):
+    return lambda: "TERMINATED" in trial_statuses(exp).values()
+
+
+def test_ray_up_installs_raymcn_and_pins_the_head(cluster):
+    config, work = cluster
+    # A script of the user's own, run from the home folder, imports the installed package.
+    own = _ray("exec", str(config), "cd ~ && python -c 'import raymcn.cli as c; print(c.__file__)'")
+    assert own.returncode == 0 and "/raymcn-src/raymcn/cli.py" in own.stdout, own.stdout[-2000:]
+    # The head's daemons are pinned to their own State API: every process its raylet starts has it.
+    (work / "pinned.py").write_text(PINNED)
+    pinned = _ray("exec", str(config), f"cd ~ && python {work}/pinned.py")
+    assert "pinned: http://127.0.0.1:8265" in pinned.stdout, pinned.stdout[-2000:] + pinned.stderr[-2000:]
+    # ... and the start command recorded itself for the boot service: what `ray up` ran, with its variables.
+    (record,) = (HOME / ".raymcn_boot").glob("*.json")
+    recorded = json.loads(record.read_text())
+    assert recorded["role"] == "head" and recorded["argv"][:2] == ["env", "RAY_API_SERVER_ADDRESS=http://127.0.0.1:8265"]
+    assert recorded["env"]["RAY_CLOUD_INSTANCE_ID"] == "127.0.0.1"
+
+
+def test_a_killed_sweep_resumed_by_hand(cluster):
+    """The documented command, verbatim (plus a shorter schedule and a name to find it by): in a tmux
+    session on the head, so it outlives the laptop's SSH connection; `ray submit` returns at once. Its
+    driver then dies after the first trial (the head's reboot) and the one-line recovery continues it."""
+    config, work = cluster
+    interrupted = work / "results" / "interrupted"
+    _submit_and_kill(config, "interrupted", _a_trial_finished(interrupted))
+    assert not (interrupted / "best_by_stage_order.png").exists(), "the sweep ended before it could be killed"
+    assert sweeps.state(str(interrupted)) == "unfinished"
+    finished = [t for t, s in trial_statuses(interrupted).items() if s == "TERMINATED"]
+    before = result_rows(interrupted)
+    resumed = _ray("submit", str(config), "sweep.py", "--", "--resume", "latest", "--json")
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    assert _last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
+    after = result_rows(interrupted)
+    assert set(trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
+    for t in finished:
+        assert after[t] == before[t] == [1, 2]  # kept, not rerun
+    assert (interrupted / "best_by_stage_order.png").exists()
+    assert sweeps.state(str(interrupted)) == "finished"  # so a boot never continues it
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _exec_start(config: Path) -> list[str]:
+    """The service file's ExecStart, as `raymcn boot --install` would write it on the head."""
+    unit = _ray("exec", str(config), "raymcn boot --unit")
+    assert unit.returncode == 0, unit.stdout[-2000:] + unit.stderr[-2000:]
+    (line,) = [x for x in unit.stdout.splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.split("=", 1)[1])
+
+
+def test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots(cluster):
+    """The head reboots mid-sweep: every Ray process and the sweep's driver die. At boot the service's
+    command (the service file's ExecStart, run as systemd runs it: a bare environment, the home folder)
+    starts Ray as `ray up` did and continues the newest sweep that is neither finished nor stopped on
+    purpose: here an older one, because the newest was stopped with `raymcn sweep --stop latest`."""
+    config, work = cluster
+    results = work / "results"
+    rebooted, stopped = results / "rebooted", results / "stopped-on-purpose"
+    _submit_and_kill(config, "rebooted", _a_trial_finished(rebooted))
+    finished = [t for t, s in trial_statuses(rebooted).items() if s == "TERMINATED"]
+    before = result_rows(rebooted)
+    _submit_and_kill(config, "stopped-on-purpose", lambda: (stopped / "raymcn_sweep.yaml").exists())
+    marked = _ray("exec", str(config), "raymcn sweep --stop latest")
+    assert marked.returncode == 0 and f"sweep {stopped} marked as stopped" in marked.stdout, marked.stdout[-2000:]
+    untouched = {folder: _files(folder) for folder in (stopped, results / "interrupted")}
+    command = _exec_start(config)
+
+    # The reboot, as far as Ray and the sweep know it: every Ray process of the machine killed.
+    subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+    assert running_ray() is None
+    boot_env = {"HOME": str(HOME), "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
+                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}  # what systemd gives it
+    out = work / "boot.out"
+    with open(out, "wb") as log:
+        service = subprocess.Popen(command, cwd=HOME, env=boot_env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while sweeps.state(str(rebooted)) != "finished":
+            assert service.poll() is None, out.read_text()[-4000:]
+            assert time.time() < deadline, "the boot did not finish the sweep in time:\n" + out.read_text()[-4000:]
+            time.sleep(2)
+        said = out.read_text()
+        assert f"continuing the sweep {rebooted}" in said, said[-4000:]
+        after = result_rows(rebooted)
+        assert set(trial_statuses(rebooted).values()) == {"TERMINATED"} and len(after) == 2
+        for t in finished:
+            assert after[t] == before[t] == [1, 2]  # kept, not rerun
+        assert (rebooted / "best_by_stage_order.png").exists()  # the sweep's answer
+        assert f"raymcn table {rebooted}" in (rebooted / "raymcn_boot.log").read_text()
+        # The stopped sweep and the finished one are left alone, to the byte.
+        assert {folder: _files(folder) for folder in untouched} == untouched
+        assert sweeps.state(str(stopped)) == "stopped"
+        # The Ray it started is the one `ray up` starts: pinned to its own State API.
+        pinned = _ray("exec", str(config), f"cd ~ && python {work}/pinned.py")
+        assert "pinned: http://127.0.0.1:8265" in pinned.stdout, pinned.stdout[-2000:] + pinned.stderr[-2000:]
+    finally:
+        service.terminate()  # its main process only: the drain test below uses the Ray it started
+        service.wait(timeout=60)
+
+
+def test_drain_before_a_planned_reboot(cluster):
+    """`raymcn drain` on the head (without --reboot): its node found by IP, `ray drain-node` accepted."""
+    config, _ = cluster
+    drained = _ray("exec", str(config), "raymcn drain --deadline 20")
+    assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
+    assert re.search(r"draining node [0-9a-f]{56} \(\S+\) of the cluster at \S+, deadline 20 s", drained.stdout)
+    assert "no Ray Train worker on this node" in drained.stdout, drained.stdout[-2000:]

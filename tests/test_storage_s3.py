@@ -111,6 +111,9 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint") and PRIMARY_METRIC in out["best_metrics"]
     keys = _keys(exp)
     assert "raymcn_sweep.yaml" in keys and sum(k.endswith("/result.json") for k in keys) == 2, keys
+    from raymcn.servers import sweeps as marks
+
+    assert marks.state(exp) == "finished" and marks.unfinished_sweeps(sweeps) == []  # a boot leaves it alone
 
     assert main(["table", exp, "--format", "csv"]) == 0
     csv = capsys.readouterr().out.strip().splitlines()

@@ -1,0 +1,176 @@
+"""``raymcn drain``: take this server's Ray node out of the cluster before a planned reboot.
+
+It asks Ray to drain the node (``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
+--deadline-remaining-seconds N``): from then on Ray schedules nothing new there, Ray Train's
+preemption watcher (on by default in Ray 2.60) tells every run with workers there, and the
+node's raylet exits once nothing runs on it. The command waits until no Ray Train worker runs on
+the node any more, or until the deadline, and with ``--reboot`` then reboots the machine. What a
+run does when it learns of the drain (its ranks checkpoint) is the run's business, not this
+command's.
+
+How the node is found: ``ray.nodes()`` of the cluster this machine joined (the address ``ray
+start`` last used here, as ``ray.init(address="auto")`` finds it), the alive node at this
+machine's IP. How its Train workers are counted: on this machine, the processes Ray titles
+``ray::RayTrainWorker...`` whose parent is that node's raylet. Not through the State API: its
+server is the head's dashboard, which listens on the head's loopback only (cluster.yaml), so a
+worker server cannot ask it. And the command disconnects before it drains: a driver attached to
+a raylet that exits is ended with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REASON = "DRAIN_NODE_REASON_PREEMPTION"
+# Ray titles an actor's process "ray::<class>" (idle) or "ray::<class>.<method>" (in a call).
+TRAIN_WORKER_TITLE = "ray::RayTrainWorker"
+# Long enough for a step, a paper-dims checkpoint (12.5-18.6 s of stall measured, docs/faults.md)
+# and its upload, with room; the command returns as soon as the node's Train workers are gone.
+DEFAULT_DEADLINE_S = 300
+POLL_S = 2.0
+REPORT_EVERY_S = 30.0
+
+
+class DrainError(RuntimeError):
+    """The node to drain cannot be told, or Ray refused the drain."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="the node goes away this many seconds from now: Ray Train's workers on it have until then "
+                        f"to checkpoint and leave (default {DEFAULT_DEADLINE_S})")
+    p.add_argument("--reboot", action="store_true", help="reboot this machine once the node is drained")
+    p.add_argument("--address", help="the cluster's GCS address (default: the one `ray start` joined on this machine)")
+    p.add_argument("--node-id", help="the node to drain (default: the alive node at this machine's IP)")
+
+
+def drain_command(ray: str, address: str, node_id: str, deadline_s: int, message: str) -> list[str]:
+    """The ``ray drain-node`` command line (Ray 2.60's flags; its ``--reason`` and
+    ``--reason-message`` are required)."""
+    if deadline_s < 0:
+        raise DrainError(f"--deadline {deadline_s}: a number of seconds from now, not negative")
+    return [ray, "drain-node", "--address", address, "--node-id", node_id, "--reason", REASON,
+            "--reason-message", message, "--deadline-remaining-seconds", str(deadline_s)]
+
+
+def node_at(nodes: list[dict], ip: str) -> str:
+    """The id of the one alive node of ``nodes`` (``ray.nodes()``) at ``ip``."""
+    here = [n["NodeID"] for n in nodes if n.get("Alive") and n.get("NodeManagerAddress") == ip]
+    if len(here) == 1:
+        return here[0]
+    seen = ", ".join(f"{n['NodeID'][:12]} at {n.get('NodeManagerAddress')}" for n in nodes if n.get("Alive"))
+    if not here:
+        raise DrainError(f"no alive Ray node at this machine's IP {ip} (alive nodes: {seen or 'none'})")
+    raise DrainError(f"{len(here)} alive Ray nodes at {ip}: {', '.join(here)}; name one with --node-id")
+
+
+def reboot_command(euid: int | None = None) -> list[str]:
+    """``systemctl reboot``, through ``sudo -n`` (never a password prompt) unless root."""
+    euid = os.geteuid() if euid is None else euid
+    return (["systemctl", "reboot"] if euid == 0 else ["sudo", "-n", "systemctl", "reboot"])
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended while we looked
+        return b""
+
+
+def _parent(stat: bytes) -> int | None:
+    """The parent pid from a /proc/PID/stat line (the name in parentheses may hold spaces)."""
+    fields = stat.rpartition(b")")[2].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def train_workers(node_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of the Ray Train workers of node ``node_id`` on this machine: processes titled
+    ``ray::RayTrainWorker...`` whose parent is the raylet started with ``--node_id=<node_id>``."""
+    raylets, titled = set(), {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        cmdline = _read(entry / "cmdline")
+        if _read(entry / "comm").strip() == b"raylet" and f"--node_id={node_id}".encode() in cmdline.split(b"\0"):
+            raylets.add(int(entry.name))
+        elif cmdline.startswith(TRAIN_WORKER_TITLE.encode()):
+            titled[int(entry.name)] = _parent(_read(entry / "stat"))
+    return sorted(pid for pid, parent in titled.items() if parent in raylets)
+
+
+def wait_until_gone(node_id: str, deadline_s: float, proc: Path = Path("/proc"), clock=time.monotonic,
+                    sleep=time.sleep, say=print) -> list[int]:
+    """Wait until no Ray Train worker of ``node_id`` runs here, at most ``deadline_s``; returns
+    the pids still there (empty when they left)."""
+    end, next_report = clock() + deadline_s, clock()
+    while True:
+        left = train_workers(node_id, proc)
+        now = clock()
+        if not left or now >= end:
+            return left
+        if now >= next_report:
+            say(f"  {len(left)} Ray Train worker(s) still on this node; waiting up to {end - now:.0f} s more")
+            next_report = now + REPORT_EVERY_S
+        sleep(min(POLL_S, end - now))
+
+
+def _ray_executable() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def _cluster(address: str | None) -> tuple[str, list[dict], str] | None:
+    """(GCS address, ``ray.nodes()``, this machine's IP as Ray sees it), or None when this machine
+    is in no running cluster. Disconnects before returning."""
+    import ray
+
+    try:
+        ray.init(address=address or "auto", logging_level="ERROR", log_to_driver=False)
+    except ConnectionError:
+        return None
+    try:
+        return ray.get_runtime_context().gcs_address, ray.nodes(), ray.util.get_node_ip_address()
+    finally:
+        ray.shutdown()
+
+
+def drain(args: argparse.Namespace) -> None:
+    """Drain this machine's node and wait for its Train workers (or the deadline)."""
+    found = _cluster(args.address)
+    if found is None:
+        print("raymcn drain: this machine is in no running Ray cluster; nothing to drain")
+        return
+    address, nodes, ip = found
+    node = args.node_id or node_at(nodes, ip)
+    command = drain_command(_ray_executable(), address, node, args.deadline,
+                            f"raymcn drain on {socket.gethostname()}" + (" before a reboot" if args.reboot else ""))
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DrainError(f"`ray drain-node` failed: {(done.stderr or done.stdout).strip()[-2000:]}")
+    print(f"draining node {node} ({ip}) of the cluster at {address}, deadline {args.deadline} s: nothing new starts "
+          "there, and Ray Train's runs on it were told")
+    start = time.monotonic()
+    left = wait_until_gone(node, args.deadline)
+    waited = time.monotonic() - start
+    print(f"after {waited:.0f} s: " + (f"{len(left)} Ray Train worker(s) still here at the deadline (pids "
+                                        f"{', '.join(map(str, left))})" if left else "no Ray Train worker on this node"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        drain(args)
+    except DrainError as e:
+        print(f"raymcn drain: {e}", file=sys.stderr)
+        return 1
+    if args.reboot:
+        command = reboot_command()
+        print(f"rebooting: {' '.join(command)}", flush=True)
+        return subprocess.run(command).returncode
+    return 0
