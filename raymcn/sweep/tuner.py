@@ -45,7 +45,6 @@ from raymcn.train.monitor.console import Console
 from raymcn.train.monitor.trackers import local_folder
 from raymcn.train.on_ray.launch import fit
 from raymcn.train.plan import plan_of
-from raymcn.train.stages import budget_offset
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -125,11 +124,6 @@ def _epoch_report_callback():
     return EpochReportCallback
 
 
-def budget(cfg: Config) -> int:
-    """Epochs on the scheduler's clock: the part of the run after the stage switch."""
-    return cfg.schedule.epochs - budget_offset(cfg.schedule.stage1_fraction, cfg.schedule.epochs)
-
-
 def build_search(cfg: Config):
     """(search_alg, scheduler) for ``cfg.sweep.algorithm``; all use the same fidelity (budget epochs).
 
@@ -139,7 +133,7 @@ def build_search(cfg: Config):
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     sw = cfg.sweep
-    max_t = budget(cfg)
+    max_t = cfg.budget_epochs
     # A generator ignores TuneConfig.max_concurrent_trials, so it gets the limit itself. With
     # repeats, random search is a Searcher, which SeedRepeater can wrap (grid repeats are a grid axis).
     variants = BasicVariantGenerator(random_state=sw.seed, max_concurrent=sw.max_concurrent)
