@@ -39,6 +39,7 @@ TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt 
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/monitor/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
+DECISIONS_FILE = "raymcn_decisions.json"  # in a sweep's folder: what an early-stopping scheduler decided, and when
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 
 

@@ -61,7 +61,7 @@ def inputs(tmp_path, monkeypatch):
     def no_ray(*_):
         raise AssertionError("Ray was started before the configuration was checked")
 
-    monkeypatch.setattr(cli, "start_ray", no_ray)
+    monkeypatch.setattr(cli, "ray_session", no_ray)
     # Each worker gets 16 GiB, whatever this machine's RAM: the memory case must not depend on it.
     monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (16 << 30, ""))
     return tmp_path

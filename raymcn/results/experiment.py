@@ -48,7 +48,7 @@ class ExperimentError(FileNotFoundError):
 
 
 # --- reading -------------------------------------------------------------------------------------
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def read_result_rows(path: Path) -> list[dict[str, Any]]:
     """result.json rows, scalar values only. A running trial's file may end in a half-written
     line, so undecodable lines are skipped instead of failing the whole table."""
     if not path.exists():
@@ -133,7 +133,7 @@ def _tune_states(exp_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
     return statuses, dirs
 
 
-def _trial_dirs(exp_dir: Path) -> list[Path]:
+def trial_dirs(exp_dir: Path) -> list[Path]:
     """Sub-directories that look like Tune trials (the sweep's ``train/`` storage does not)."""
     if not exp_dir.is_dir():
         raise ExperimentError(f"experiment directory {exp_dir} does not exist")
@@ -222,7 +222,7 @@ def load_experiment(exp_dir: str | Path | Any,
         ExperimentError: the directory does not exist or holds no trial directory.
     """
     exp_dir = Path(getattr(exp_dir, "experiment_path", exp_dir)).expanduser()
-    dirs = _trial_dirs(exp_dir)
+    dirs = trial_dirs(exp_dir)
     running = {str(t) for t in (running_trial_ids or ())}
     base = _base_config(exp_dir)
     base_epochs = _int((base or {}).get(EPOCHS_KEY))
@@ -231,7 +231,7 @@ def load_experiment(exp_dir: str | Path | Any,
     failed = {p.stem for p in (exp_dir / TRIAL_ERRORS_DIR).glob("*.txt")}
     records, curves, config_keys = [], [], []
     for d in dirs:
-        params, rows = _read_params(d), _read_rows(d / "result.json")
+        params, rows = _read_params(d), read_result_rows(d / "result.json")
         tid = str(next((r["trial_id"] for r in rows if r.get("trial_id")), dir_ids.get(d.name, d.name)))
         curve = _curve(rows)
         epochs = int(curve["epoch"].max()) if len(curve) else 0

@@ -12,17 +12,21 @@ iteration count restarts while its Train run resumes from its checkpoint.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB
 
 from raymcn import storage
 from raymcn.config import (
     CONFIRM_DIR,
     CONFIRM_PLAN_FILE,
+    DECISIONS_FILE,
     MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
@@ -124,12 +128,66 @@ def _epoch_report_callback():
     return EpochReportCallback
 
 
+class DecisionLog:
+    """A Tune scheduler that also writes what it decided after stage 1 (every result whose clock
+    is past 0: continue, pause or stop) to ``EXP/raymcn_decisions.json``, rewritten whole at each
+    decision so a bucket can hold it: which trials were compared at which rung, which BOHB paused
+    and which it stopped. A trial stopped while paused (its bracket filled without it) appears as
+    paused only. ``experiment_dir`` is set by the sweep before it starts (and kept across a
+    restore: Tune pickles its scheduler)."""
+
+    experiment_dir = ""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if self.experiment_dir and result.get(BUDGET_ATTR, 0) > 0:
+            path = storage.join(self.experiment_dir, DECISIONS_FILE)
+            if not hasattr(self, "_decisions"):  # a restored sweep continues the file
+                try:
+                    self._decisions = json.loads(storage.read_text(path))
+                except FileNotFoundError:
+                    self._decisions = []
+            self._decisions.append({"trial": trial.trial_id, "epoch": int(result["epoch"]),
+                                    BUDGET_ATTR: int(result[BUDGET_ATTR]), "decision": decision})
+            storage.write_text(path, json.dumps(self._decisions, indent=0))
+        return decision
+
+    def __getstate__(self):  # the list is the file's; a restored driver reads it again
+        return {k: v for k, v in self.__dict__.items() if k != "_decisions"}
+
+
+class SweepASHA(DecisionLog, ASHAScheduler):
+    """Tune's ASHA, its decisions logged (:class:`DecisionLog`).
+
+    On restore (``raymcn sweep --resume``) Tune starts from the scheduler as it was before the
+    first trial (it saves no scheduler state): the rung records are empty, so the trials that
+    report after the restore are compared only with each other. Fewer trials are stopped early;
+    the confirmation still decides the answer at the full budget."""
+
+
+class SweepBOHB(DecisionLog, HyperBandForBOHB):
+    """Tune's HyperBand for BOHB, its decisions logged (:class:`DecisionLog`), and safe to restore.
+
+    On restore Tune starts from the scheduler as it was before the first trial and adds every
+    trial again, finished ones included. A finished trial put into a bracket never reports, so its
+    bracket never completes a rung, its paused trials are never promoted, and the sweep ends with
+    them paused. Here a finished trial is not put into a bracket; the unfinished ones restart in
+    new brackets from their Train checkpoints (a trial past a rung is judged at the next one it
+    reaches). The brackets' earlier comparisons are lost; the confirmation still decides the
+    answer at the full budget."""
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        if trial.status == Trial.TERMINATED:  # restored after it finished: nothing left to schedule
+            return
+        super().on_trial_add(tune_controller, trial)
+
+
 def build_search(cfg: Config):
     """(search_alg, scheduler) for ``cfg.sweep.algorithm``; all use the same fidelity (budget epochs).
 
     Metric and mode are given once, to ``TuneConfig``; Tune refuses them twice.
     """
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandForBOHB
+    from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     sw = cfg.sweep
@@ -142,10 +200,10 @@ def build_search(cfg: Config):
     if sw.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
-        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(HyperBandForBOHB(
+        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(SweepBOHB(
             time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor), max_t, sw.grace_epochs)
     elif sw.algorithm == "asha":
-        scheduler = ASHAScheduler(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
+        scheduler = SweepASHA(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
                                   reduction_factor=sw.reduction_factor)
         search = _optuna(sw.seed) if sw.suggest == "optuna" else variants
     elif sw.algorithm == "optuna":
@@ -291,11 +349,12 @@ def swept_input_problems(cfg: Config) -> list[str]:
 
 
 def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console | None = None,
-              inputs: RunInputs | None = None) -> SweepResult:
+              inputs: RunInputs | None = None, callbacks: tuple = ()) -> SweepResult:
     """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
     and return the best trial (by the primary metric). ``console``: where the per-trial lines go
     (:class:`~raymcn.sweep.progress.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
-    them (its preflight did), else resolved here, once for every trial."""
+    them (its preflight did), else resolved here, once for every trial; ``callbacks``: Tune
+    callbacks besides the console's and the trackers'."""
     problems = swept_input_problems(cfg)
     if problems:
         raise ConfigError(problems)
@@ -303,6 +362,8 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
     inputs = inputs or resolve_inputs(cfg)
     storage.write_text(storage.join(experiment_dir, SWEEP_CONFIG_FILE), cfg.dump_text())
     search_alg, scheduler = build_search(cfg)
+    if isinstance(scheduler, DecisionLog):
+        scheduler.experiment_dir = experiment_dir
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
@@ -316,7 +377,7 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
                                     trial_dirname_creator=trial_dirname_creator,
                                     reuse_actors=reuse_trial_drivers(scheduler)),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
-                                  callbacks=_callbacks(cfg, experiment_dir, console),
+                                  callbacks=_callbacks(cfg, experiment_dir, console) + list(callbacks),
                                   failure_config=_failure_config(cfg)),
     )
     return _summarise(tuner.fit(), experiment_dir)
@@ -399,8 +460,10 @@ def _summarise(grid, experiment_dir: str) -> SweepResult:
     sign = 1 if PRIMARY_MODE == "max" else -1
 
     def best_ever(r) -> float:  # the trial's best epoch, as Tune's scope="all"
-        history = r.metrics_dataframe
-        return sign * (history[PRIMARY_METRIC] * sign).max() if history is not None else sign * r.metrics[PRIMARY_METRIC]
+        history = r.metrics_dataframe  # a restored trial that reported nothing since holds none
+        if history is None or PRIMARY_METRIC not in history:
+            return r.metrics[PRIMARY_METRIC]
+        return sign * (history[PRIMARY_METRIC] * sign).max()
 
     best = max(ok, key=lambda r: sign * best_ever(r)) if ok else None
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
