@@ -39,7 +39,13 @@ TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt 
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/monitor/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
-DECISIONS_FILE = "raymcn_decisions.json"  # in a sweep's folder: what an early-stopping scheduler decided, and when
+# In a sweep's folder, written by raymcn, never by Tune: a ".json" name there would be replaced by
+# the driver's older copy when a restored sweep's Tune uploads what it synced down at the restore.
+DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler decided, and when
+EARLIER_RESULTS_FILE = "raymcn_earlier_results.jsonl"  # in a trial's folder: its results before a restore
+# Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
+# that HyperBand stopped while it was paused PAUSED.
+TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 
 

@@ -45,8 +45,12 @@ class KillOneTrialDriver(tune.Callback):
         self.killed[trial.trial_id] = epoch
         node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == result["node_ip"])
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        ray.get(ray.remote(os.kill).options(num_cpus=0, scheduling_strategy=strategy).remote(
-            int(result["pid"]), signal.SIGKILL))
+        ray.get(ray.remote(_kill).options(num_cpus=0, scheduling_strategy=strategy).remote(int(result["pid"])))
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` (run as a task on its node: a lost process, as a failing machine loses it)."""
+    os.kill(pid, signal.SIGKILL)
 
 
 def miniature(cfg: Config, cpus: float) -> tuple[Config, str]:
@@ -94,7 +98,7 @@ def _cause(error: BaseException) -> str:
         inner = inner.__cause__ or inner.__context__
     where = traceback.extract_tb(inner.__traceback__)[-1:] if inner.__traceback__ else []
     at = f" at {Path(where[0].filename).name}:{where[0].lineno} ({where[0].line})" if where else ""
-    first = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    first = f"{type(error).__name__}: {' '.join(str(error).split())}"
     return first if inner is error else f"{first} <- {type(inner).__name__}: {inner}{at}"
 
 

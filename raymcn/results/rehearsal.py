@@ -2,7 +2,7 @@
 ``raymcn doctor --rehearse`` and of the suite's rehearsals of the shipped files.
 
 Read: the search's and the confirmation's trial folders (``results.experiment``), the scheduler's
-decisions (``EXP/raymcn_decisions.json``, written by ``sweep.tuner.DecisionLog``) and every
+decisions (``EXP/raymcn_decisions.jsonl``, written by ``sweep.tuner.DecisionLog``) and every
 trial's ``result.json`` rows in the order Tune wrote them (a restarted trial's rows follow its
 earlier ones).
 """
@@ -34,15 +34,16 @@ def reported_epochs(exp_dir: Path) -> dict[str, list[int]]:
     continue after its earlier ones)."""
     out: dict[str, list[int]] = {}
     for d in trial_dirs(exp_dir):
-        rows = [r for r in read_result_rows(d / "result.json") if "epoch" in r and r.get("trial_id")]
+        rows = [r for r in read_result_rows(d) if "epoch" in r and r.get("trial_id")]
         if rows:
             out[str(rows[0]["trial_id"])] = [int(r["epoch"]) for r in rows]
     return out
 
 
 def decisions(exp_dir: Path) -> list[dict[str, Any]]:
+    """What the sweep's early-stopping scheduler decided after stage 1, in order (``sweep.tuner.DecisionLog``)."""
     path = Path(exp_dir) / DECISIONS_FILE
-    return json.loads(path.read_text()) if path.exists() else []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def rehearsal_checks(exp_dir: str | Path, cfg: Config, search_trials: int,
@@ -103,9 +104,12 @@ def _scheduler_checks(cfg: Config, logged: list[dict[str, Any]], epochs: dict[st
 
 
 def _continued(reported: list[int], after: int) -> bool:
-    """The trial reported ``after``, then ``after + 1`` and no epoch twice: resumed from its
-    checkpoint rather than started over."""
-    return after in reported and after + 1 in reported and len(reported) == len(set(reported))
+    """The trial reported ``after``, then ``after + 1``, and never went back to an epoch before
+    ``after``: resumed from its checkpoint rather than started over."""
+    if after not in reported or after + 1 not in reported:
+        return False
+    later = reported[reported.index(after) + 1:]
+    return min(later) >= after
 
 
 def _killed_check(killed: dict[str, int], epochs: dict[str, list[int]], trials) -> Check:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,13 @@ from raymcn.config import (
     CONFIRM_DIR,
     CONFIRM_PLAN_FILE,
     DECISIONS_FILE,
+    EARLIER_RESULTS_FILE,
     MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
     SWEEP_CONFIG_FILE,
     TRIAL_ERRORS_DIR,
+    TRIAL_STATUS_FILE,
     Config,
     ConfigError,
     default_storage_path,
@@ -130,8 +133,8 @@ def _epoch_report_callback():
 
 class DecisionLog:
     """A Tune scheduler that also writes what it decided after stage 1 (every result whose clock
-    is past 0: continue, pause or stop) to ``EXP/raymcn_decisions.json``, rewritten whole at each
-    decision so a bucket can hold it: which trials were compared at which rung, which BOHB paused
+    is past 0: continue, pause or stop) to ``EXP/raymcn_decisions.jsonl``, one JSON line each,
+    rewritten whole at each decision so a bucket can hold it: which trials were compared at which rung, which BOHB paused
     and which it stopped. A trial stopped while paused (its bracket filled without it) appears as
     paused only. ``experiment_dir`` is set by the sweep before it starts (and kept across a
     restore: Tune pickles its scheduler)."""
@@ -144,12 +147,12 @@ class DecisionLog:
             path = storage.join(self.experiment_dir, DECISIONS_FILE)
             if not hasattr(self, "_decisions"):  # a restored sweep continues the file
                 try:
-                    self._decisions = json.loads(storage.read_text(path))
+                    self._decisions = storage.read_text(path)
                 except FileNotFoundError:
-                    self._decisions = []
-            self._decisions.append({"trial": trial.trial_id, "epoch": int(result["epoch"]),
-                                    BUDGET_ATTR: int(result[BUDGET_ATTR]), "decision": decision})
-            storage.write_text(path, json.dumps(self._decisions, indent=0))
+                    self._decisions = ""
+            self._decisions += json.dumps({"trial": trial.trial_id, "epoch": int(result["epoch"]),
+                                           BUDGET_ATTR: int(result[BUDGET_ATTR]), "decision": decision}) + "\n"
+            storage.write_text(path, self._decisions)
         return decision
 
     def __getstate__(self):  # the list is the file's; a restored driver reads it again
@@ -402,6 +405,7 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
     if not tune.Tuner.can_restore(experiment_dir):
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
     inputs = inputs or resolve_inputs(cfg)
+    keep_earlier_results(experiment_dir)
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
                                resume_unfinished=True, resume_errored=True)
     if console is not None:
@@ -414,6 +418,27 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     return _summarise(tuner.fit(), experiment_dir)
+
+
+def keep_earlier_results(experiment_dir: str) -> None:
+    """Before a restore: every trial's reported epochs so far appended to its
+    ``EARLIER_RESULTS_FILE``. A restored Tune logs a resumed trial's results into a new local
+    folder and uploads its ``result.json`` over the one in the sweep's folder, which then starts
+    at the epoch the trial resumed from; ``results.experiment`` reads both files."""
+    fs, path = storage.filesystem(experiment_dir)
+    for trial_dir in storage.subfolders(fs, path):
+        results = storage.join(experiment_dir, posixpath.basename(trial_dir), "result.json")
+        try:
+            rows = storage.read_text(results)
+        except FileNotFoundError:
+            continue
+        earlier = storage.join(experiment_dir, posixpath.basename(trial_dir), EARLIER_RESULTS_FILE)
+        try:
+            kept = storage.read_text(earlier)
+        except FileNotFoundError:
+            kept = ""
+        if rows.strip():
+            storage.write_text(earlier, kept + rows if rows.endswith("\n") else kept + rows + "\n")
 
 
 def confirm_dir(experiment_dir: str) -> str:
@@ -469,7 +494,18 @@ def _summarise(grid, experiment_dir: str) -> SweepResult:
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
     # ResultGrid exposes no trial status; an early-stopped trial is TERMINATED, an interrupted one is not.
     trials = grid._experiment_analysis.trials
+    _write_statuses(experiment_dir, {t.trial_id: t.status for t in trials})
     finished = sum(1 for t in trials if t.status in ("TERMINATED", "ERROR")) - len(grid.errors)
     return SweepResult(experiment_dir=experiment_dir, best_config=plain(best.config) if best else {},
                        best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors) + len(failed),
                        num_unfinished=len(grid) - finished - len(grid.errors))
+
+
+def _write_statuses(experiment_dir: str, statuses: dict[str, str]) -> None:
+    """``TRIAL_STATUS_FILE``: a JSON line per trial with its status as this Tune run ended and the
+    name of the experiment state Tune saved last (``results.experiment`` trusts them while that
+    state is the newest; a later restore writes its own)."""
+    saved = sorted(n for n in storage.files(experiment_dir) if n.startswith("experiment_state-"))
+    state = saved[-1] if saved else ""
+    storage.write_text(storage.join(experiment_dir, TRIAL_STATUS_FILE), "".join(
+        json.dumps({"trial": trial, "status": status, "tune_state": state}) + "\n" for trial, status in statuses.items()))
