@@ -8,8 +8,10 @@ with status 2 before Ray starts; with ``--json`` the last stdout line is one JSO
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -38,6 +40,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    "`raymcn import-original`) with a fresh optimizer and schedule; = --set run.init_from=DIR")
     p.add_argument("--verbose", action="store_true", help="show everything Ray prints (by default it goes to "
                    f"{CONSOLE_LOG_FILE} in the run's or sweep's folder; errors are always shown)")
+    _add_rehearse_arg(p)
+
+
+def _add_rehearse_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rehearse", action="store_true", help="the config in miniature, in minutes on this machine's "
+                   "CPUs: the synthetic corpus, tiny sizes, fewer epochs and trials; its algorithm, scheduler, "
+                   "stage split, swept keys and confirmation kept (raymcn/sweep/rehearsal.py says what changes)")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -47,6 +56,10 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
     cfg = load_config(args.config or preset_path(), overrides)
+    if getattr(args, "rehearse", False):
+        from raymcn.sweep.rehearsal import shrink
+
+        cfg = shrink(cfg, cpus=os.cpu_count() or 1)
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
     return cfg
@@ -61,11 +74,12 @@ def _has_sweep_section(path: str | None) -> bool:
     return isinstance(loaded, dict) and "sweep" in loaded
 
 
-def start_ray(address: str | None) -> bool:
-    """Connect to ``address`` or start a local instance (``on_ray/cluster.py``); True if this call started it."""
-    from raymcn.train.on_ray.cluster import start_ray as start
+def ray_session(address: str | None):
+    """Ray for one command (``on_ray/cluster.ray_session``): connected, or a local instance this
+    command starts and shuts down; yields whether it started one."""
+    from raymcn.train.on_ray.cluster import ray_session as session
 
-    return start(address)
+    return session(address)
 
 
 def console_log(where: str, cfg: Config | None = None) -> Path:
@@ -147,16 +161,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         # The console owns the terminal only while Ray runs; errors are printed after it let go.
         with Console(log, verbose=args.verbose, show_tagged=True) as console:
             console.say(f"run {run_dir} (Ray's output: {log})")
-            started = start_ray(args.address) if cfg.scale.max_workers > 0 else False
-            try:
+            # in-process (0 workers) runs need no Ray; a local instance's shutdown flushes the workers' logs
+            with ray_session(args.address) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
                 if started and not args.resume:
                     _check_cluster(cfg)
                 result = launch.fit(cfg, run_dir, plan=plan)
-            finally:
-                if started:
-                    import ray
-
-                    ray.shutdown()  # flushes worker logs before our last line
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
@@ -177,7 +186,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """A sweep: the search, then (``sweep.confirm``) its confirmation; ``--resume`` continues
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
-    from raymcn import storage
+    from raymcn import phases, storage
     from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
     from raymcn.train.inputs import resolve_inputs
@@ -204,22 +213,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
-            started = start_ray(args.address)
-            try:
+            with ray_session(args.address):
                 if not resume:
                     _check_cluster(cfg)
                 if resume:
-                    result = _resume_sweep(resume, console, inputs)
+                    result = phases.resume(resume, console, inputs)
                 elif existing:
-                    result = _confirm(cfg, existing, console, inputs)
+                    result = phases.confirm(cfg, existing, console, inputs)
                 else:
-                    result = tuner.run_sweep(cfg, exp_dir, console=console, inputs=inputs)
-                    result = _confirm(cfg, exp_dir, console, inputs, after=result)
-            finally:
-                if started:
-                    import ray
-
-                    ray.shutdown()
+                    result = phases.search_then_confirm(cfg, exp_dir, console, inputs)
     except KeyboardInterrupt:
         result = None
     if result is None or result.num_unfinished:
@@ -272,58 +274,6 @@ def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
     return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
 
 
-def _resume_sweep(experiment_dir: str, console: Console, inputs):
-    """Continue whichever phase was interrupted: the confirmation once it has started, else the
-    search, then its confirmation (when the sweep has one)."""
-    from raymcn.sweep import tuner
-
-    if tuner.confirmation_started(experiment_dir):
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
-    result = tuner.resume_sweep(experiment_dir, console=console, inputs=inputs)
-    return _confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, inputs, after=result)
-
-
-def _confirm(cfg: Config, experiment_dir: str, console: Console, inputs, after=None):
-    """The confirmation phase of ``experiment_dir`` (``results.confirmation``). ``after``: the
-    search's result; the phase starts only when the search ended with no trial unfinished (and
-    then only when ``sweep.confirm`` asks for it), else ``after`` is returned as it is. Without
-    ``after`` (``--confirm EXP``) an empty ``sweep.confirm`` means: per stage order, 5 seeds."""
-    from raymcn import storage
-    from raymcn.config import default_cache_dir
-    from raymcn.results import confirmation as confirm
-    from raymcn.results.experiment import load_experiment
-    from raymcn.sweep import tuner
-
-    if after is not None and (after.num_unfinished or not cfg.sweep.confirm):
-        return after
-    if tuner.confirmation_started(experiment_dir):  # --confirm on a sweep whose confirmation began
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
-    local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=("train",))
-    trials, _ = load_experiment(local)
-    unfinished = int((trials["status"] == "running").sum())
-    if unfinished:
-        raise ConfigError([f"--confirm {experiment_dir}: the search has {unfinished} unfinished trial(s); finish it "
-                           f"first (raymcn sweep --resume {experiment_dir}), then confirm"])
-    settings = confirm.settings(cfg, swept=list(trials.columns))
-    if settings is None:
-        raise ConfigError([f"--confirm {experiment_dir}: say what to compare, e.g. --set "
-                           "'sweep.confirm={per: schedule.stage_order, repeats: 5}' (the stage order was not swept)"])
-    try:
-        candidates = confirm.select_candidates(trials, settings, cfg.schedule.epochs)
-    except confirm.NothingToConfirm as e:
-        raise ConfigError([f"cannot confirm {experiment_dir}: {e}"]) from None
-    seeds = confirm.confirmation_seeds(cfg, settings.repeats)
-    console.say(f"confirmation: {settings.what} per {settings.per}, each over seeds "
-                f"{', '.join(map(str, seeds))} at the full budget ({cfg.schedule.epochs} epochs):")
-    for c in candidates:
-        keys = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.config.items()
-                         if k != settings.per)
-        console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:.2f} over {c.trials} "
-                    f"trial(s) at the {c.basis})")
-    return tuner.run_confirmation(cfg, experiment_dir, confirm.trial_configs(candidates, seeds),
-                                  confirm.plan_text(settings, candidates, seeds), console, inputs)
-
-
 def _describe_sweep(cfg: Config) -> str:
     """Algorithm, trials, epochs and what is swept (the start of a sweep's console); the
     confirmation, if any, on a line of its own (each line well under 160 characters)."""
@@ -357,19 +307,30 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from raymcn import doctor
 
     cfg = load_config(args.config or preset_path(), args.overrides)
-    started = start_ray(args.address)
-    try:
+    with ray_session(args.address):
         report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
                                  trial_overhead_s=args.trial_overhead)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+        if args.rehearse:
+            _rehearse(cfg, report, args.verbose)
     print(doctor.render(report, cfg.scale.use_gpu))
     if args.json:
         print(json.dumps(doctor.as_json(report)), flush=True)
     return 1 if doctor.failed(report) else 0
+
+
+def _rehearse(cfg: Config, report: dict, verbose: bool) -> None:
+    """``doctor --rehearse``: the sweep file in miniature on the connected cluster, its lines on
+    the console as a sweep's, its rows into the report's head column (``doctor/rehearse.py``)."""
+    import ray
+
+    from raymcn.doctor import rehearse
+
+    mini, where = rehearse.miniature(cfg, cpus=ray.cluster_resources().get("CPU", 1.0))
+    log = console_log(where, mini)
+    with Console(log, verbose=verbose) as console:
+        console.say(f"rehearsal {where}:\n  {_describe_sweep(mini)}\nRay's output: {log}")
+        rows = rehearse.rehearse(mini, where, console)
+    rehearse.rows_in_head_column(report, rows)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -393,14 +354,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
         return commands.run_shards(args)
     from raymcn.data.write.ray_writers import RayWriters
 
-    started = start_ray(args.ray or None)
-    try:
+    with ray_session(args.ray or None):
         return commands.run_shards(args, writer=RayWriters(args.workers or 0))
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -456,7 +411,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
         print(reference(), end="")
         return 0
-    print(load_config(args.config or preset_path(), args.overrides).dump_text(), end="")
+    args.num_workers = args.init_from = None
+    print(resolve_config(args).dump_text(), end="")
     return 0
 
 
@@ -490,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dotted override, e.g. --set optim.lr=3e-4 (repeatable)")
     p.add_argument("--reference", action="store_true",
                    help="every key with its default, bounds and meaning, as Markdown (docs/settings.md)")
+    _add_rehearse_arg(p)
     p.set_defaults(func=cmd_config)
     _add_data_and_results_commands(sub)
     _add_server_commands(sub)

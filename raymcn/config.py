@@ -39,6 +39,13 @@ TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt 
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/monitor/console.py)
 PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
+# In a sweep's folder, written by raymcn, never by Tune: a ".json" name there would be replaced by
+# the driver's older copy when a restored sweep's Tune uploads what it synced down at the restore.
+DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler decided, and when
+EARLIER_RESULTS_FILE = "raymcn_earlier_results.jsonl"  # in a trial's folder: its results before a restore
+# Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
+# that HyperBand stopped while it was paused PAUSED.
+TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 # The process group's timeout (run.collective_timeout_s) against the watchdogs' limit (run.stall_timeout_s):
 # its default, and the least it may be, in multiples of the watchdogs' limit (docs/faults.md, "Stalls")
@@ -214,7 +221,7 @@ class OptimConfig:
 class ScheduleConfig:
     epochs: int = setting(30, ge=1)  # passes over the training corpus
     stage_order: str = setting("joint", choices=STAGE_ORDERS)  # modalities per stage: AV_T = audio+video, then text too
-    stage1_fraction: float = setting(0.5, gt=0, lt=1)  # share of the run's steps spent in stage 1 (not joint)
+    stage1_fraction: float = setting(0.5, ge=0, lt=1)  # share of the run's steps spent in stage 1 (0: no stage 1)
     steps_per_epoch: int = setting(0, ge=0)  # 0 = videos // batch_size
 
 
@@ -372,6 +379,17 @@ class Config:
         """Global FIFO rows: queue_steps · batch_size · queue_clips_per_video."""
         return self.loss.queue_steps * self.data.batch_size * self.queue_clips_per_video
 
+    @property
+    def stage1_epochs(self) -> int:
+        """Epochs of stage 1, rounded up (``schedule.stage1_fraction`` x ``schedule.epochs``): the
+        sweep schedulers' clock starts after them, for every trial of a sweep, ``joint`` included."""
+        return math.ceil(self.schedule.stage1_fraction * self.schedule.epochs)
+
+    @property
+    def budget_epochs(self) -> int:
+        """Epochs on the sweep schedulers' clock (``max_t``): the run's epochs after stage 1."""
+        return self.schedule.epochs - self.stage1_epochs
+
     def steps_per_epoch(self, videos: int) -> int:
         """Steps every rank runs per epoch over ``videos``: videos // data.batch_size, capped by
         schedule.steps_per_epoch. Raises ValueError when they cannot fill one step."""
@@ -484,6 +502,8 @@ def _coerce(key: str, value: Any, typ: Any, problems: list[str]) -> Any:
                 raise TypeError
             return tuple(int(v) for v in value)
         if typ is dict or origin is dict:
+            if value is None or value == "":  # `confirm:` with nothing under it, or `--set sweep.confirm=`
+                return {}
             if not isinstance(value, dict):
                 raise TypeError
             return dict(value)
@@ -553,11 +573,15 @@ def _bound_problem(key: str, value: Any, meta: dict[str, Any]) -> str | None:
         return None
     if gt is not None and lt is not None:
         return f"{key}={value}: must lie strictly between {_num(gt)} and {_num(lt)}"
-    if gt is not None and le is not None:
-        return f"{key}={value}: must lie in ({_num(gt)}, {_num(le)}]"
+    low, high = (gt, ge)[gt is None], (lt, le)[lt is None]
+    if low is not None and high is not None:
+        return (f"{key}={value}: must lie in {'(' if gt is not None else '['}{_num(low)}, "
+                f"{_num(high)}{')' if lt is not None else ']'}")
     if gt == 0:
         return f"{key}={value}: must be a positive number"
-    return f"{key}={value}: must be {'>' if gt is not None else '>='} {_num(gt if gt is not None else ge)}"
+    if low is None:
+        return f"{key}={value}: must be {'<' if lt is not None else '<='} {_num(high)}"
+    return f"{key}={value}: must be {'>' if gt is not None else '>='} {_num(low)}"
 
 
 def field_problems(section_name: str, section: Any) -> list[str]:
@@ -616,9 +640,28 @@ def validate(cfg: Config) -> list[str]:
          "compare small-batch trials past their warm-up with large-batch trials still in it: set "
          "optim.warmup_steps=0 and give the warm-up in videos (optim.warmup_videos)")
     p.extend(validate_sweep(cfg.sweep))
+    p.extend(_budget_problems(cfg))
     if not p:
         p.extend(_validate_trial_configs(cfg))
     return p
+
+
+def _budget_problems(cfg: Config) -> list[str]:
+    """An early-stopping sweep (asha, bohb) needs its clock, the epochs after stage 1, to reach its
+    first rung (``sweep.grace_epochs``) before the run ends."""
+    sw, s = cfg.sweep, cfg.schedule
+    if sw.algorithm not in ("asha", "bohb") or not (s.epochs >= 1 and 0 <= s.stage1_fraction < 1):
+        return []
+    budget = cfg.budget_epochs
+    where = (f"schedule.epochs={s.epochs} with schedule.stage1_fraction={s.stage1_fraction:g} leaves "
+             f"{budget} epoch{'s' * (budget != 1)} after stage 1 ({cfg.stage1_epochs} epochs), the {sw.algorithm} "
+             "sweep's clock")
+    if budget < 1:
+        return [f"{where}: no rung could ever compare trials; train longer or lower schedule.stage1_fraction"]
+    if sw.grace_epochs > budget:
+        return [f"sweep.grace_epochs={sw.grace_epochs}: {where}, so its first rung lies past the end of every "
+                f"trial and nothing would be stopped early; allowed 1..{budget}"]
+    return []
 
 
 def _validate_trial_configs(cfg: Config, limit: int = 512) -> list[str]:
@@ -768,7 +811,7 @@ def load_config_text(text: str, overrides: list[str] | dict[str, Any] | None = N
         loaded = {}
     if not isinstance(loaded, dict):
         raise ConfigError([f"config file {source}: expected a mapping of sections, got {type(loaded).__name__}"])
-    raw: dict[str, Any] = loaded
+    raw = _sections(loaded, source, problems)
     if isinstance(overrides, dict):
         pairs = dict(overrides)
     else:
@@ -779,9 +822,24 @@ def load_config_text(text: str, overrides: list[str] | dict[str, Any] | None = N
                 pairs[k] = v
             except ConfigError as e:
                 problems.extend(e.problems)
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     _apply_overrides(raw, pairs, problems)
     return _build(raw, problems)
+
+
+def _sections(loaded: dict[str, Any], source: str, problems: list[str]) -> dict[str, dict[str, Any]]:
+    """The file's sections as mappings: a section with nothing under it (or only comments, which
+    YAML reads as null) is an empty one; any other value that is not a mapping is a problem naming
+    the file and the section, and the section is left out."""
+    raw = {}
+    for section, values in loaded.items():
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            problems.append(f"config file {source}: section '{section}' must be a mapping of keys "
+                            f"(key: value lines indented under it), got {values!r}")
+            continue
+        raw[section] = dict(values)
+    return raw
 
 
 def default_cache_dir(cfg: Config) -> Path:

@@ -3,7 +3,6 @@
 import contextlib
 import importlib.util
 import os
-import socket
 import sys
 import threading
 import time
@@ -27,27 +26,57 @@ def _private_dirs(tmp_path_factory):
     yield
 
 
+_SHARED_RAY: dict = {}  # the session's one local Ray instance while it runs: {"ctx": ..., "env": ...}
+
+
 @pytest.fixture(scope="module")
 def ray_local():
-    """One small local Ray instance for a test module; always shut down."""
+    """The session's small local Ray instance (started on first use, kept for the next module,
+    shut down at the end of the session or by a module that needs a cluster of its own, and then
+    started again for the next). Pinned to itself as ``raymcn`` pins the instances it starts (its
+    dashboard's address given to its processes and to this one), so a second instance on the
+    machine (a rehearsal's, another user's) changes nothing."""
     ray = pytest.importorskip("ray")
+    if not (ray.is_initialized() and _SHARED_RAY):
+        _stop_shared_ray()
+        if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
+            ray.shutdown()
+        _SHARED_RAY.update(_start_shared_ray(ray))
+    yield _SHARED_RAY["ctx"]
+
+
+def _start_shared_ray(ray) -> dict:
+    from raymcn.train.on_ray.cluster import local_instance_env
+
     # Ray workers must import functions defined in test modules (pickled by reference).
     tests_dir = os.path.dirname(__file__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
-        ray.shutdown()
-    # the settings raymcn gives an instance it starts itself (idle workers kept, Train's quick polls)
-    from raymcn.train.on_ray.cluster import LOCAL_RAY_ENV, LOCAL_TRAIN_ENV
-
-    added = {k: v for k, v in {**LOCAL_RAY_ENV, **LOCAL_TRAIN_ENV}.items() if k not in os.environ}
+    port = free_port()
+    env = local_instance_env(port)
+    added = {k: v for k, v in env.items() if k not in os.environ or k == "RAY_API_SERVER_ADDRESS"}
     os.environ.update(added)
     # address="local": a new instance even where a `ray start` cluster or RAY_ADDRESS exists here.
-    ctx = ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
+    ctx = ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=True,
+                   dashboard_host="127.0.0.1", dashboard_port=port, runtime_env={"env_vars": env},
                    log_to_driver=False, configure_logging=False)
-    yield ctx
+    return {"ctx": ctx, "env": added}
+
+
+def _stop_shared_ray() -> None:
+    if not _SHARED_RAY:
+        return
+    import ray
+
     ray.shutdown()
-    for key in added:
-        del os.environ[key]
+    for key in _SHARED_RAY["env"]:
+        os.environ.pop(key, None)
+    _SHARED_RAY.clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_stopped_at_the_end():
+    yield
+    _stop_shared_ray()
 
 
 def event_log_callback(path):
@@ -102,9 +131,10 @@ NODE_STORE = 150 * 1024**2  # object store per test node
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on 127.0.0.1 (``on_ray/cluster.free_port``; imported on use: it imports Ray)."""
+    from raymcn.train.on_ray.cluster import free_port as free
+
+    return free()
 
 
 @contextlib.contextmanager
@@ -118,21 +148,30 @@ def multinode_cluster(*nodes: dict):
     import ray
     from ray.cluster_utils import Cluster
 
+    _stop_shared_ray()
     if ray.is_initialized():
         ray.shutdown()
     tests_dir = os.path.dirname(__file__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
+    port = free_port()
+    pinned = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}  # as on_ray/cluster.py pins its instances
+    before = os.environ.get("RAY_API_SERVER_ADDRESS")
+    os.environ.update(pinned)  # read by every raylet of the cluster at its start, and by this driver
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
-                                                      "dashboard_port": free_port(), "object_store_memory": NODE_STORE})
+                                                      "dashboard_port": port, "object_store_memory": NODE_STORE})
     try:
         for node in nodes:
             c.add_node(**{"object_store_memory": NODE_STORE, **node})
         c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False)
+        ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": pinned})
         yield c
     finally:
         ray.shutdown()
         c.shutdown()
+        if before is None:
+            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        else:
+            os.environ["RAY_API_SERVER_ADDRESS"] = before
 
 
 def train_worker_nodes() -> dict[str, str]:

@@ -45,7 +45,7 @@ def test_yaml_and_overrides(tmp_path):
     ("scale.use_gpu=perhaps", "scale.use_gpu: expected bool, got 'perhaps'"),
     ("optim.lr=-1", "optim.lr=-1.0: must be a positive number"),
     ("data.batch_size=abc", "data.batch_size: expected int, got 'abc'"),
-    ("schedule.stage1_fraction=1.5", "schedule.stage1_fraction=1.5: must lie strictly between 0 and 1"),
+    ("schedule.stage1_fraction=1.5", "schedule.stage1_fraction=1.5: must lie in [0, 1)"),
     ("data.eval_set=imagenet", "data.eval_set='imagenet': allowed values are synthetic, youcook:FILE, msrvtt:FILE"),
     ("loss.queue_dtype=float16", "loss.queue_dtype='float16': allowed values are float32, bfloat16"),
     ("model.audio_channels=[1,2]", "model.audio_channels=[1, 2]: needs 5 positive widths"),
@@ -154,3 +154,25 @@ def test_every_bound_is_declared_at_its_field_and_checked():
             checked += 1
     assert checked >= 40  # most settings carry a bound
     Config().replace({})  # the defaults satisfy every bound (replace validates)
+
+
+def test_a_section_with_only_comments_is_an_empty_section(tmp_path):
+    """YAML reads a section holding only comments as null: it is an empty section, which overrides
+    of its keys then fill (the shipped sweep files have such a run: section)."""
+    f = tmp_path / "c.yaml"
+    f.write_text("run:\n  # storage: set per cluster\nsweep:\n  confirm:\n    # off for now\n  space:\n")
+    cfg = load_config(f, ["run.name=x", "optim.lr=0.01"])
+    assert (cfg.run.name, cfg.sweep.confirm, cfg.sweep.space, cfg.optim.lr) == ("x", {}, {}, 0.01)
+    assert load_config(f, ["sweep.confirm="]).sweep.confirm == {}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("run: 3\n", "section 'run' must be a mapping of keys (key: value lines indented under it), got 3"),
+    ("data:\n  - batch_size: 8\n", "section 'data' must be a mapping of keys"),
+])
+def test_a_section_that_is_not_a_mapping_names_the_file_and_section(tmp_path, text, fragment):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, ["run.name=x"])
+    assert f"config file {f}: {fragment}" in str(e.value)

@@ -70,6 +70,26 @@ def test_a_corrupted_shard_member_fails_the_crc_check_naming_the_video(cfg, tmp_
     assert row.ok is False and vid in row.fix and "rerun `raymcn shards`" in row.fix
 
 
+def test_a_shard_copy_cut_short_is_named_before_training(cfg, tmp_path):
+    """A shard 1000 bytes short (an interrupted copy) with the manifest intact: the manifest's
+    digest still matches the head's, and the sampled videos may all lie elsewhere; the size row
+    names the shard. (What the reader does with it in a run: tests/test_shards.py, a truncated
+    shard costs only the videos past the cut, counted as bad samples.)"""
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_folder(cfg), copy)
+    req, _ = request(cfg.replace({"data.shards": str(copy)}), tmp_path)
+    victim = sorted(copy.glob("shard-*.tar"))[-1]
+    size = victim.stat().st_size
+    victim.write_bytes(victim.read_bytes()[:-1000])
+    rows = rows_of(probe(req), req)
+    assert rows["manifest as on the head"].ok is True  # the digest cannot see it
+    row = rows["shard sizes as the manifest says"]
+    assert row.ok is False and f"{victim.name}: {size - 1000} bytes, the manifest says {size}" in row.fix
+    assert "copy them again" in row.fix
+    victim.unlink()
+    assert f"{victim.name}: missing" in rows_of(probe(req), req)["shard sizes as the manifest says"].detail
+
+
 def test_another_nodes_manifest_is_refused(cfg, tmp_path):
     """Injected through the request: the head's digest stands for another node's manifest."""
     req, _ = request(cfg, tmp_path)

@@ -53,7 +53,7 @@ def test_multi_fidelity_sweep_over_batch_size_refuses_a_fixed_step_warmup():
                                 "sweep.repeats": 1, "sweep.confirm": {}})
 
 
-@pytest.mark.parametrize("grace, starts", [(1, [1, 3, 9]), (2, [3, 9]), (3, [3, 9]), (4, [9]), (9, [9]), (12, [9])])
+@pytest.mark.parametrize("grace, starts", [(1, [1, 3, 9]), (2, [3, 9]), (3, [3, 9]), (4, [9]), (9, [9])])
 def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
     """HyperBand's brackets over max_t = 9 budget epochs (eta 3) start at 9, 3 and 1; with
     sweep.grace_epochs the brackets that would compare trials earlier are dropped."""
@@ -65,6 +65,19 @@ def test_bohb_brackets_start_no_earlier_than_the_first_rung(grace, starts):
                                       "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}, "sweep.confirm": {}})
     _, hb = build_search(cfg)
     assert sorted(hb._get_r0(s) for s in range(hb._s_max_1)) == starts
+
+
+@pytest.mark.parametrize("algorithm", ["asha", "bohb"])
+def test_a_first_rung_past_the_budget_is_refused_naming_both_settings(algorithm):
+    """grace_epochs beyond the epochs after stage 1 would stop nothing early (and stage 1 filling
+    the run would leave the clock no epoch at all)."""
+    base = {"schedule.epochs": 10, "schedule.stage1_fraction": 0.1, "sweep.algorithm": algorithm, "sweep.repeats": 1,
+            "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}, "sweep.confirm": {}}
+    with pytest.raises(ConfigError, match=r"sweep.grace_epochs=12: schedule.epochs=10 with schedule.stage1_fraction=0.1 "
+                                          r"leaves 9 epochs after stage 1 \(1 epochs\).*allowed 1..9"):
+        load_config(preset_path(), {**base, "sweep.grace_epochs": 12})
+    with pytest.raises(ConfigError, match=r"stage1_fraction=0.95 leaves 0 epochs after stage 1.*no rung could ever"):
+        load_config(preset_path(), {**base, "schedule.stage1_fraction": 0.95})
 
 
 def test_preflight_refuses_a_first_rung_inside_the_warmup(tmp_path, monkeypatch):

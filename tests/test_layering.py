@@ -2,7 +2,8 @@
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
 Layers, left to right: config, storage -> data -> model -> losses -> train -> sweep -> results;
-cli, doctor and servers on top; bench/ imports raymcn, never the reverse. The rules are per folder (a file
+cli, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
+never the reverse. The rules are per folder (a file
 moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
 it, and the corpora (synthetic, evalsets) sit on top; inside train/, the run itself (the modules
 at its root) and the checkpoints/, monitor/ and preflight/ rooms never import on_ray/, the only
@@ -70,7 +71,7 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
         return {"raymcn.config"}, set(), set()
-    if module in ("raymcn.cli", "raymcn") or module.startswith("raymcn.doctor"):
+    if module in ("raymcn.cli", "raymcn", "raymcn.phases") or module.startswith("raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
     if where == "raymcn.servers":  # on top, beside cli; runs sweeps as `raymcn sweep` processes, imports none
         return {"raymcn.config", "raymcn.storage", "raymcn.servers"}, set(), {"ray", "pyarrow", "yaml"}

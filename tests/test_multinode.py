@@ -152,3 +152,20 @@ def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path,
         assert est["search_trials"] == 8 and est["wall_s"][0] > 0 and est["step_s"] > 0
         assert "estimate: " in out and "every check passed on every node" in out
 
+
+@pytest.mark.timeout(1200)
+def test_the_doctor_rehearses_the_lab_sweep_on_the_cluster(cluster, tmp_path, capsys):
+    """`raymcn doctor --rehearse --config sweeps/stage_order_bohb.yaml` on the multi-node cluster
+    (trials on several nodes, the storage and the corpus shared): every row passes, the rehearsal's
+    in the head's column."""
+    from test_rehearsals import lab_inputs, rehearsal_rows
+
+    from raymcn.cli import main
+
+    argv = ["doctor", "--rehearse", "--json", "--config", "sweeps/stage_order_bohb.yaml", *lab_inputs(),
+            "--set", f"run.storage_path={tmp_path / 'results'}"]
+    assert main(argv) == 0, capsys.readouterr().out[-4000:]
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = rehearsal_rows(report)
+    assert len(rows) >= 7 and all(r["ok"] for r in rows.values()), rows
+

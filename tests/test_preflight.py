@@ -15,7 +15,7 @@ CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--set", "scale.use_gpu=perhaps"], "scale.use_gpu: expected bool, got 'perhaps'"),
     (["--set", "optim.lr=-1"], "optim.lr=-1.0: must be a positive number"),
     (["--set", "optim.lr=fast"], "optim.lr: expected float, got 'fast'"),
-    (["--set", "schedule.stage1_fraction=0"], "schedule.stage1_fraction=0.0: must lie strictly between 0 and 1"),
+    (["--set", "schedule.stage1_fraction=1"], "schedule.stage1_fraction=1.0: must lie in [0, 1)"),
     (["--set", "schedule.epochs=0"], "schedule.epochs=0: must be >= 1"),
     (["--set", "data.eval_set=imagenet"], "data.eval_set='imagenet': allowed values are synthetic"),
     (["--set", "loss.queue_dtype=int8"], "loss.queue_dtype='int8': allowed values are float32, bfloat16"),
@@ -61,7 +61,7 @@ def inputs(tmp_path, monkeypatch):
     def no_ray(*_):
         raise AssertionError("Ray was started before the configuration was checked")
 
-    monkeypatch.setattr(cli, "start_ray", no_ray)
+    monkeypatch.setattr(cli, "ray_session", no_ray)
     # Each worker gets 16 GiB, whatever this machine's RAM: the memory case must not depend on it.
     monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (16 << 30, ""))
     return tmp_path

@@ -129,6 +129,33 @@ def test_sort_order_and_status(exp_dir):
     assert running.loc["a0001_00002", "status"] == "running"
 
 
+def test_a_restored_trial_keeps_the_epochs_it_reported_before_the_restore(exp_dir):
+    """A restored Tune uploads a resumed trial's new result.json over the old one; the rows kept
+    before the restore (``tuner.keep_earlier_results``) still make its whole curve, and a second
+    restore keeps both earlier parts."""
+    pytest.importorskip("ray")
+    from raymcn.sweep.tuner import keep_earlier_results
+
+    tid = "a0001_00001"
+    trial = next(exp_dir.glob(f"trial_fn_{tid}_*"))
+    whole = load_experiment(exp_dir)[1]
+
+    def reported(*epochs: int) -> None:  # what Tune leaves in result.json
+        (trial / "result.json").write_text("".join(json.dumps(make_row(tid, e, TRIALS[tid][2][e - 1])) + "\n"
+                                                   for e in epochs))
+
+    reported(1, 2)  # killed after epoch 2
+    keep_earlier_results(str(exp_dir))
+    reported(3)  # restored, resumed at epoch 3, killed again
+    keep_earlier_results(str(exp_dir))
+    reported(4)  # restored again: its last epoch
+    trials, curves = load_experiment(exp_dir)
+    mine = curves[curves["trial"] == tid]
+    assert mine["epoch"].tolist() == [1, 2, 3, 4]
+    assert mine[R10].tolist() == whole[whole["trial"] == tid][R10].tolist()
+    assert by_trial(trials).loc[tid, "status"] == "done"
+
+
 def test_status_from_tune_state_and_without_sweep_yaml(exp_dir):
     # Tune saves a running trial as PENDING; the state file is read best effort
     state = {"trial_data": [[json.dumps({"trial_id": "a0001_00002", "status": "PENDING"}), "{}"]]}
@@ -139,6 +166,20 @@ def test_status_from_tune_state_and_without_sweep_yaml(exp_dir):
     (exp_dir / "raymcn_sweep.yaml").unlink()  # then the longest trial defines "done"
     t = by_trial(load_experiment(exp_dir)[0])
     assert t.loc["a0001_00001", "status"] == "done" and t.loc["a0001_00002", "status"] == "stopped"
+
+
+def test_a_trial_stopped_while_paused_is_stopped_not_running(exp_dir):
+    """Tune's last saved state still calls a trial HyperBand stopped while it was paused PAUSED;
+    raymcn's record of how that Tune run ended corrects it, until a later Tune run saves a newer
+    state (a resumed sweep, whose trials are running again)."""
+    state = {"trial_data": [[json.dumps({"trial_id": "a0001_00002", "status": "PAUSED"}), "{}"]]}
+    (exp_dir / "experiment_state-2024-01-01_00-00-00.json").write_text(json.dumps(state))
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "running"
+    (exp_dir / "raymcn_trial_status.jsonl").write_text(json.dumps(
+        {"trial": "a0001_00002", "status": "TERMINATED", "tune_state": "experiment_state-2024-01-01_00-00-00.json"}))
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "stopped"
+    (exp_dir / "experiment_state-2024-01-02_00-00-00.json").write_text(json.dumps(state))  # resumed since
+    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "running"
 
 
 def test_markdown_and_csv(exp_dir):

@@ -145,7 +145,7 @@ def no_ray(monkeypatch):
     def refuse(*_):
         raise AssertionError("Ray was started before the configuration was checked")
 
-    monkeypatch.setattr(cli, "start_ray", refuse)
+    monkeypatch.setattr(cli, "ray_session", refuse)
     monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (64 << 30, ""))
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY
+from conftest import TINY, free_port
 
 from raymcn.cli import main
 
@@ -25,18 +25,12 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
 MOTO = Path(sys.executable).with_name("moto_server")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def bucket():
     """An S3 server on 127.0.0.1 with one empty bucket; yields its URI. Stops the server after."""
     if not MOTO.exists():
         pytest.skip("moto's server is not installed (the test extras install moto[server])")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",

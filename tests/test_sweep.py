@@ -21,7 +21,7 @@ def fake_trial(config):
     for epoch in range(1, EPOCHS + 1):
         in_stage2 = epoch > math.ceil(FRACTION * EPOCHS)
         r10 = (60.0 + epoch if in_stage2 else 1.0) if staged else 20.0 + epoch
-        tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, FRACTION, EPOCHS), PRIMARY_METRIC: r10})
+        tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, math.ceil(FRACTION * EPOCHS)), PRIMARY_METRIC: r10})
 
 
 def run_fake_sweep(time_attr, tmp_path, orders):

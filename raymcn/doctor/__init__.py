@@ -231,4 +231,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long --step waits for a free GPU and its step on each node (default 600)")
     p.add_argument("--trial-overhead", type=float, default=20.0, metavar="SECONDS",
                    help="seconds to start and stop one trial, for the estimate (default 20)")
+    p.add_argument("--rehearse", action="store_true", help="also run the sweep file in miniature on this cluster "
+                   "(CPU, a few minutes): search, early stopping, BOHB's pause and resume, a killed trial driver "
+                   "resumed, the confirmation and the answer line; its rows join the head's column")
+    p.add_argument("--verbose", action="store_true", help="with --rehearse: show everything Ray prints")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line last")

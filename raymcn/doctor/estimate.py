@@ -60,9 +60,7 @@ def rung_epochs(cfg: Config) -> float:
     """Expected epochs of an asha/bohb search trial when every rung stops all but 1 in
     ``sweep.reduction_factor`` (the most early stopping can save): the stage-1 epochs, then the
     rungs at ``grace``, ``grace·η``, ... budget epochs, a share η^-k of the trials reaching rung k."""
-    from raymcn.sweep.tuner import budget
-
-    sw, epochs, max_t = cfg.sweep, cfg.schedule.epochs, budget(cfg)
+    sw, epochs, max_t = cfg.sweep, cfg.schedule.epochs, cfg.budget_epochs
     if sw.algorithm not in ("asha", "bohb"):
         return float(epochs)
     rungs, r = [], min(sw.grace_epochs, max_t)

@@ -80,7 +80,23 @@ def _shards(req: Request) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         return {"error": str(e)}
     return {"digest": manifest_digest([s["name"] for s in m["shards"]], [s["bytes"] for s in m["shards"]]),
-            "videos": int(m["counts"]["videos"]), "shards": len(m["shards"])}
+            "videos": int(m["counts"]["videos"]), "shards": len(m["shards"]),
+            "wrong_sizes": _wrong_sizes(Path(req.shards_dir), m["shards"])}
+
+
+def _wrong_sizes(root: Path, shards: list[dict]) -> list[str]:
+    """Every shard whose size on this node differs from the manifest's (a stat each): a copy cut
+    short, a shard rewritten since. The manifest's digest alone matches on such a node."""
+    wrong = []
+    for s in shards:
+        try:
+            size = (root / s["name"]).stat().st_size
+        except OSError:
+            size = -1
+        if size != s["bytes"]:
+            have = "missing" if size < 0 else f"{size} bytes"
+            wrong.append(f"{s['name']}: {have}, the manifest says {s['bytes']}")
+    return wrong
 
 
 def _crc(req: Request) -> list[str]:

@@ -45,6 +45,14 @@ def _input_rows(facts: dict, req: Request, host: str) -> list[Row]:
         rows.append(Row("manifest as on the head", same, shards["digest"],
                         "" if same else f"{host}: {req.shards_dir} holds other shards than the head's (another "
                         "copy or an unfinished conversion): point every node at the same shard folder"))
+    if "error" not in shards:
+        wrong = shards.get("wrong_sizes", [])
+        rows.append(Row("shard sizes as the manifest says", not wrong,
+                        f"{shards['shards']} shards checked" if not wrong else
+                        f"{len(wrong)} differ: " + "; ".join(wrong[:2]),
+                        "" if not wrong else f"{host}: {len(wrong)} shard(s) in {req.shards_dir} differ from the "
+                        f"manifest (a copy cut short?): copy them again from the head, or rerun `raymcn shards` "
+                        f"there (it rewrites damaged shards): {wrong[0]}"))
     bad = facts["crc"]
     rows.append(Row("shard members pass CRC-32", not bad and "error" not in shards,
                     f"{len(req.sample)} videos checked" if not bad else "; ".join(bad[:2]),

@@ -7,6 +7,7 @@ on a copy of the directory, and in the default test tier. Layout read (Ray 2.x f
     EXP_DIR/experiment_state-*.json      optional, best effort: Tune's trial statuses
     EXP_DIR/<trial_dir>/params.json      the trial's sampled config, dotted keys ("optim.lr")
     EXP_DIR/<trial_dir>/result.json      JSON lines, one per reported epoch (may end mid-line)
+    EXP_DIR/<trial_dir>/raymcn_earlier_results.jsonl   its rows from before a restore, if any
     EXP_DIR/<trial_dir>/error.txt        present when the trial errored
 
 ``<trial_dir>`` is any name (Tune's default or ``sweep.names.trial_dirname``); the trial id comes
@@ -25,7 +26,14 @@ from typing import Any, Iterable
 import pandas as pd
 import yaml
 
-from raymcn.config import PRIMARY_MODE, RETRIEVAL_METRICS, TRIAL_ERRORS_DIR, ScheduleConfig
+from raymcn.config import (
+    EARLIER_RESULTS_FILE,
+    PRIMARY_MODE,
+    RETRIEVAL_METRICS,
+    TRIAL_ERRORS_DIR,
+    TRIAL_STATUS_FILE,
+    ScheduleConfig,
+)
 from raymcn.results.columns import (
     EPOCHS_KEY,
     FRACTION_KEY,
@@ -48,9 +56,15 @@ class ExperimentError(FileNotFoundError):
 
 
 # --- reading -------------------------------------------------------------------------------------
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """result.json rows, scalar values only. A running trial's file may end in a half-written
-    line, so undecodable lines are skipped instead of failing the whole table."""
+def read_result_rows(trial_dir: Path) -> list[dict[str, Any]]:
+    """A trial's reported rows in the order they were reported, scalar values only: those kept
+    from before a restore (``EARLIER_RESULTS_FILE``, see ``sweep.tuner.keep_earlier_results``),
+    then ``result.json``'s. A running trial's file may end in a half-written line, so undecodable
+    lines are skipped instead of failing the whole table."""
+    return _rows(trial_dir / EARLIER_RESULTS_FILE) + _rows(trial_dir / "result.json")
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = []
@@ -117,7 +131,8 @@ def _tune_states(exp_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
     trial dir name -> trial_id). Its format is Tune-internal, so any surprise yields empty maps."""
     statuses: dict[str, str] = {}
     dirs: dict[str, str] = {}
-    files = sorted(exp_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    # newest by the time in its name: a restored sweep uploads the older files again at its end
+    files = sorted(exp_dir.glob("experiment_state-*.json"))
     if not files:
         return statuses, dirs
     try:
@@ -130,10 +145,17 @@ def _tune_states(exp_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
                 dirs[Path(str(state["relative_logdir"])).name] = tid
     except Exception:  # noqa: BLE001 - internal format; the table must not depend on it
         return {}, {}
+    try:  # raymcn's record of how that Tune run ended corrects a trial stopped while paused
+        for line in (exp_dir / TRIAL_STATUS_FILE).read_text().splitlines():
+            ended = json.loads(line)
+            if ended["tune_state"] == files[-1].name:
+                statuses[str(ended["trial"])] = str(ended["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     return statuses, dirs
 
 
-def _trial_dirs(exp_dir: Path) -> list[Path]:
+def trial_dirs(exp_dir: Path) -> list[Path]:
     """Sub-directories that look like Tune trials (the sweep's ``train/`` storage does not)."""
     if not exp_dir.is_dir():
         raise ExperimentError(f"experiment directory {exp_dir} does not exist")
@@ -222,7 +244,7 @@ def load_experiment(exp_dir: str | Path | Any,
         ExperimentError: the directory does not exist or holds no trial directory.
     """
     exp_dir = Path(getattr(exp_dir, "experiment_path", exp_dir)).expanduser()
-    dirs = _trial_dirs(exp_dir)
+    dirs = trial_dirs(exp_dir)
     running = {str(t) for t in (running_trial_ids or ())}
     base = _base_config(exp_dir)
     base_epochs = _int((base or {}).get(EPOCHS_KEY))
@@ -231,7 +253,7 @@ def load_experiment(exp_dir: str | Path | Any,
     failed = {p.stem for p in (exp_dir / TRIAL_ERRORS_DIR).glob("*.txt")}
     records, curves, config_keys = [], [], []
     for d in dirs:
-        params, rows = _read_params(d), _read_rows(d / "result.json")
+        params, rows = _read_params(d), read_result_rows(d)
         tid = str(next((r["trial_id"] for r in rows if r.get("trial_id")), dir_ids.get(d.name, d.name)))
         curve = _curve(rows)
         epochs = int(curve["epoch"].max()) if len(curve) else 0

@@ -12,22 +12,29 @@ iteration count restarts while its Train run resumes from its checkpoint.
 from __future__ import annotations
 
 import functools
+import json
 import math
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB
 
 from raymcn import storage
 from raymcn.config import (
     CONFIRM_DIR,
     CONFIRM_PLAN_FILE,
+    DECISIONS_FILE,
+    EARLIER_RESULTS_FILE,
     MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
     SWEEP_CONFIG_FILE,
     TRIAL_ERRORS_DIR,
+    TRIAL_STATUS_FILE,
     Config,
     ConfigError,
     default_storage_path,
@@ -45,7 +52,6 @@ from raymcn.train.monitor.console import Console
 from raymcn.train.monitor.trackers import local_folder
 from raymcn.train.on_ray.launch import fit
 from raymcn.train.plan import plan_of
-from raymcn.train.stages import budget_offset
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -125,9 +131,58 @@ def _epoch_report_callback():
     return EpochReportCallback
 
 
-def budget(cfg: Config) -> int:
-    """Epochs on the scheduler's clock: the part of the run after the stage switch."""
-    return cfg.schedule.epochs - budget_offset(cfg.schedule.stage1_fraction, cfg.schedule.epochs)
+class DecisionLog:
+    """A Tune scheduler that also writes what it decided after stage 1 (every result whose clock
+    is past 0: continue, pause or stop) to ``EXP/raymcn_decisions.jsonl``, one JSON line each,
+    rewritten whole at each decision so a bucket can hold it: which trials were compared at which rung, which BOHB paused
+    and which it stopped. A trial stopped while paused (its bracket filled without it) appears as
+    paused only. ``experiment_dir`` is set by the sweep before it starts (and kept across a
+    restore: Tune pickles its scheduler)."""
+
+    experiment_dir = ""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if self.experiment_dir and result.get(BUDGET_ATTR, 0) > 0:
+            path = storage.join(self.experiment_dir, DECISIONS_FILE)
+            if not hasattr(self, "_decisions"):  # a restored sweep continues the file
+                try:
+                    self._decisions = storage.read_text(path)
+                except FileNotFoundError:
+                    self._decisions = ""
+            self._decisions += json.dumps({"trial": trial.trial_id, "epoch": int(result["epoch"]),
+                                           BUDGET_ATTR: int(result[BUDGET_ATTR]), "decision": decision}) + "\n"
+            storage.write_text(path, self._decisions)
+        return decision
+
+    def __getstate__(self):  # the list is the file's; a restored driver reads it again
+        return {k: v for k, v in self.__dict__.items() if k != "_decisions"}
+
+
+class SweepASHA(DecisionLog, ASHAScheduler):
+    """Tune's ASHA, its decisions logged (:class:`DecisionLog`).
+
+    On restore (``raymcn sweep --resume``) Tune starts from the scheduler as it was before the
+    first trial (it saves no scheduler state): the rung records are empty, so the trials that
+    report after the restore are compared only with each other. Fewer trials are stopped early;
+    the confirmation still decides the answer at the full budget."""
+
+
+class SweepBOHB(DecisionLog, HyperBandForBOHB):
+    """Tune's HyperBand for BOHB, its decisions logged (:class:`DecisionLog`), and safe to restore.
+
+    On restore Tune starts from the scheduler as it was before the first trial and adds every
+    trial again, finished ones included. A finished trial put into a bracket never reports, so its
+    bracket never completes a rung, its paused trials are never promoted, and the sweep ends with
+    them paused. Here a finished trial is not put into a bracket; the unfinished ones restart in
+    new brackets from their Train checkpoints (a trial past a rung is judged at the next one it
+    reaches). The brackets' earlier comparisons are lost; the confirmation still decides the
+    answer at the full budget."""
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        if trial.status == Trial.TERMINATED:  # restored after it finished: nothing left to schedule
+            return
+        super().on_trial_add(tune_controller, trial)
 
 
 def build_search(cfg: Config):
@@ -135,11 +190,11 @@ def build_search(cfg: Config):
 
     Metric and mode are given once, to ``TuneConfig``; Tune refuses them twice.
     """
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandForBOHB
+    from ray.tune.schedulers import FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     sw = cfg.sweep
-    max_t = budget(cfg)
+    max_t = cfg.budget_epochs
     # A generator ignores TuneConfig.max_concurrent_trials, so it gets the limit itself. With
     # repeats, random search is a Searcher, which SeedRepeater can wrap (grid repeats are a grid axis).
     variants = BasicVariantGenerator(random_state=sw.seed, max_concurrent=sw.max_concurrent)
@@ -148,10 +203,10 @@ def build_search(cfg: Config):
     if sw.algorithm == "bohb":
         from ray.tune.search.bohb import TuneBOHB
 
-        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(HyperBandForBOHB(
+        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(SweepBOHB(
             time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor), max_t, sw.grace_epochs)
     elif sw.algorithm == "asha":
-        scheduler = ASHAScheduler(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
+        scheduler = SweepASHA(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
                                   reduction_factor=sw.reduction_factor)
         search = _optuna(sw.seed) if sw.suggest == "optuna" else variants
     elif sw.algorithm == "optuna":
@@ -297,11 +352,12 @@ def swept_input_problems(cfg: Config) -> list[str]:
 
 
 def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console | None = None,
-              inputs: RunInputs | None = None) -> SweepResult:
+              inputs: RunInputs | None = None, callbacks: tuple = ()) -> SweepResult:
     """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
     and return the best trial (by the primary metric). ``console``: where the per-trial lines go
     (:class:`~raymcn.sweep.progress.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
-    them (its preflight did), else resolved here, once for every trial."""
+    them (its preflight did), else resolved here, once for every trial; ``callbacks``: Tune
+    callbacks besides the console's and the trackers'."""
     problems = swept_input_problems(cfg)
     if problems:
         raise ConfigError(problems)
@@ -309,6 +365,8 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
     inputs = inputs or resolve_inputs(cfg)
     storage.write_text(storage.join(experiment_dir, SWEEP_CONFIG_FILE), cfg.dump_text())
     search_alg, scheduler = build_search(cfg)
+    if isinstance(scheduler, DecisionLog):
+        scheduler.experiment_dir = experiment_dir
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
@@ -322,7 +380,7 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
                                     trial_dirname_creator=trial_dirname_creator,
                                     reuse_actors=reuse_trial_drivers(scheduler)),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
-                                  callbacks=_callbacks(cfg, experiment_dir, console),
+                                  callbacks=_callbacks(cfg, experiment_dir, console) + list(callbacks),
                                   failure_config=_failure_config(cfg)),
     )
     return _summarise(tuner.fit(), experiment_dir)
@@ -347,6 +405,7 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
     if not tune.Tuner.can_restore(experiment_dir):
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
     inputs = inputs or resolve_inputs(cfg)
+    keep_earlier_results(experiment_dir)
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
                                resume_unfinished=True, resume_errored=True)
     if console is not None:
@@ -359,6 +418,27 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     return _summarise(tuner.fit(), experiment_dir)
+
+
+def keep_earlier_results(experiment_dir: str) -> None:
+    """Before a restore: every trial's reported epochs so far appended to its
+    ``EARLIER_RESULTS_FILE``. A restored Tune logs a resumed trial's results into a new local
+    folder and uploads its ``result.json`` over the one in the sweep's folder, which then starts
+    at the epoch the trial resumed from; ``results.experiment`` reads both files."""
+    fs, path = storage.filesystem(experiment_dir)
+    for trial_dir in storage.subfolders(fs, path):
+        results = storage.join(experiment_dir, posixpath.basename(trial_dir), "result.json")
+        try:
+            rows = storage.read_text(results)
+        except FileNotFoundError:
+            continue
+        earlier = storage.join(experiment_dir, posixpath.basename(trial_dir), EARLIER_RESULTS_FILE)
+        try:
+            kept = storage.read_text(earlier)
+        except FileNotFoundError:
+            kept = ""
+        if rows.strip():
+            storage.write_text(earlier, kept + rows if rows.endswith("\n") else kept + rows + "\n")
 
 
 def confirm_dir(experiment_dir: str) -> str:
@@ -405,14 +485,27 @@ def _summarise(grid, experiment_dir: str) -> SweepResult:
     sign = 1 if PRIMARY_MODE == "max" else -1
 
     def best_ever(r) -> float:  # the trial's best epoch, as Tune's scope="all"
-        history = r.metrics_dataframe
-        return sign * (history[PRIMARY_METRIC] * sign).max() if history is not None else sign * r.metrics[PRIMARY_METRIC]
+        history = r.metrics_dataframe  # a restored trial that reported nothing since holds none
+        if history is None or PRIMARY_METRIC not in history:
+            return r.metrics[PRIMARY_METRIC]
+        return sign * (history[PRIMARY_METRIC] * sign).max()
 
     best = max(ok, key=lambda r: sign * best_ever(r)) if ok else None
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
     # ResultGrid exposes no trial status; an early-stopped trial is TERMINATED, an interrupted one is not.
     trials = grid._experiment_analysis.trials
+    _write_statuses(experiment_dir, {t.trial_id: t.status for t in trials})
     finished = sum(1 for t in trials if t.status in ("TERMINATED", "ERROR")) - len(grid.errors)
     return SweepResult(experiment_dir=experiment_dir, best_config=plain(best.config) if best else {},
                        best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors) + len(failed),
                        num_unfinished=len(grid) - finished - len(grid.errors))
+
+
+def _write_statuses(experiment_dir: str, statuses: dict[str, str]) -> None:
+    """``TRIAL_STATUS_FILE``: a JSON line per trial with its status as this Tune run ended and the
+    name of the experiment state Tune saved last (``results.experiment`` trusts them while that
+    state is the newest; a later restore writes its own)."""
+    saved = sorted(n for n in storage.files(experiment_dir) if n.startswith("experiment_state-"))
+    state = saved[-1] if saved else ""
+    storage.write_text(storage.join(experiment_dir, TRIAL_STATUS_FILE), "".join(
+        json.dumps({"trial": trial, "status": status, "tune_state": state}) + "\n" for trial, status in statuses.items()))

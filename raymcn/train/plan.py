@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from raymcn.config import Config, ConfigError
 from raymcn.data.read.order import share
 from raymcn.train.inputs import RunInputs
-from raymcn.train.stages import budget_offset, switch_step
+from raymcn.train.stages import budget_epoch, switch_step
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class RunPlan:
         steps_per_epoch: steps every rank runs per epoch (videos // batch, capped by
             ``schedule.steps_per_epoch``); epochs: ``schedule.epochs``.
         switch_step: first global step of stage 2 (0 for ``joint``).
-        budget_offset: epochs before the schedulers' clock starts: ``budget_epoch = epoch -
-            budget_offset`` is the same for every trial of a sweep (stage orders included).
+        budget_offset: epochs before the schedulers' clock starts (``budget_epoch = max(0, epoch -
+            budget_offset)``); the same for every trial of a sweep (stage orders included).
         queue_rows: global FIFO rows; queue_clips_per_video: clips of each video queued per step.
         warmup_steps: steps of linear LR warm-up (:func:`warmup_steps`); the half cosine then runs
             to 0 at ``total_steps``, so both are fixed shares of the run's videos at any batch size.
@@ -88,8 +88,9 @@ class RunPlan:
         return tuple(self.share(r, world, step) for r in range(world))
 
     def budget_epoch(self, epoch: int) -> int:
-        """Epochs completed since every stage order has all three modalities (the schedulers' clock)."""
-        return epoch - self.budget_offset
+        """The sweep schedulers' clock after ``epoch`` completed epochs (``stages.budget_epoch``):
+        epochs completed since every stage order has all three modalities, 0 in stage 1."""
+        return budget_epoch(epoch, self.budget_offset)
 
 
 def warmup_steps(cfg: Config) -> int:
@@ -121,7 +122,7 @@ def make_plan(cfg: Config, videos: int, inputs: RunInputs | None = None) -> RunP
                    clips_per_video=cfg.data.clips_per_video,
                    steps_per_epoch=steps, epochs=s.epochs,
                    switch_step=switch_step(s.stage_order, s.stage1_fraction, steps * s.epochs),
-                   budget_offset=budget_offset(s.stage1_fraction, s.epochs), queue_rows=cfg.queue_rows,
+                   budget_offset=cfg.stage1_epochs, queue_rows=cfg.queue_rows,
                    queue_clips_per_video=cfg.queue_clips_per_video, warmup_steps=warmup_steps(cfg), inputs=inputs)
 
 

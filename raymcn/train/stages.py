@@ -43,17 +43,24 @@ def stage_of(stage_order: str, step: int, switch: int) -> int:
     return 1 if step < switch else 2
 
 
-def budget_offset(stage1_fraction: float, epochs: int) -> int:
-    """Epochs of stage 1, rounded up: the schedulers' clock starts after them (:func:`budget_epoch`)."""
-    return int(math.ceil(stage1_fraction * epochs))
+def budget_epoch(epoch: int, offset: int) -> int:
+    """The sweep schedulers' clock after ``epoch`` completed epochs of a run whose stage 1 lasts
+    ``offset`` epochs (``Config.stage1_epochs``): the epochs completed since every stage order has
+    all three modalities, 0 throughout stage 1.
 
+    Tune's schedulers read it instead of their ``training_iteration``: BOHB pauses trials, and a
+    resumed trial's iteration count restarts while its Train run resumes from its checkpoint.
 
-def budget_epoch(epoch: int, stage1_fraction: float, epochs: int) -> int:
-    """Epochs completed since every stage order has all three modalities active.
-
-    Sweep schedulers use this as their clock (not Tune's ``training_iteration``, which restarts
-    when BOHB pauses a trial), so no rung can fall inside stage 1 and a staged order is never
-    stopped only because its third modality has not started. The offset is the same for every
-    trial of a sweep (``joint`` included), so every rung compares runs after equal total epochs.
+    * Valid for every scheduler at every report: never negative (HyperBand asserts that), 0 in
+      stage 1, then 1, 2, ... up to ``max_t`` = epochs - offset.
+    * No rung falls inside stage 1: every rung lies at ``sweep.grace_epochs`` >= 1 or later, and
+      the clock reaches 1 only at the first epoch end after the offset. While it reads 0, ASHA
+      has nothing to compare and HyperBand only counts the trial as not yet at its rung.
+    * Every rung compares runs after equal total epochs: the offset is the same for every trial
+      of a sweep (``joint`` included), so clock value r means epoch offset + r for all of them.
+    * BOHB's pause and resume keep it: HyperBand pauses a trial at the report whose clock reaches
+      its rung; that epoch's checkpoint goes with the report, the resumed Train run restarts from
+      it, and its next report reads rung + 1. The clock is a function of the epoch alone, never of
+      how often the trial was paused or restarted.
     """
-    return epoch - budget_offset(stage1_fraction, epochs)
+    return max(0, epoch - offset)

@@ -1,17 +1,28 @@
 """The driver's Ray cluster: connect to it (or start a local one), and check what a run asks of it.
 
-Every command that needs Ray connects the same way: to the given address, else ``RAY_ADDRESS``,
-else the cluster this machine belongs to, else a local instance for the embedded default.
+Every command that needs Ray connects the same way (:func:`ray_session`): to the given address,
+else ``RAY_ADDRESS``, else the cluster this machine belongs to, else a new local instance.
+
+Pinned to its own cluster: a local instance raymcn starts hands every one of its processes (the
+driver, Tune's trial drivers, Train's controller and its placement-group cleaner, the workers, the
+read tasks) the address of its own dashboard in ``RAY_API_SERVER_ADDRESS``, the variable Ray's
+State API reads first. Without it, Train's cleaner, which asks the State API whether a stopped
+run's controller is gone before it frees the run's CPUs, looks for "the" cluster on the machine;
+with a second Ray instance there (a test suite, a colleague's run) it finds two, fails, retries
+forever, and the next trial waits for CPUs that are never freed. A cluster started by ``ray
+start`` is pinned the same way by its start commands (``cluster.yaml``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+from collections.abc import Iterator
 
 import ray
 
-from raymcn.config import Config
-
+from raymcn.config import Config, ConfigError
 
 # Read by the daemons of an instance this process starts (a running cluster keeps its own); a value
 # already in the environment wins. Ray keeps as many idle worker processes as a node has CPUs and
@@ -22,23 +33,73 @@ LOCAL_RAY_ENV = {"RAY_idle_worker_killing_time_threshold_ms": "60000"}
 # machine is never preempted, so the preemption watcher's actor per run only costs a process start;
 # polling the workers every 0.5 s instead of 2 s notices a run's end (and each report) sooner.
 LOCAL_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"  # Ray's State API client reads it before RAY_ADDRESS
 
 
-def start_ray(address: str | None) -> bool:
-    """Connect to ``address`` (None: as the module doc says) or start a local instance; returns
-    True if this call started Ray in this process (the caller then shuts it down)."""
-    if ray.is_initialized():
-        return False
-    added = {k: v for k, v in LOCAL_RAY_ENV.items() if k not in os.environ}
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_instance_env(dashboard_port: int) -> dict[str, str]:
+    """What every process of a local instance with its dashboard on ``dashboard_port`` is given:
+    its own API server address (module doc), Train's local settings and the daemons' settings."""
+    return {**LOCAL_RAY_ENV, **LOCAL_TRAIN_ENV, API_SERVER_ENV: f"http://127.0.0.1:{dashboard_port}"}
+
+
+@contextlib.contextmanager
+def scoped_env(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block (a value already set there wins), then removed."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
     os.environ.update(added)
     try:
-        ray.init(address=address, log_to_driver=True)
-    finally:  # the new instance's daemons have read them; a later one in this process decides anew
+        yield
+    finally:
         for key in added:
-            del os.environ[key]
-    if getattr(ray._private.worker._global_node, "head", False):  # started here, not connected to
-        for key, value in LOCAL_TRAIN_ENV.items():
-            os.environ.setdefault(key, value)
+            os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, **init_kwargs) -> Iterator[bool]:
+    """Ray for one command (module doc); yields True when this call started a local instance,
+    which is shut down at the end. Already connected (a test, a caller's own ``ray.init``): that
+    connection, left alone.
+
+    Raises:
+        ConfigError: no address was given and several Ray instances run on this machine.
+    """
+    if ray.is_initialized():
+        yield False
+        return
+    if _connect(address or os.environ.get("RAY_ADDRESS") or None, init_kwargs):
+        yield False
+        return
+    port = free_port()
+    env = local_instance_env(port)
+    with scoped_env(env):  # the daemons read it at their start; this driver (Train's settings) for the block
+        ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
+                 log_to_driver=True, runtime_env={"env_vars": env}, **init_kwargs)
+        try:
+            yield True
+        finally:
+            ray.shutdown()
+
+
+def _connect(address: str | None, init_kwargs: dict) -> bool:
+    """Connect to ``address``, or (None) to the cluster this machine belongs to; False when a new
+    local instance is asked for ("local") or no cluster runs here."""
+    if address == "local":
+        return False
+    try:
+        ray.init(address=address or "auto", log_to_driver=True, **init_kwargs)
+    except ConnectionError as e:
+        if address is not None:
+            raise
+        if "multiple" in str(e).lower():
+            raise ConfigError([f"several Ray instances run on this machine ({e}); say which one with --address "
+                               "or RAY_ADDRESS (e.g. the cluster's HEAD_IP:6379), or 'local' for a new one"]) from None
+        return False  # none runs here
     return True
 
 
