@@ -298,7 +298,7 @@ def _sweep_summary(experiment_dir: str) -> str:
 
     local = experiment_dir
     if storage.is_uri(experiment_dir):  # read (and the plots and CSVs written) through a local copy
-        local = str(storage.local_copy(experiment_dir, default_cache_dir(Config()) / "experiments", skip=("train",)))
+        local = str(storage.local_copy(experiment_dir, default_cache_dir(Config()) / "experiments", skip=storage.CHECKPOINTS))
     return sweep_summary(local)
 
 
@@ -341,7 +341,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
     if storage.is_uri(args.experiment_dir):
         cache = default_cache_dir(Config()) / "experiments"
-        args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache, skip=("train",)))
+        args.experiment_dir = str(storage.local_copy(args.experiment_dir, cache, skip=storage.CHECKPOINTS))
         print(f"(a local copy of the experiment: {args.experiment_dir})", file=sys.stderr)
     return table.run_table(args)
 

@@ -42,7 +42,6 @@ METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every re
 # In a sweep's folder, written by raymcn, never by Tune: a ".json" name there would be replaced by
 # the driver's older copy when a restored sweep's Tune uploads what it synced down at the restore.
 DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler decided, and when
-EARLIER_RESULTS_FILE = "raymcn_earlier_results.jsonl"  # in a trial's folder: its results before a restore
 # Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
 # that HyperBand stopped while it was paused PAUSED.
 TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"

@@ -43,7 +43,7 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
         return after
     if tuner.confirmation_started(experiment_dir):  # --confirm on a sweep whose confirmation began
         return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
-    local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=("train",))
+    local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=storage.CHECKPOINTS)
     trials, _ = load_experiment(local)
     unfinished = int((trials["status"] == "running").sum())
     if unfinished:

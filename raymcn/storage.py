@@ -101,7 +101,7 @@ def fetch(fs: pafs.FileSystem, path: str, local_dir: str | os.PathLike) -> Path:
 def local_copy(location: str, cache_dir: str | os.PathLike, skip: tuple[str, ...] = ()) -> Path:
     """A local folder holding ``location``'s files: the folder itself when it is local, else a copy
     of the remote tree in ``cache_dir`` (refreshed on every call: a running sweep keeps writing).
-    ``skip``: folder names not copied at any depth (a sweep's ``train/`` folders hold every trial's
+    ``skip``: prefixes of folder names not copied at any depth (``CHECKPOINTS``: every trial's
     checkpoints, gigabytes each at paper size, which no table reads)."""
     location = normalize(location)
     if not is_uri(location):
@@ -111,12 +111,15 @@ def local_copy(location: str, cache_dir: str | os.PathLike, skip: tuple[str, ...
     local = pafs.LocalFileSystem()
     for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
         relative = posixpath.relpath(info.path, path)
-        if info.type != pafs.FileType.File or set(relative.split("/")[:-1]) & set(skip):
+        if info.type != pafs.FileType.File or any(part.startswith(skip) for part in relative.split("/")[:-1] if skip):
             continue
         (target / relative).parent.mkdir(parents=True, exist_ok=True)
         pafs.copy_files(info.path, str(target / relative), source_filesystem=fs, destination_filesystem=local)
     target.mkdir(parents=True, exist_ok=True)
     return target
+
+
+CHECKPOINTS = ("checkpoint_",)  # the folders Ray Train names each checkpoint: local_copy(skip=CHECKPOINTS)
 
 
 def newest(location: str, marker: str, what: str) -> str:

@@ -1,5 +1,6 @@
 """Checkpoint files: atomic writes, strict restore, fallback past a damaged latest checkpoint."""
 
+import json
 import os
 from pathlib import Path
 
@@ -199,3 +200,26 @@ def test_resume_stops_at_a_tampered_checkpoint_instead_of_going_back(tmp_path):
         checkpoint.load_latest_good(latest, warn=warnings.append)
     assert str(latest / checkpoint.STATE_FILE) in str(info.value) and warnings == []
     assert permanent_cause(info.value) is info.value
+
+
+def test_a_run_that_ended_tells_its_last_metrics_from_its_newest_checkpoint(tmp_path):
+    """A sweep restored after its driver's reboot finds a trial whose Train run ended before Tune
+    saved that: the trial reports the run's last epoch again from the newest checkpoint's metrics
+    (not a Train run that has nothing left to train and reports nothing); a checkpoint inside the
+    last epoch, or before it, is not an end."""
+    from raymcn.train.on_ray.launch import finished_metrics
+
+    run = tmp_path / "train-abc"
+    assert finished_metrics(str(run), 4) is None  # not started
+    metrics = {"epoch": 4.0, "text_to_video_R@10": 12.5, "budget_epoch": 2.0}
+    for name, epoch, steps in (("checkpoint_2026-01-01_00-00-01.000001", 3, 0),
+                               ("checkpoint_2026-01-01_00-00-02.000001", 4, 0)):
+        (run / name).mkdir(parents=True)
+        (run / name / checkpoint.META_FILE).write_text(json.dumps({"epoch": epoch, "progress": {"steps": steps}}))
+        (run / name / checkpoint.METRICS_META_FILE).write_text(json.dumps({**metrics, "epoch": float(epoch)}))
+    assert finished_metrics(str(run), 4) == metrics
+    assert finished_metrics(str(run), 5) is None  # more to train
+    inside = run / "checkpoint_2026-01-01_00-00-03.000001"  # a mid-epoch one of a longer run
+    inside.mkdir()
+    (inside / checkpoint.META_FILE).write_text(json.dumps({"epoch": 4, "progress": {"steps": 1}}))
+    assert finished_metrics(str(run), 4) is None

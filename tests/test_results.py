@@ -129,43 +129,30 @@ def test_sort_order_and_status(exp_dir):
     assert running.loc["a0001_00002", "status"] == "running"
 
 
-def test_a_restored_trial_keeps_the_epochs_it_reported_before_the_restore(exp_dir):
-    """A restored Tune uploads a resumed trial's new result.json over the old one; the rows kept
-    before the restore (``tuner.keep_earlier_results``) still make its whole curve, and a second
-    restore keeps both earlier parts."""
-    pytest.importorskip("ray")
-    from raymcn.sweep.tuner import keep_earlier_results
+def test_epochs_missing_from_tunes_file_come_from_the_runs_metrics_csv(exp_dir):
+    """After the driver's reboot Tune's result.json of a resumed trial starts where it resumed (and
+    misses what Tune had not yet copied into the sweep's folder); the trial's Train run wrote every
+    epoch into its metrics.csv, which fills the gaps. Tune's rows win where both have an epoch."""
+    import csv
 
     tid = "a0001_00001"
     trial = next(exp_dir.glob(f"trial_fn_{tid}_*"))
     whole = load_experiment(exp_dir)[1]
-
-    def reported(*epochs: int) -> None:  # what Tune leaves in result.json
-        (trial / "result.json").write_text("".join(json.dumps(make_row(tid, e, TRIALS[tid][2][e - 1])) + "\n"
-                                                   for e in epochs))
-
-    reported(1, 2)  # killed after epoch 2
-    keep_earlier_results(str(exp_dir))
-    reported(3)  # restored, resumed at epoch 3, killed again
-    keep_earlier_results(str(exp_dir))
-    reported(4)  # restored again: its last epoch
+    table = exp_dir / "train" / f"train-{tid}" / "metrics.csv"
+    table.parent.mkdir(parents=True)
+    rows = [{k: v for k, v in make_row(tid, e, r).items() if isinstance(v, float) or k == "epoch"}
+            for e, r in enumerate(TRIALS[tid][2], start=1)]
+    with table.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "total_loss": 99.0} for r in rows)  # told apart from Tune's rows below
+    (trial / "result.json").write_text(json.dumps(make_row(tid, 3, TRIALS[tid][2][2])) + "\n")  # resumed at 3
     trials, curves = load_experiment(exp_dir)
     mine = curves[curves["trial"] == tid]
     assert mine["epoch"].tolist() == [1, 2, 3, 4]
     assert mine[R10].tolist() == whole[whole["trial"] == tid][R10].tolist()
+    assert mine["total_loss"].tolist() == [99.0, 99.0, 5.0 / 3, 99.0]
     assert by_trial(trials).loc[tid, "status"] == "done"
-
-
-def test_status_from_tune_state_and_without_sweep_yaml(exp_dir):
-    # Tune saves a running trial as PENDING; the state file is read best effort
-    state = {"trial_data": [[json.dumps({"trial_id": "a0001_00002", "status": "PENDING"}), "{}"]]}
-    (exp_dir / "experiment_state-2024-01-01_00-00-00.json").write_text(json.dumps(state))
-    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "running"
-    (exp_dir / "experiment_state-2024-01-01_00-00-00.json").write_text("{not json")
-    assert by_trial(load_experiment(exp_dir)[0]).loc["a0001_00002", "status"] == "stopped"
-    (exp_dir / "raymcn_sweep.yaml").unlink()  # then the longest trial defines "done"
-    t = by_trial(load_experiment(exp_dir)[0])
-    assert t.loc["a0001_00001", "status"] == "done" and t.loc["a0001_00002", "status"] == "stopped"
 
 
 def test_a_trial_stopped_while_paused_is_stopped_not_running(exp_dir):

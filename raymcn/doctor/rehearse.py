@@ -92,17 +92,30 @@ def rehearse(mini: Config, where: str, console) -> list[Row]:
 
 
 def _cause(error: BaseException) -> str:
-    """The first and the innermost error of ``error``'s chain (Tune wraps what a scheduler raised
-    in a TuneError that says only to look further up), with where the innermost was raised."""
+    """``error`` and what raised it first: the innermost exception of its chain with the file and
+    line it was raised at, or, where Tune passed on only a traceback's text (its TuneError), that
+    traceback's last exception and frame."""
     import traceback
 
     inner = error
     while inner.__cause__ is not None or inner.__context__ is not None:
         inner = inner.__cause__ or inner.__context__
-    where = traceback.extract_tb(inner.__traceback__)[-1:] if inner.__traceback__ else []
-    at = f" at {Path(where[0].filename).name}:{where[0].lineno} ({where[0].line})" if where else ""
-    first = f"{type(error).__name__}: {' '.join(str(error).split())}"
-    return first if inner is error else f"{first} <- {type(inner).__name__}: {inner}{at}"
+    if inner is not error and inner.__traceback__ is not None:
+        frame = traceback.extract_tb(inner.__traceback__)[-1]
+        raised, at = f"{type(inner).__name__}: {inner}".rstrip(": "), (frame.filename, frame.lineno, frame.line)
+    else:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        if "Traceback (most recent call last)" not in str(error) or not lines:
+            return f"{type(error).__name__}: {' '.join(str(error).split())}"
+        last = max(i for i, line in enumerate(lines) if not line.startswith(" "))
+        frames = [i for i in range(last) if lines[i].lstrip().startswith('File "')]
+        raised, at = lines[last].strip(), None
+        if frames:
+            head = lines[frames[-1]].strip().split('"')
+            code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < last else ""
+            at = (head[1], head[2].split(",")[1].split()[-1], code)
+    where = f" at {Path(at[0]).name}:{at[1]} ({at[2]})" if at else ""
+    return f"{type(error).__name__} <- {raised}{where}"
 
 
 def _local(where: str, cfg: Config) -> Path:
@@ -110,7 +123,7 @@ def _local(where: str, cfg: Config) -> Path:
     from raymcn.config import default_cache_dir
 
     if storage.is_uri(where):
-        return storage.local_copy(where, default_cache_dir(cfg) / "experiments", skip=("train",))
+        return storage.local_copy(where, default_cache_dir(cfg) / "experiments", skip=storage.CHECKPOINTS)
     return Path(where)
 
 

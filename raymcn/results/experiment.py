@@ -7,7 +7,8 @@ on a copy of the directory, and in the default test tier. Layout read (Ray 2.x f
     EXP_DIR/experiment_state-*.json      optional, best effort: Tune's trial statuses
     EXP_DIR/<trial_dir>/params.json      the trial's sampled config, dotted keys ("optim.lr")
     EXP_DIR/<trial_dir>/result.json      JSON lines, one per reported epoch (may end mid-line)
-    EXP_DIR/<trial_dir>/raymcn_earlier_results.jsonl   its rows from before a restore, if any
+    EXP_DIR/train/train-<id>/metrics.csv rank 0's row per epoch of the trial's Train run (fills the
+                                         epochs result.json lacks after a driver's reboot)
     EXP_DIR/<trial_dir>/error.txt        present when the trial errored
 
 ``<trial_dir>`` is any name (Tune's default or ``sweep.names.trial_dirname``); the trial id comes
@@ -18,6 +19,8 @@ names of the training loop (``config.RETRIEVAL_METRICS``, ``*_loss``), so the ta
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -27,7 +30,7 @@ import pandas as pd
 import yaml
 
 from raymcn.config import (
-    EARLIER_RESULTS_FILE,
+    METRICS_FILE,
     PRIMARY_MODE,
     RETRIEVAL_METRICS,
     TRIAL_ERRORS_DIR,
@@ -57,11 +60,27 @@ class ExperimentError(FileNotFoundError):
 
 # --- reading -------------------------------------------------------------------------------------
 def read_result_rows(trial_dir: Path) -> list[dict[str, Any]]:
-    """A trial's reported rows in the order they were reported, scalar values only: those kept
-    from before a restore (``EARLIER_RESULTS_FILE``, see ``sweep.tuner.keep_earlier_results``),
-    then ``result.json``'s. A running trial's file may end in a half-written line, so undecodable
-    lines are skipped instead of failing the whole table."""
-    return _rows(trial_dir / EARLIER_RESULTS_FILE) + _rows(trial_dir / "result.json")
+    """A trial's reported epochs, scalar values only: ``result.json``'s rows, after the rows of
+    its Train run's ``metrics.csv`` (``EXP/train/train-<trial id>/``) for the epochs Tune's file
+    lacks. Tune copies its result files into the sweep's folder only every so often, and a
+    restored sweep uploads a resumed trial's new file over the old one, so after a reboot of the
+    driver result.json may start late or skip an epoch; rank 0 rewrites metrics.csv whole at every
+    epoch end, in the sweep's storage. A running trial's file may end in a half-written line, so
+    undecodable lines are skipped instead of failing the whole table."""
+    rows = _rows(trial_dir / "result.json")
+    tid = next((str(r["trial_id"]) for r in rows if r.get("trial_id")), trial_dir.name.rsplit("-", 1)[-1])
+    have = {r.get("epoch") for r in rows}
+    table = trial_dir.parent / "train" / f"train-{tid}" / METRICS_FILE
+    kept = _csv_rows(table) if table.exists() else []
+    return [{**r, "trial_id": tid} for r in kept if r.get("epoch") not in have] + rows
+
+
+def _csv_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in
+                csv.DictReader(io.StringIO(path.read_text(errors="replace")))]
+    except (OSError, ValueError):
+        return []
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
@@ -185,7 +204,8 @@ def _curve(rows: list[dict[str, Any]]) -> pd.DataFrame:
 # --- one trial -> one row --------------------------------------------------------------------------
 def _status(trial_dir: Path, tid: str, epochs: int, target: int | None, running: set[str],
             tune_status: str, failed: set[str]) -> str:
-    if (trial_dir / "error.txt").exists() or tune_status == "ERROR" or tid in failed:
+    # Tune writes error.txt at every failure, also of a trial it then retried to its end
+    if tune_status == "ERROR" or tid in failed or ((trial_dir / "error.txt").exists() and tune_status != "TERMINATED"):
         return "error"
     if tid in running:
         return "running"

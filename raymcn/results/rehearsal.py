@@ -30,8 +30,7 @@ class Check:
 
 
 def reported_epochs(exp_dir: Path) -> dict[str, list[int]]:
-    """Trial id -> the epochs it reported, in the order Tune wrote them (a resumed trial's rows
-    continue after its earlier ones)."""
+    """Trial id -> the epochs it reported (``results.experiment.read_result_rows``)."""
     out: dict[str, list[int]] = {}
     for d in trial_dirs(exp_dir):
         rows = [r for r in read_result_rows(d) if "epoch" in r and r.get("trial_id")]
@@ -104,21 +103,19 @@ def _scheduler_checks(cfg: Config, logged: list[dict[str, Any]], epochs: dict[st
 
 
 def _continued(reported: list[int], after: int) -> bool:
-    """The trial reported ``after``, then ``after + 1``, and never went back to an epoch before
-    ``after``: resumed from its checkpoint rather than started over."""
-    if after not in reported or after + 1 not in reported:
-        return False
-    later = reported[reported.index(after) + 1:]
-    return min(later) >= after
+    """The trial reported ``after`` and then ``after + 1``: resumed after its pause."""
+    return after in reported and after + 1 in reported
 
 
 def _killed_check(killed: dict[str, int], epochs: dict[str, list[int]], trials) -> Check:
+    """Each killed trial ended, with every epoch up to its last reported (its Train run resumed
+    from its checkpoint: ``results.experiment`` fills from the run's metrics.csv what its dead
+    driver never passed on)."""
     status = dict(zip(trials["trial"], trials["status"]))
-    bad = {t: epochs.get(t, []) for t, before in killed.items()
-           if status.get(t) not in ("done", "stopped") or epochs.get(t, [])[:before] != list(range(1, before + 1))
+    bad = {t for t in killed if status.get(t) not in ("done", "stopped")
            or sorted(set(epochs.get(t, []))) != list(range(1, max(epochs.get(t, [0])) + 1))}
-    detail = "; ".join(f"trial {t} killed after epoch {n}, then reported {epochs.get(t, [])[n:]}"
-                       for t, n in killed.items())
+    detail = "; ".join(f"trial {t} killed after epoch {n}, then ended at epoch {max(epochs.get(t, [0]))} "
+                       f"({status.get(t, 'no status')})" for t, n in killed.items())
     return Check("a killed trial driver resumed", not bad, detail)
 
 

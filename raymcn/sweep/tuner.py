@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from raymcn.config import (
     CONFIRM_DIR,
     CONFIRM_PLAN_FILE,
     DECISIONS_FILE,
-    EARLIER_RESULTS_FILE,
     MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
@@ -50,7 +48,7 @@ from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
 from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
 from raymcn.train.monitor.trackers import local_folder
-from raymcn.train.on_ray.launch import fit
+from raymcn.train.on_ray.launch import finished_metrics, fit
 from raymcn.train.plan import plan_of
 
 BUDGET_ATTR = "budget_epoch"
@@ -85,7 +83,9 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
     restored trial resumes its Train run from the latest checkpoint instead of starting over.
 
     The sweep's driver resolved ``inputs`` once for every trial; a trial only makes its own plan
-    from them (arithmetic on its configuration: nothing is read again, on any node).
+    from them (arithmetic on its configuration: nothing is read again, on any node). A trial
+    whose Train run already ended (its driver rebooted before Tune saved that) reports the run's
+    last epoch again instead of starting a run with nothing left to train.
 
     A trial whose driver or node is lost raises, and Tune retries it (``tune.FailureConfig``). A
     trial whose run failed with a permanent error (non-finite loss past the limit, a bad input)
@@ -101,8 +101,12 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         timeline.mark("trial: plan started")
         plan = plan_of(cfg, inputs)
         timeline.mark("trial: plan done")
-        fit(cfg, storage.join(experiment_dir, "train", f"train-{trial_id}"), plan=plan,
-            callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
+        run_dir = storage.join(experiment_dir, "train", f"train-{trial_id}")
+        done = finished_metrics(run_dir, plan.epochs)
+        if done is not None:  # its run ended before Tune saved that (restored after a reboot): say so again
+            tune.report(done)
+            return
+        fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:
@@ -405,7 +409,6 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
     if not tune.Tuner.can_restore(experiment_dir):
         raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
     inputs = inputs or resolve_inputs(cfg)
-    keep_earlier_results(experiment_dir)
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
                                resume_unfinished=True, resume_errored=True)
     if console is not None:
@@ -418,27 +421,6 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     return _summarise(tuner.fit(), experiment_dir)
-
-
-def keep_earlier_results(experiment_dir: str) -> None:
-    """Before a restore: every trial's reported epochs so far appended to its
-    ``EARLIER_RESULTS_FILE``. A restored Tune logs a resumed trial's results into a new local
-    folder and uploads its ``result.json`` over the one in the sweep's folder, which then starts
-    at the epoch the trial resumed from; ``results.experiment`` reads both files."""
-    fs, path = storage.filesystem(experiment_dir)
-    for trial_dir in storage.subfolders(fs, path):
-        results = storage.join(experiment_dir, posixpath.basename(trial_dir), "result.json")
-        try:
-            rows = storage.read_text(results)
-        except FileNotFoundError:
-            continue
-        earlier = storage.join(experiment_dir, posixpath.basename(trial_dir), EARLIER_RESULTS_FILE)
-        try:
-            kept = storage.read_text(earlier)
-        except FileNotFoundError:
-            kept = ""
-        if rows.strip():
-            storage.write_text(earlier, kept + rows if rows.endswith("\n") else kept + rows + "\n")
 
 
 def confirm_dir(experiment_dir: str) -> str:

@@ -27,6 +27,7 @@ from raymcn.config import PermanentError, parse_interval
 
 STATE_FILE = "state.pt"
 META_FILE = "loop.json"
+METRICS_META_FILE = "metrics.json"  # beside an epoch-end checkpoint: the metrics its epoch reported
 FORMAT_VERSION = 1
 
 
@@ -103,8 +104,10 @@ def save(directory: str | os.PathLike, **parts: Any) -> Path:
         tmp.unlink(missing_ok=True)  # e.g. disk full: drop the partial file, keep the previous one
         raise
     os.replace(tmp, final)  # atomic on POSIX: readers see the old file or the whole new one
-    if "loop" in payload:  # small sidecar: the driver reads the epoch without loading the weights
+    if "loop" in payload:  # small sidecars: the driver reads the epoch without loading the weights
         (directory / META_FILE).write_text(json.dumps(payload["loop"]))
+    if "metrics" in payload:
+        (directory / METRICS_META_FILE).write_text(json.dumps(payload["metrics"]))
     return final
 
 

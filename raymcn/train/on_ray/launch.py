@@ -9,8 +9,10 @@ may be a local/NFS folder or a bucket URI (``storage.py``); run locations are st
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
+import posixpath
 import secrets
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ from raymcn.config import (
     load_config_text,
     permanent_cause,
 )
+from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, watchdog
 from raymcn.train.on_ray.worker import train_func_per_worker
@@ -156,6 +159,21 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
+
+
+def finished_metrics(run_dir: str, epochs: int) -> dict[str, float] | None:
+    """The last epoch's metrics when the run in ``run_dir`` (a path or URI) has a checkpoint at the
+    end of epoch ``epochs``, its last; else None (not started, or more to train)."""
+    fs, path = storage.filesystem(storage.normalize(run_dir))
+    newest = storage.subfolders(fs, path, prefix="checkpoint_")[-1:]
+    try:
+        loop = json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest[0]), checkpoint.META_FILE)))
+        if int(loop["epoch"]) < epochs or loop.get("progress", {}).get("steps", 0):
+            return None
+        return json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest[0]),
+                                                         checkpoint.METRICS_META_FILE)))
+    except (IndexError, FileNotFoundError, ValueError, KeyError):
+        return None
 
 
 def saved_config(run_dir: str, overrides: list[str] | None = None) -> Config:
