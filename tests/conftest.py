@@ -1,19 +1,19 @@
 """Shared fixtures: a private cache and results folder per session, and one Ray instance per module."""
 
 import contextlib
-import importlib.util
 import os
-import socket
-import sys
 import threading
 import time
 
 import pytest
 
-# bench/common.py holds the helpers the benchmarks and the tests of collectives share (gloo ranks).
-BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-if BENCH_DIR not in sys.path:
-    sys.path.append(BENCH_DIR)
+# What the tests share with the benchmarks lives in the bench package (pytest's pythonpath puts the
+# checkout's root on the path: see pyproject.toml); bench never imports the tests.
+from bench import services
+from bench.harness import read_jsonl as read_events
+from bench.services import NODE_STORE, free_port
+
+__all__ = ["NODE_STORE", "free_port", "read_events"]  # for the tests that import them from here
 
 # Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
 TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]
@@ -80,14 +80,6 @@ def event_log_callback(path):
     return EventLog()
 
 
-def read_events(path) -> list[dict]:
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def objective_for(cfg, device="cpu", comm=None):
     """The run's objective for ``cfg`` as the run assembly builds it (a one-step plan, no shards)."""
     from raymcn.train.build import build_objective
@@ -98,41 +90,14 @@ def objective_for(cfg, device="cpu", comm=None):
 
 # ---- Multi-node helpers (Ray's multi-node test cluster: tests/test_multinode.py, tests/test_elastic.py)
 
-NODE_STORE = 150 * 1024**2  # object store per test node
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @contextlib.contextmanager
 def multinode_cluster(*nodes: dict):
-    """Ray's multi-node test cluster on this machine, this driver connected; shut down on exit.
-
-    The head (this driver's node) takes no work (``num_cpus=0``): Ray refuses to remove it. Then one
-    raylet per entry of ``nodes`` (``add_node`` arguments). The dashboard, which the state API the
-    tests use needs, listens on a free port: another Ray on this machine may hold the default one.
-    """
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
+    """``bench.services.multinode_cluster`` whose Ray workers can import the test modules."""
     tests_dir = os.path.dirname(__file__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
-                                                      "dashboard_port": free_port(), "object_store_memory": NODE_STORE})
-    try:
-        for node in nodes:
-            c.add_node(**{"object_store_memory": NODE_STORE, **node})
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False)
+    with services.multinode_cluster(*nodes) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 def train_worker_nodes() -> dict[str, str]:
@@ -198,22 +163,12 @@ def linear_mcn(in_dim: int, dim: int, recon: bool = True, dropout: float = 0.0, 
     return LinearMCN()
 
 
-def load_bench(name: str):
-    """The module ``bench/<name>.py`` (benchmarks are scripts, not a package)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def read_trace(where) -> dict[int, list[dict]]:
     """rank -> the steps it traced (``RAYMCN_TRACE``) in the order it ran them; a replayed step
     appears again."""
-    import json
     from pathlib import Path
 
-    return {int(p.stem[4:]): [json.loads(x) for x in p.read_text().splitlines()] for p in Path(where).glob("rank*.jsonl")}
+    return {int(p.stem[4:]): read_events(p) for p in Path(where).glob("rank*.jsonl")}
 
 
 LOSS_TERMS = ("total_loss", "contrastive_loss", "cluster_loss", "recon_loss")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,20 +18,16 @@ from pathlib import Path
 import pytest
 from test_launcher import RAY, RUNNING_RAY, running_ray
 
+from bench.services import free_port
+
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_launcher_tier_leaves_a_running_ray_instance_alone():
     if running_ray():
         pytest.skip(f"{RUNNING_RAY} already ({running_ray()}): this test starts and stops one of its own")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # no token to share with `ray status`
     dot_ray = Path.home() / ".ray"
     before = sorted(dot_ray.rglob("*")) if dot_ray.exists() else None  # what ~/.ray held, if it existed

@@ -8,7 +8,7 @@ Python, releasing them takes Python's GIL. If the interpreter is finalizing by t
 main function returned), the thread is ended inside C++ code that cannot be unwound, and the
 process aborts. A race, so rare in a training run's exit, and certain enough to measure with
 collectives left in flight: 2 gloo ranks of a DDP model, 32 all-reduces of 4 MiB started and
-not waited for, then the process ended (this machine, 2 cores):
+not waited for, then the process ended (a 2-core Intel Xeon VM, torch 2.13):
 
 * by returning from the main function: a rank aborted in 4 of 5 runs;
 * after a barrier and ``destroy_process_group`` (:func:`leave_group`): 0 of 5, but with 4
