@@ -53,6 +53,8 @@ from raymcn.train.preflight import footprint
 GB, MB = 1e9, 1e6
 CPV = 32  # the paper's clips per video
 PHASES = ("forward", "loss", "backward", "reforward", "optimizer")
+# The smoke size's BN table draws its clips from the test suite's corpus
+SMOKE_CORPUS = {"data.synthetic_videos": 64, "data.synthetic_eval_clips": 64}
 
 
 def step_config(clips: int, chunk: int = 0, smoke: bool = False) -> Config:
@@ -161,7 +163,7 @@ def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     from raymcn.train.plan import make_plan
     from raymcn.train.stages import ALL
 
-    cfg = step_config(clips, smoke=smoke)
+    cfg = step_config(clips, smoke=smoke).replace(SMOKE_CORPUS if smoke else {})
     videos = synthetic.train_videos(cfg)
     batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
