@@ -104,6 +104,8 @@ TARGET_B_OVER_A = 2.0
 TARGET_B_OVER_C = 0.6
 TARGET_B_OVER_C2 = 0.8
 WORDS = [f"w{i:03d}" for i in range(200)]
+# The ratios reported (numerator, denominator), in their order: (b) against every other path, (c2) against (c)
+RATIOS = (("b", "a"), ("b", "a2"), ("b", "c"), ("c2", "c"), ("b", "c2"), ("b", "d"), ("b", "d2"))
 
 
 # --- corpus in the original layout ------------------------------------------------------------------
@@ -568,22 +570,9 @@ def report(results: dict, cache: Cache, args, load0: list[float], machine: str) 
                     r = d[k]
                     print(f"  {names[k]:40s} {dtype:>8s} {d['mb_per_video']:9.2f} {r['videos_per_s']:10.0f} "
                           f"{r['mb_per_s']:9.0f} {r['seconds']:8.2f} {cpu(r)}")
-            ratios = {}
-            if "a" in row and "b" in d:
-                ratios["b_over_a"] = d["b"]["videos_per_s"] / row["a"]["videos_per_s"]
-            if "a2" in row and "b" in d:
-                ratios["b_over_a2"] = d["b"]["videos_per_s"] / row["a2"]["videos_per_s"]
-            if "c" in d and "b" in d:
-                ratios["b_over_c"] = d["b"]["videos_per_s"] / d["c"]["videos_per_s"]
-            if "c" in d and "c2" in d:
-                ratios["c2_over_c"] = d["c2"]["videos_per_s"] / d["c"]["videos_per_s"]
-            if "c2" in d and "b" in d:
-                ratios["b_over_c2"] = d["b"]["videos_per_s"] / d["c2"]["videos_per_s"]
-            if "d" in d and "b" in d:
-                ratios["b_over_d"] = d["b"]["videos_per_s"] / d["d"]["videos_per_s"]
-            if "d2" in d and "b" in d:
-                ratios["b_over_d2"] = d["b"]["videos_per_s"] / d["d2"]["videos_per_s"]
-            d["ratios"] = ratios
+            measured = {**{k: row[k] for k in ("a", "a2") if k in row}, **d}  # (a) per size, the rest per dtype
+            d["ratios"] = ratios = {f"{num}_over_{den}": measured[num]["videos_per_s"] / measured[den]["videos_per_s"]
+                                    for num, den in RATIOS if num in measured and den in measured}
             if "c2" in d:
                 c2 = d["c2"]
                 print(f"  {dtype} (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "

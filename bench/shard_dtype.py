@@ -32,9 +32,10 @@ from bench.harness import read_jsonl
 
 DTYPES = ("float32", "float16")
 METRICS = ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR")
-# The smoke size: one seed, 1 epoch, a full-precision corpus of 64 videos (the test suite's size)
+# The smoke size: one seed, 1 epoch, one worker, a full-precision corpus of 64 videos (the test
+# suite's size; its eval set is the suite's corpus)
 SMOKE = {"seeds": [1], "epochs": 1, "videos": 64}
-SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64"]  # the eval set: the tests' corpus
+SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "scale.num_workers=1"]
 
 
 def shard_dirs(cache: Path, videos: int = 256) -> dict[str, Path]:
@@ -77,7 +78,7 @@ def interval(values) -> tuple[float, float, float]:
 
 
 def build_parser():
-    ap = harness.parser(__doc__, smoke="one seed, 1 epoch, a corpus of 64 videos")
+    ap = harness.parser(__doc__, smoke="one seed, 1 epoch, one worker, a corpus of 64 videos")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--plot", default="", help="write the curves to this PNG")

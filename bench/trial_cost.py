@@ -47,9 +47,10 @@ from raymcn.train.monitor import timeline
 
 ORDERS = ("AV_T", "VT_A", "AT_V", "joint")
 TIMELINE = "RAYMCN_TIMELINE"
-# The smoke size: one sweep of one trial of 1 epoch on the test suite's tiny corpus (the sweep starts
-# its own Ray instance: run it where no other instance runs)
-SMOKE = {"trials": 1, "overrides": ["schedule.epochs=1", "data.synthetic_videos=64", "data.synthetic_eval_clips=64"]}
+# The smoke size: one sweep of one trial of 1 epoch on one worker, on the test suite's tiny corpus
+# (the sweep starts its own Ray instance: run it where no other instance runs)
+SMOKE = {"trials": 1, "overrides": ["schedule.epochs=1", "scale.num_workers=1", "data.synthetic_videos=64",
+                                    "data.synthetic_eval_clips=64"]}
 
 
 def run_sweep(tree: Path, trials: int, results: Path, timeline: Path, extra: list[str]) -> float:
@@ -176,7 +177,7 @@ def steady(trials: list[dict]) -> dict:
 
 
 def build_parser():
-    p = harness.parser(__doc__, smoke="one sweep of one 1-epoch trial on a corpus of 64 videos")
+    p = harness.parser(__doc__, smoke="one sweep of one 1-epoch trial on one worker, on a corpus of 64 videos")
     p.add_argument("--trials", type=int, default=4, choices=(1, 2, 3, 4), help="trials per sweep (default 4)")
     p.add_argument("--baseline", metavar="COMMIT", help="also run this commit's tree (it must write the "
                    "timeline: raymcn/train/monitor/timeline.py), alternating with this checkout")
