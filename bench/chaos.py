@@ -17,13 +17,13 @@ Then every trial's per-epoch metrics (``metrics.csv``, timing columns aside) are
 same sweep run without faults: bitwise, because the data order is a function of (seed, epoch,
 step) and a restart resumes from the exact state of a checkpoint, and nothing in a step depends on
 the world's history. Also compared: the table's answer, the trials (none lost, none twice).
-``tests/test_multinode.py`` runs a short soak with one fault of each kind; ``python bench/chaos.py``
-a longer one (``--faults``, default 20) and prints the figures ``docs/faults.md`` quotes.
+``tests/test_chaos.py`` runs the short soak (``--smoke``: one fault of each kind, ``SMOKE``);
+``python -m bench.chaos`` a longer one (``--faults``, default 20) and prints the figures
+``docs/faults.md`` quotes.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -39,6 +39,8 @@ from pathlib import Path
 
 import yaml
 
+from bench import harness, procstat
+from bench.services import multinode_cluster
 from raymcn.config import RUN_CONFIG_FILE
 from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
@@ -50,6 +52,8 @@ TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machi
 # 0.01 CPU for it), so a restarted group fits on the nodes left after a loss.
 NODE = {"num_cpus": 2}
 TRAINING_S = 15.0  # a Train worker this old is past its start-up here (2 cores): it trains
+# The short soak (tests/test_chaos.py): 4 trials x 3 epochs, one fault of each kind, seeded
+SMOKE = {"faults": len(KINDS), "epochs": 3, "orders": ("AV_T", "joint"), "seed": 3, "gap": 4.0}
 
 
 def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T", "joint"),
@@ -101,18 +105,8 @@ def _pids(name: str, cluster=None) -> list[int]:
     if cluster is not None:
         raylets = {info.process.pid for node in cluster.list_all_nodes()
                    for info in node.all_processes.get("raylet", [])}
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if not (d / "cmdline").read_bytes().startswith(name.encode()):
-                    continue
-                parent = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if raylets is None or parent in raylets:
-                out.append(int(d.name))
-    return sorted(out)
+    return sorted(pid for pid, (parent, cmd) in procstat.processes().items()
+                  if cmd.startswith(name) and (raylets is None or parent in raylets))
 
 
 def _age_s(pid: int) -> float:
@@ -344,24 +338,28 @@ def compare(quiet: Path, loud: Path) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke=f"the short soak of tests/test_chaos.py: {SMOKE}")
     ap.add_argument("--faults", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--gap", type=float, default=15.0, help="mean seconds between faults")
-    ap.add_argument("--json", metavar="FILE")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    orders = ("AV_T", "VT_A", "joint")
+    if args.smoke:
+        args.faults, args.epochs, orders, args.seed, args.gap = (SMOKE[k] for k in ("faults", "epochs", "orders",
+                                                                                     "seed", "gap"))
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from common import machine_line
-    from conftest import multinode_cluster
-
     with tempfile.TemporaryDirectory(prefix="raymcn-chaos-") as tmp, \
-            multinode_cluster(*[NODE] * 3) as cluster:
-        settings = chaos_settings(Path(tmp), epochs=args.epochs, orders=("AV_T", "VT_A", "joint"))
+            multinode_cluster(*[NODE] * 3) as cluster, harness.Results("chaos", args) as results:
+        settings = chaos_settings(Path(tmp), epochs=args.epochs, orders=orders)
         quiet = run_sweep(cluster, Path(tmp) / "quiet", [*settings[:-1], f"run.storage_path={tmp}/quiet"])
+        results.save(quiet_s=quiet["seconds"])
         loud = run_sweep(cluster, Path(tmp) / "loud", [*settings[:-1], f"run.storage_path={tmp}/loud"],
                          faults=args.faults, seed=args.seed, mean_gap_s=args.gap, timeout_s=7200)
         problems = compare(quiet["experiment"], loud["experiment"])
@@ -370,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         lost = (loud["seconds"] - quiet["seconds"]) / max(1, len(loud["faults"]))
         # every restart of a trial's worker group, as Ray Train's failure policy logs it
         restarts = (loud["experiment"] / "raymcn_console.log").read_text().count("[FailurePolicy] RETRY")
-        print(f"bench/chaos.py on {machine_line()}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
+        print(f"bench.chaos on {results.machine}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
               f"epochs, run.checkpoint_every=2 steps")
         print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
               f"worker-group restarts {restarts}; driver starts {loud['driver_starts']}")
@@ -379,11 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")
         for p in problems:
             print("  " + p)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine_line(), "faults": loud["faults"],
-                                                   "per_kind": per_kind, "restarts": restarts, "quiet_s": quiet["seconds"],
-                                                   "loud_s": loud["seconds"], "lost_per_fault_s": lost,
-                                                   "differences": problems, "same_answer": same_answer}, indent=1))
+        results.finish({"machine": results.machine, "faults": loud["faults"], "per_kind": per_kind,
+                        "restarts": restarts, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
+                        "lost_per_fault_s": lost, "differences": problems, "same_answer": same_answer})
     return 0 if not problems and same_answer else 1
 
 

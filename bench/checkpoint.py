@@ -1,8 +1,8 @@
 """What a checkpoint costs a run at paper dims, and what a resume inside an epoch costs.
 
-    python bench/checkpoint.py            # paper dims (~20 min on 2 cores, ~15 GB of disk writes)
-    python bench/checkpoint.py --quick    # the embedded default's tiny model: checks the path (~2 min)
-    python bench/checkpoint.py --json     # the tables, then one JSON line with every figure
+    python -m bench.checkpoint            # paper dims (~20 min on 2 cores, ~15 GB of disk writes)
+    python -m bench.checkpoint --quick    # the embedded default's tiny model (~2 min)
+    python -m bench.checkpoint --json     # the tables, then one JSON line with every figure
 
 1. **Size**: the checkpoint of a paper-dims run (``ModelConfig()``: 223.8 M parameters; Adam's two
    moments; the queue, 40 960 × 6144 fp32; the centroids; RNG, LR schedule, loop counters) as
@@ -28,23 +28,21 @@ Every figure is wall-clock on this machine, whatever else it runs: re-measure on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/loader.py: its corpus
-
 import numpy as np
 import torch
-from common import machine_line  # noqa: E402
+
+from bench import harness, loader, services
 
 GB = 1e9
 LAB = {"videos": 1_170_000, "batch": 128, "world": 4}  # HowTo100M: ~9.1 k steps of 128 videos
@@ -134,47 +132,6 @@ def measure_stalls(cfg, storage_path: str, modes: list[str], repeats: int, work:
     return json.loads(out.read_text())
 
 
-# --- the S3 server -----------------------------------------------------------------------------------
-class S3Server:
-    """moto's server mode on 127.0.0.1 with one bucket (the test extras install it)."""
-
-    def __init__(self):
-        moto = Path(sys.executable).with_name("moto_server")
-        if not moto.exists():
-            raise SystemExit("moto_server not found: pip install 'moto[server]' (in the test extras)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
-                           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
-        deadline = time.time() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.time() > deadline:
-                raise SystemExit("moto_server did not start")
-            time.sleep(0.2)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="raymcn-bench")
-        self.uri = "s3://raymcn-bench/runs"
-
-    def empty(self) -> None:
-        """Delete every object: moto keeps them in memory, and two paper checkpoints (2 x 3.7 GB)
-        beside the training process would not fit this machine's 24 GiB."""
-        import boto3
-
-        bucket = boto3.resource("s3").Bucket("raymcn-bench")
-        bucket.objects.all().delete()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 # --- resume ------------------------------------------------------------------------------------------
 def measure_load(cfg, directory: Path, cache) -> dict:
     """Cold-cache ``checkpoint.load`` of ``directory`` and ``restore`` into a fresh run."""
@@ -257,38 +214,60 @@ def measure_first_batch(cfg, shard_dir: Path, manifest: dict, batch: int, repeat
 
 
 # --- driver ------------------------------------------------------------------------------------------
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# The smoke size: the tiny model, async checkpoints to local storage, 16 short videos for the first
+# batch, warm page cache
+SMOKE = {"quick": True, "storages": "local", "modes": "async", "work": 4, "videos": 16, "size": "short",
+         "warm": True}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = harness.parser(__doc__, smoke="the tiny model, async checkpoints to local storage, a 4-matmul stand-in, "
+                                      "16 short videos, warm page cache")
     p.add_argument("--quick", action="store_true", help="the embedded default's tiny model, fewer repeats")
     p.add_argument("--repeats", type=int, default=2,
                    help="checkpoints per mode on local disk (default 2; on the S3 server 1: it holds them in memory)")
     p.add_argument("--work", type=int, default=400, help="matmuls of the training stand-in (default 400)")
     p.add_argument("--storages", default="local,s3", help="comma list of: local, s3")
-    p.add_argument("--workdir", default=os.environ.get("RAYMCN_BENCH_DIR", "/tmp/raymcn-bench"),
+    p.add_argument("--modes", default="sync,async", help="comma list of: sync, async (one Train run each)")
+    p.add_argument("--workdir", default=str(harness.bench_dir()),
                    help="the loader benchmark's corpora (reused) and this benchmark's storage")
-    p.add_argument("--long-videos", type=int, default=200, help="HowTo100M-sized videos for the first batch")
-    p.add_argument("--json", action="store_true", help="print every figure as one JSON line at the end")
-    return p.parse_args(argv)
+    p.add_argument("--long-videos", dest="videos", type=int, default=200,
+                   help="HowTo100M-sized videos for the first batch")
+    p.add_argument("--warm", action="store_true", help="do not drop the page cache")
+    p.set_defaults(size="long")  # the loader benchmark's corpus the videos come from (its SIZES)
+    return p
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    import loader
-    import ray
-
+    args = harness.parse_args(build_parser(), argv, SMOKE)
     from raymcn.cli import preset_path
     from raymcn.config import Config, load_config
-    from raymcn.train.checkpoints import payload as checkpoint
 
     cfg = load_config(preset_path()) if args.quick else Config()
-    repeats = 1 if args.quick else args.repeats
     work = Path(args.workdir)
     tmp = work / "checkpoint"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cache = loader.Cache(True)
-    figures: dict = {"machine": machine_line(), "dims": "embedded default (tiny)" if args.quick else "paper"}
+    cache = loader.Cache(not args.warm)
+    with harness.Results("checkpoint", args) as results:
+        figures: dict = {"machine": results.machine, "dims": "embedded default (tiny)" if args.quick else "paper"}
+        try:
+            measure_all(cfg, args, tmp, cache, figures, results)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        figures["cold_cache"] = bool(cache.cold)
+        report(figures)
+        results.finish(figures)
+    return 0
 
+
+def measure_all(cfg, args, tmp: Path, cache, figures: dict, results: harness.Results) -> None:
+    """Every measurement of the module doc, in ``figures`` (saved as each one ends)."""
+    import ray
+
+    from raymcn.train.checkpoints import payload as checkpoint
+
+    repeats = 1 if args.quick else args.repeats
     # 1. size, and serialising alone
     t0 = time.perf_counter()
     run = full_run(cfg)
@@ -301,47 +280,43 @@ def main(argv=None) -> int:
     payload = checkpoint.load(one)
     figures["parts_bytes"] = {k: tensor_bytes(v) for k, v in payload.items()}
     del payload, run
+    results.save(**figures)
 
     # 3a/3b before the Ray Train runs (which hold GBs of memory while they run)
     figures["load"] = measure_load(cfg, one, cache)
-    figures["planning"] = measure_planning(cfg, 3)
+    figures["planning"] = measure_planning(cfg, 1 if args.smoke else 3)
+    results.save(**figures)
     storages = args.storages.split(",")
-    # The S3 server first: Ray's processes take the AWS variables it sets when Ray starts.
-    server = S3Server() if "s3" in storages else None
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
-    try:
-        layout = loader.make_layout(work / f"long-{args.long_videos}" / "layout", args.long_videos,
-                                    loader.SIZES["long"]["seconds"])
-        shard_dir = work / f"long-{args.long_videos}" / "shards-256mb"
-        manifest = loader.make_shards(layout, shard_dir, 256.0, workers=min(2, os.cpu_count() or 1))
-        figures["first_batch"] = measure_first_batch(cfg, shard_dir, manifest, 8, 1 if args.quick else 3, cache)
+    with contextlib.ExitStack() as stack:
+        # The S3 server first: Ray's processes take the AWS variables it sets when Ray starts.
+        bucket = stack.enter_context(services.s3_server("raymcn-bench")) if "s3" in storages else None
+        if not ray.is_initialized():  # else this process's instance (the smoke run's)
+            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+            stack.callback(ray.shutdown)
+        work = Path(args.workdir) / f"{args.size}-{args.videos}"
+        layout = loader.make_layout(work / "layout", args.videos, loader.SIZES[args.size]["seconds"])
+        manifest = loader.make_shards(layout, work / "shards-256mb", 256.0, workers=min(2, os.cpu_count() or 1))
+        figures["first_batch"] = measure_first_batch(cfg, work / "shards-256mb", manifest, 8, 1 if args.quick else 3,
+                                                     cache)
+        results.save(**figures)
         # 2. stalls through Ray Train
         figures["stalls"] = {}
         for storage in storages:
-            where = server.uri if storage == "s3" else str(tmp / "storage")
+            where = f"{bucket}/runs" if storage == "s3" else str(tmp / "storage")
             print(f"checkpointing through Ray Train into {storage} storage ...", file=sys.stderr)
             rows = figures["stalls"][storage] = []
             n = repeats if storage == "local" else 1  # the S3 server holds one paper checkpoint in memory
-            for mode in ("sync", "async"):  # one Train run each, the storage emptied between them
+            for mode in args.modes.split(","):  # one Train run each, the storage emptied between them
                 try:
                     rows += measure_stalls(cfg, where, [mode], n, args.work, tmp)
                 except Exception as e:  # e.g. Ray's OOM killer: the S3 server keeps objects in memory
                     figures.setdefault("not_measured", {})[f"{storage} {mode}"] = f"{type(e).__name__}: {e}"[:300]
                     continue
                 print(f"  {storage} {mode}: {json.dumps(rows[-n:])}", file=sys.stderr)
+                results.save(**figures)
                 shutil.rmtree(tmp / "storage", ignore_errors=True)
-                if server is not None and storage == "s3":
-                    server.empty()
-    finally:
-        if server is not None:
-            server.stop()
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
-    figures["cold_cache"] = bool(cache.cold)
-    report(figures)
-    if args.json:
-        print(json.dumps(figures, default=float))
-    return 0
+                if storage == "s3":
+                    services.empty_bucket(bucket)
 
 
 def tensor_bytes(value) -> int:
@@ -354,10 +329,8 @@ def tensor_bytes(value) -> int:
     return 0
 
 
-
-
 def report(f: dict) -> None:
-    print(f"\nbench/checkpoint.py, {f['dims']} dims: {f['machine']}; "
+    print(f"\nbench.checkpoint, {f['dims']} dims: {f['machine']}; "
           f"{'cold' if f['cold_cache'] else 'WARM (could not drop)'} page cache for the reads")
     print(f"\ncheckpoint size {f['size_bytes'] / GB:.2f} GB; by part: " +
           ", ".join(f"{k} {v / GB:.2f} GB" for k, v in f["parts_bytes"].items() if v >= 1e6))

@@ -1,10 +1,10 @@
 """Would lossless compression of the shards read faster? Ratio and decode speed of fast codecs on feature-like rows.
 
-    python bench/compression.py                        # post-ReLU-like fp16 rows, zstd 1/3 and lz4 (~40 s)
-    python bench/compression.py --disk-mb-s 750        # the disk's read rate (bench/loader.py's (d) row)
-    python bench/compression.py --reader-ms 4.5        # the reader's own CPU per video (bench/loader.py's (c2))
-    python bench/compression.py --shards DIR --videos 16  # your own shards' features instead (16 videos)
-    python bench/compression.py --json
+    python -m bench.compression                        # post-ReLU-like fp16 rows, zstd 1/3 and lz4 (~40 s)
+    python -m bench.compression --disk-mb-s 750        # the disk's read rate (bench.loader's (d) row)
+    python -m bench.compression --reader-ms 4.5        # the reader's own CPU per video (bench.loader's (c2))
+    python -m bench.compression --shards DIR --videos 16  # your own shards' features instead (16 videos)
+    python -m bench.compression --json
 
 What runs: HowTo100M-like video features (600 rows of 2048) in fp16 as ``raymcn shards`` stores
 them, plus the video's fp16 spectrogram (40 x 36 000 log-mel-like values), in 8 MiB pieces; each
@@ -15,7 +15,7 @@ zeros (non-negative and mostly non-zero, as a ReLU output averaged over a frame'
 
 A shard read with a codec is bound by the slower of the disk (bytes / ratio) and the read tasks'
 CPU: ``--cores`` cores, each spending the reader's own ``--reader-ms`` per video (CRC-32, clip
-drawing: bench/loader.py's (c2) row) plus the decoding. The table gives the videos/s each codec
+drawing: bench.loader's (c2) row) plus the decoding. The table gives the videos/s each codec
 would reach against the uncompressed read (also bound by disk or by the reader's CPU). With
 ``--shards`` the features are the first ``--videos`` videos of a shard folder (``raymcn shards``
 output, in the dtype it was written in): the ratio that decides, measured on the lab's own data.
@@ -23,13 +23,13 @@ output, in the dtype it was written in): the ratio that decides, measured on the
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 
 import numpy as np
 import pyarrow as pa
+
+from bench import harness
 
 CODECS = (("zstd", 1), ("zstd", 3), ("lz4", None))
 
@@ -80,19 +80,38 @@ def measure(data: bytes, codec: str, level: int | None, repeat: int = 3) -> dict
             "compress_mb_s": len(data) / best_c / 1e6, "decode_mb_s": len(data) / best_d / 1e6}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+SMOKE = {"videos": 1, "repeat": 1}  # one synthetic video per kind, each codec once
+
+
+def build_parser():
+    ap = harness.parser(__doc__, smoke="one video per kind of features, each codec run once")
     ap.add_argument("--disk-mb-s", type=float, default=750.0, help="the disk's sequential read rate, MB/s")
     ap.add_argument("--cores", type=int, default=2, help="cores running the read tasks")
     ap.add_argument("--reader-ms", type=float, default=0.0,
                     help="the reader's own CPU per video besides decoding, ms (bench/loader.py (c2); default 0)")
     ap.add_argument("--shards", help="measure on the first --videos videos of this shard folder instead")
-    ap.add_argument("--videos", type=int, default=16, help="videos taken from --shards (default 16)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    ap.add_argument("--videos", type=int, default=None,
+                    help="videos taken from --shards (default 16), or synthetic videos per kind (default 4)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    repeat = 3
+    if args.smoke:
+        args.videos, repeat = SMOKE["videos"], SMOKE["repeat"]
+    with harness.Results("compression", args) as results:
+        rows = measure_all(args, repeat, results)
+        results.finish({"disk_mb_s": args.disk_mb_s, "cores": args.cores, "reader_ms": args.reader_ms, "codecs": rows})
+    return 0
+
+
+def measure_all(args, repeat: int, results: harness.Results) -> list[dict]:
+    """Every codec on every kind of features; the table printed as the rows come (saved too)."""
     rows = []
     for kind in ([args.shards] if args.shards else ["relu", "pooled"]):
-        videos = shard_video_bytes(kind, args.videos) if args.shards else [video_bytes(s, kind) for s in range(4)]
+        videos = (shard_video_bytes(kind, args.videos or 16) if args.shards
+                  else [video_bytes(s, kind) for s in range(args.videos or 4)])
         data = b"".join(videos)
         per_video = len(data) / len(videos) / 1e6
         plain = min(args.disk_mb_s / per_video, args.cores * 1e3 / args.reader_ms if args.reader_ms else float("inf"))
@@ -102,19 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         print("| codec | ratio | compress MB/s | decode MB/s (1 core) | videos/s (disk-bound) | videos/s (CPU-bound) | "
               "read | vs uncompressed |\n|---|---:|---:|---:|---:|---:|---:|---:|")
         for codec, level in CODECS:
-            r = measure(data, codec, level)
+            r = measure(data, codec, level, repeat)
             disk = args.disk_mb_s * r["ratio"] / per_video
             cpu = args.cores * 1e3 / (args.reader_ms + per_video / r["decode_mb_s"] * 1e3)
             r.update(features=kind, mb_per_video=per_video, disk_bound_videos_s=disk, cpu_bound_videos_s=cpu,
                      videos_s=min(disk, cpu), uncompressed_videos_s=plain, vs_uncompressed=min(disk, cpu) / plain)
             rows.append(r)
+            results.save(codecs=rows)
             print(f"| {r['codec']} | {r['ratio']:.2f} | {r['compress_mb_s']:.0f} | {r['decode_mb_s']:.0f} | "
                   f"{disk:.0f} | "
                   f"{cpu:.0f} | {r['videos_s']:.0f} | {r['vs_uncompressed']:.2f}x |")
-    if args.json:
-        print(json.dumps({"disk_mb_s": args.disk_mb_s, "cores": args.cores, "reader_ms": args.reader_ms,
-                          "codecs": rows}))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Evaluation once instead of once per rank: the epoch's evaluation time, unsharded vs sharded.
 
-    python bench/eval_sharding.py                      # paper dims, 256 clips, 2 gloo ranks (~3 min)
-    python bench/eval_sharding.py --clips 64 --quick   # the preset's tiny MCN
-    python bench/eval_sharding.py --json               # the table, then one JSON line
+    python -m bench.eval_sharding                      # paper dims, 256 clips, 2 gloo ranks (~3 min)
+    python -m bench.eval_sharding --clips 64 --quick   # the preset's tiny MCN
+    python -m bench.eval_sharding --json               # the table, then one JSON line
 
 Before, every rank embedded and scored the whole eval set after each epoch (``worker.py``); now
 each rank embeds its contiguous share (⌈N/world⌉ clips), the shares are gathered and rank 0 scores
@@ -15,21 +15,17 @@ metrics (checked).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from common import gloo_ranks  # noqa: E402
 
+from bench import harness
+from bench.gloo import gloo_ranks
 from raymcn.config import ModelConfig
 from raymcn.losses import Collectives
 from raymcn.model import MCN
@@ -65,15 +61,28 @@ def _worker(rank: int, world: int, args: dict) -> dict:
     return {"times": times, "metrics": metrics}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+SMOKE = {"clips": 16, "repeats": 1, "quick": True}
+
+
+def build_parser():
+    ap = harness.parser(__doc__, smoke="the tiny MCN, 16 clips, 1 repeat", raw=True)
     ap.add_argument("--clips", type=int, default=256, help="eval clips (default 256)")
     ap.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="timed evaluations of each kind (default 3)")
     ap.add_argument("--quick", action="store_true", help="the preset's tiny MCN instead of paper dims")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    ranks = gloo_ranks(_worker, args.world, vars(args))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = harness.parse_args(build_parser(), argv, SMOKE)
+    with harness.Results("eval_sharding", args) as results:
+        same = measure(args, results)
+    return 0 if same else 1
+
+
+def measure(args, results: harness.Results) -> bool:
+    """Both evaluations on the gloo ranks, the table; whether they gave the same metrics."""
+    ranks = gloo_ranks(_worker, args.world, {k: getattr(args, k) for k in ("clips", "repeats", "quick")})
     names = list(ranks[0]["times"])
     slowest = {n: [max(r["times"][n][i] for r in ranks) for i in range(args.repeats)] for n in names}
     median = {n: statistics.median(v) for n, v in slowest.items()}
@@ -81,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     base = median[names[0]]
     rows = [{"evaluation": n, "slowest rank s (median)": f"{median[n]:.2f}", "vs before": f"{median[n] / base:.2f}"}
             for n in names]
-    print(f"bench/eval_sharding.py: {'tiny' if args.quick else 'paper-dim'} MCN, {args.clips} clips, "
+    print(f"bench.eval_sharding: {'tiny' if args.quick else 'paper-dim'} MCN, {args.clips} clips, "
           f"{args.world} gloo ranks x 1 thread, {args.repeats} repeats")
     print(render_table(rows))
     print(f"same metrics both ways on every rank: {same}")
-    if args.json:
-        print(json.dumps({"settings": vars(args), "slowest_rank_s": slowest, "median_s": median, "same": same}))
-    return 0 if same else 1
+    settings = {k: getattr(args, k) for k in ("clips", "world", "repeats", "quick", "json")}
+    results.finish({"settings": settings, "slowest_rank_s": slowest, "median_s": median, "same": same})
+    return same
 
 
 if __name__ == "__main__":

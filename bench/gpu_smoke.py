@@ -1,8 +1,8 @@
 """GPU smoke: the real training step on one GPU, in one command, without Ray.
 
-    python bench/gpu_smoke.py                         # paper dims on cuda:0 (~2-4 min on an A100/H100)
-    python bench/gpu_smoke.py --out gpu_smoke.json    # also write the JSON to a file
-    python bench/gpu_smoke.py --device cpu --quick    # the script's own check on a machine without a GPU
+    python -m bench.gpu_smoke                         # paper dims on cuda:0 (~2-4 min on an A100/H100)
+    python -m bench.gpu_smoke --out gpu_smoke.json    # also write the JSON to a file
+    python -m bench.gpu_smoke --device cpu --smoke    # the script's own check on a machine without a GPU
 
 The step is measured by ``raymcn.train.preflight.step_probe.measure_step``, the same function
 ``raymcn doctor --step`` runs on every node: one process, a 1-rank process group (NCCL on CUDA,
@@ -28,18 +28,15 @@ Runs without Ray: nothing it imports needs it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from raymcn.config import Config  # noqa: E402
-from raymcn.train.preflight.footprint import GIB  # noqa: E402
-from raymcn.train.preflight.step_probe import measure_step, one_rank_group  # noqa: E402
+from bench import harness
+from raymcn.config import Config
+from raymcn.train.preflight.footprint import GIB
+from raymcn.train.preflight.step_probe import measure_step, one_rank_group
+from raymcn.train.rank_exit import end_rank
 
 PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ranks' share of 128 videos
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}
@@ -60,29 +57,36 @@ def run_variant(name: str, overrides: dict, device: torch.device, warmup: int, s
     return measure_step(Config().replace(overrides), device, warmup, steps)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke="--quick dims, 1 warm-up step and 2 timed ones")
     ap.add_argument("--device", default="cuda", help="cuda (default: cuda:0) or cpu (the script's own check)")
     ap.add_argument("--quick", action="store_true", help="tiny dims: checks the path, measures nothing useful")
     ap.add_argument("--variants", nargs="+", default=["plain", "cached", "ring"])
     ap.add_argument("--chunk", type=int, default=512, help="gradient-caching chunk of the cached variant (clips)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--out", default="", help="also write the JSON here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.json = True  # the JSON line is always the output's last
+    if args.smoke:
+        args.quick, args.warmup, args.steps = True, 1, 2
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            print("no CUDA device visible; `python bench/gpu_smoke.py --device cpu --quick` checks the script")
+            print("no CUDA device visible; `python -m bench.gpu_smoke --device cpu --smoke` checks the script")
             return 2
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "quick": args.quick, "variants": {}}
-    with one_rank_group(device):
+    with one_rank_group(device), harness.Results("gpu_smoke", args) as results:
         for name in args.variants:
             res = run_variant(name, variants(args.quick, args.chunk)[name], device, args.warmup, args.steps)
             report["variants"][name] = res
+            results.save(**report)
             peak = f"{res['peak_bytes'] / GIB:.2f} GiB" if res["peak_bytes"] else "n/a on CPU"
             ratio = f"{res['estimate_over_peak']:.2f}" if res["estimate_over_peak"] else "-"
             phases = " ".join(f"{k} {1000 * v:.1f}" for k, v in res["phases_s"].items())
@@ -91,13 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{res['samples_per_s']:.0f} samples/s; peak {peak}, estimate "
                   f"{res['estimate_bytes'] / GIB:.2f} GiB (est/peak {ratio}); ms: {phases}; "
                   f"losses {'finite' if finite else 'NOT FINITE'}")
-    line = json.dumps(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
-    print(line)
+        results.finish(report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())  # it ran a (one-rank) group: its gloo threads must not meet the interpreter's exit

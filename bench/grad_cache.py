@@ -2,10 +2,10 @@
 without ``scale.grad_cache_clips``, the effect of chunk-level BatchNorm statistics, and the
 preflight's advice for the paper's batch on one GPU.
 
-    python bench/grad_cache.py                # clips 64 128 256 512, chunk 32; BN table; ~35 min on 2 quiet cores
-    python bench/grad_cache.py --quick        # clips 64 128; BN at 128 clips (~10 min)
-    python bench/grad_cache.py --only bn      # one section: step | bn | preflight
-    python bench/grad_cache.py --json         # the tables, then one JSON line with every figure
+    python -m bench.grad_cache                # clips 64 128 256 512, chunk 32; BN table; ~35 min on 2 quiet cores
+    python -m bench.grad_cache --quick        # clips 64 128; BN at 128 clips (~10 min)
+    python -m bench.grad_cache --only bn      # one section: step | bn | preflight
+    python -m bench.grad_cache --json         # the tables, then one JSON line with every figure
 
 Peak RSS of the process: ~10 GB at 512 clips without caching (the largest row).
 
@@ -16,7 +16,7 @@ per video (the paper's), 1000 audio frames, random inputs, ``loss.num_clusters``
 a full feature queue. Each (clips, chunk) runs in a fresh subprocess under torch's memory
 profiler from before the first tensor, so the peak is absolute: the maximum of live bytes of
 torch's allocator during the measured step (global step 1: no k-means refit, like 19 of 20
-steps), as ``bench/step.py`` measures it. Then ``--repeats`` timed steps outside the profiler:
+steps), as ``bench.step`` measures it. Then ``--repeats`` timed steps outside the profiler:
 median wall time and the loop's phases (``time_*_s``; ``reforward`` is caching's second forward).
 The estimate column is ``footprint.estimate_worker_memory(cfg, refit=False)`` (the preflight's).
 
@@ -41,14 +41,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step.py's helpers
-
-import step as stepbench
 import torch
 
+from bench import harness
+from bench import step as stepbench
 from raymcn.config import Config
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint
@@ -56,16 +53,17 @@ from raymcn.train.preflight import footprint
 GB, MB = 1e9, 1e6
 CPV = 32  # the paper's clips per video
 PHASES = ("forward", "loss", "backward", "reforward", "optimizer")
+# The smoke size's BN table draws its clips from the test suite's corpus
+SMOKE_CORPUS = {"data.synthetic_videos": 64, "data.synthetic_eval_clips": 64}
 
 
-def step_config(clips: int, chunk: int = 0) -> Config:
-    return Config().replace({"data.batch_size": clips // CPV, "data.clips_per_video": CPV,
-                             "loss.num_clusters": min(256, clips), "scale.num_workers": 0,
-                             "scale.grad_cache_clips": chunk})
+def step_config(clips: int, chunk: int = 0, smoke: bool = False) -> Config:
+    """``bench.step``'s configuration at the paper's 32 clips per video, caching in chunks of ``chunk`` clips."""
+    return stepbench.step_config(clips, CPV, smoke).replace({"scale.grad_cache_clips": chunk})
 
 
 # --- step: memory and time --------------------------------------------------------------------------
-def measure(clips: int, chunk: int, repeats: int) -> dict:
+def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
     """One (clips, chunk) in this process (a fresh subprocess of :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -73,7 +71,7 @@ def measure(clips: int, chunk: int, repeats: int) -> dict:
     from raymcn.train.loop import train_one_epoch
     from raymcn.train.plan import make_plan
 
-    cfg = step_config(clips, chunk)
+    cfg = step_config(clips, chunk, smoke)
     cpu = torch.device("cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
@@ -105,10 +103,11 @@ def measure(clips: int, chunk: int, repeats: int) -> dict:
 
 
 def _child(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True)
+    proc = subprocess.run(harness.module_command("bench.grad_cache", *args), capture_output=True, text=True,
+                          cwd=harness.REPO)
     if proc.returncode:
         sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"bench/grad_cache.py: child {args} failed (exit {proc.returncode})")
+        raise SystemExit(f"bench.grad_cache: child {args} failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -153,7 +152,7 @@ def _groups(net) -> dict[str, list]:
     return groups
 
 
-def bn_effect(clips: int, chunks: list[int]) -> dict:
+def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     """One step's loss terms and gradients, plain vs cached with each chunk size (fresh model each)."""
     import copy
 
@@ -164,7 +163,7 @@ def bn_effect(clips: int, chunks: list[int]) -> dict:
     from raymcn.train.plan import make_plan
     from raymcn.train.stages import ALL
 
-    cfg = step_config(clips)
+    cfg = step_config(clips, smoke=smoke).replace(SMOKE_CORPUS if smoke else {})
     videos = synthetic.train_videos(cfg)
     batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
@@ -220,8 +219,9 @@ def preflight_messages() -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = harness.parser(__doc__, smoke="the model at bench.step's tiny widths, 64 clips, chunk 32, BN at 64 clips, "
+                                       "1 timed repeat")
     ap.add_argument("--clips", type=int, nargs="+", help="clips per step (default 64 128 256 512; --quick 64 128)")
     ap.add_argument("--chunk", type=int, nargs="+", default=[32], help="chunk sizes to run (default 32 = one video)")
     ap.add_argument("--bn-clips", type=int, help="share of the BN table (default 256; --quick 128)")
@@ -229,51 +229,59 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("step", "bn", "preflight"))
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--json", action="store_true")
     ap.add_argument("--_child", nargs=2, type=int, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    repeats = args.repeats or 2
+    repeats = args.repeats or (1 if args.smoke else 2)
     if args._child:
-        print(json.dumps(measure(*args._child, repeats)))
+        print(json.dumps(measure(*args._child, repeats, args.smoke)))
         return 0
-    clips = args.clips or ([64, 128] if args.quick else [64, 128, 256, 512])
+    clips = args.clips or ([64] if args.smoke else [64, 128] if args.quick else [64, 128, 256, 512])
     for c in clips + args.chunk:
         if c % CPV:
             ap.error(f"{c}: clips and chunks are whole videos of {CPV} clips")
-    print(f"bench/grad_cache.py: paper dims, fp32 on CPU: {stepbench.machine_line()}", flush=True)
-    out: dict = {"bench": "grad_cache"}
-    if args.only in (None, "step"):
-        rows = []
-        for n in clips:
-            for chunk in [0] + [c for c in args.chunk if c < n]:
-                t0 = time.perf_counter()
-                extra = ["--threads", str(args.threads)] if args.threads else []
-                rows.append(_child(["--_child", str(n), str(chunk), "--repeats", str(repeats), *extra]))
-                print(f"  {n} clips, chunk {chunk or 'off'}: {time.perf_counter() - t0:.0f} s", flush=True)
-        print("\none training step, peak of torch's allocator (absolute) and time per step:")
-        print(step_table(rows))
-        s = slopes(rows)
-        print("peak growth per clip: " + ", ".join(f"{k} {v['bytes_per_clip'] / MB:.2f} MB/clip (R² {v['r2']:.3f})"
-                                                  for k, v in s.items()))
-        out.update(step=rows, slopes=s)
-    if args.only in (None, "bn"):
-        n = args.bn_clips or (128 if args.quick else 256)
-        chunks = [c for c in (32, 64, 128, 256) if c < n] + [n]  # the last: one chunk, a control (0 change)
-        print(f"\nchunk-level BatchNorm: one step on {n} synthetic-corpus clips, model at initialisation, "
-              f"plain step (BN over {n}) vs chunks:", flush=True)
-        res = bn_effect(n, chunks)
-        print(bn_table(res))
-        out["bn"] = res
-    if args.only in (None, "preflight"):
-        print("\npreflight for the paper's batch (128 videos x 32 clips) on one GPU:")
-        msgs = preflight_messages()
-        for m in msgs:
-            print(f"- {m['device']}: {m['message']}\n  with {m['overrides']}: {m['then']}")
-        out["preflight"] = msgs
-    if args.json:
-        print(json.dumps(out, default=str))
+    with harness.Results("grad_cache", args) as results:
+        print(f"bench.grad_cache: {'smoke' if args.smoke else 'paper'} dims, fp32 on CPU: {results.machine}",
+              flush=True)
+        out: dict = {"bench": "grad_cache"}
+        if args.only in (None, "step"):
+            rows = []
+            for n in clips:
+                for chunk in [0] + [c for c in args.chunk if c < n]:
+                    t0 = time.perf_counter()
+                    extra = ["--threads", str(args.threads)] if args.threads else []
+                    extra += ["--smoke"] if args.smoke else []
+                    rows.append(_child(["--_child", str(n), str(chunk), "--repeats", str(repeats), *extra]))
+                    results.save(step=rows)
+                    print(f"  {n} clips, chunk {chunk or 'off'}: {time.perf_counter() - t0:.0f} s", flush=True)
+            print("\none training step, peak of torch's allocator (absolute) and time per step:")
+            print(step_table(rows))
+            s = slopes(rows)
+            print("peak growth per clip: " + ", ".join(f"{k} {v['bytes_per_clip'] / MB:.2f} MB/clip (R² {v['r2']:.3f})"
+                                                      for k, v in s.items()))
+            out.update(step=rows, slopes=s)
+        if args.only in (None, "bn"):
+            n = args.bn_clips or (64 if args.smoke else 128 if args.quick else 256)
+            chunks = [c for c in (32, 64, 128, 256) if c < n] + [n]  # the last: one chunk, a control (0 change)
+            print(f"\nchunk-level BatchNorm: one step on {n} synthetic-corpus clips, model at initialisation, "
+                  f"plain step (BN over {n}) vs chunks:", flush=True)
+            res = bn_effect(n, chunks, args.smoke)
+            print(bn_table(res))
+            out["bn"] = res
+            results.save(**out)
+        if args.only in (None, "preflight"):
+            print("\npreflight for the paper's batch (128 videos x 32 clips) on one GPU:")
+            msgs = preflight_messages()
+            for m in msgs:
+                print(f"- {m['device']}: {m['message']}\n  with {m['overrides']}: {m['then']}")
+            out["preflight"] = msgs
+        results.finish(out)
     return 0
 
 

@@ -1,9 +1,9 @@
 """k-means refit at paper size: rank 0 alone (before) vs every rank assigning its share (after).
 
-    python bench/kmeans.py                    # paper size, 1 and 2 ranks x 1 thread, 3 iterations (~1 min)
-    python bench/kmeans.py --world 1 2 4      # more ranks (each a gloo process with its own threads)
-    python bench/kmeans.py --quick            # a small size: the path works
-    python bench/kmeans.py --json             # the table, then one JSON line with every figure
+    python -m bench.kmeans                    # paper size, 1 and 2 ranks x 1 thread, 3 iterations (~1 min)
+    python -m bench.kmeans --world 1 2 4      # more ranks (each a gloo process with its own threads)
+    python -m bench.kmeans --quick            # a small size: the path works
+    python -m bench.kmeans --json             # the table, then one JSON line with every figure
 
 What runs: ``raymcn.losses.cosine_kmeans`` on the refit's input at the paper's sizes: the queue
 (20 steps x 4096 clips x half of each video's clips = 40 960 rows) plus the step's 4096 clips,
@@ -22,8 +22,6 @@ over 1 rank, and the largest centroid difference from 1 rank's (float rounding o
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -31,10 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import gloo_ranks  # noqa: E402
-
-from raymcn.losses import Collectives, cosine_kmeans  # noqa: E402
+from bench import harness
+from bench.gloo import gloo_ranks
+from raymcn.losses import Collectives, cosine_kmeans
 
 PAPER = {"rows": 40960 + 4096, "dim": 6144, "k": 256}
 QUICK = {"rows": 4000, "dim": 256, "k": 32}
@@ -76,14 +73,19 @@ def run(world: int, threads: int, size: dict, iters: int) -> tuple[float, torch.
     return max(r["seconds"] for r in results), results[0]["centroids"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke="the --quick size, 1 rank then 2, 2 iterations")
     ap.add_argument("--world", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.smoke:
+        args.quick, args.world, args.iters = True, [1, 2], 2
     size = QUICK if args.quick else PAPER
     if max(args.world) * args.threads > (os.cpu_count() or 1):
         print(f"note: {max(args.world)} ranks x {args.threads} threads exceed this machine's "
@@ -91,22 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"k-means refit input: {size['rows']} rows x D={size['dim']}, K={size['k']}, fp32, "
           f"{args.iters} iterations, {args.threads} thread(s) per rank")
     rows, base = [], None
-    for world in args.world:
-        seconds, centroids = run(world, args.threads, size, args.iters)
-        per_iter = seconds / args.iters
-        if base is None:
-            base = (per_iter, centroids)
-        diff = float((centroids - base[1]).abs().max())
-        rows.append({"world": world, "s_per_iteration": per_iter, "s_per_refit": per_iter * REFIT_ITERS,
-                     "speedup": base[0] / per_iter, "max_centroid_diff": diff})
+    with harness.Results("kmeans", args) as results:
+        for world in args.world:
+            seconds, centroids = run(world, args.threads, size, args.iters)
+            per_iter = seconds / args.iters
+            if base is None:
+                base = (per_iter, centroids)
+            diff = float((centroids - base[1]).abs().max())
+            rows.append({"world": world, "s_per_iteration": per_iter, "s_per_refit": per_iter * REFIT_ITERS,
+                         "speedup": base[0] / per_iter, "max_centroid_diff": diff})
+            results.save(rows=rows)
+        table(rows)
+        results.finish({"size": size, "iters": args.iters, "threads": args.threads, "rows": rows})
+    return 0
+
+
+def table(rows: list[dict]) -> None:
     print(f"{'ranks':>5} | {'s / iteration':>13} | {'s / refit (100 it.)':>19} | {'speed-up':>8} | "
           f"{'max |C - C_1|':>13}")
     for r in rows:
         print(f"{r['world']:>5} | {r['s_per_iteration']:>13.3f} | {r['s_per_refit']:>19.1f} | "
               f"{r['speedup']:>7.2f}x | {r['max_centroid_diff']:>13.2e}")
-    if args.json:
-        print(json.dumps({"size": size, "iters": args.iters, "threads": args.threads, "rows": rows}))
-    return 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ shards`` in one process). Targets: (b) >= 0.8x (c2) for both dtypes and sizes (R
 reader at most a fifth of its own Ray-free path); fp32 shards (b) >= 2x (a) and (b) >= 0.6x (c);
 fp16 shards (b) >= 1.6x (a) and (b) >= 0.8x (d) of their own bytes (the last four set when (a)
 drew no clips). Every row also gives this benchmark's CPU milliseconds per video (all its
-processes, ``bench/procstat.py``) and the share of a core the rest of the machine took meanwhile:
+processes, ``bench.procstat``) and the share of a core the rest of the machine took meanwhile:
 on a shared machine videos/s move with the others' load, CPU per video much less.
 ``--diagnose`` adds rows for
 ``ray.data.read_webdataset`` with its default decoder and for a Python ``tarfile`` + ``np.load``
@@ -44,13 +44,13 @@ sequential reader.
 
 Usage::
 
-    python bench/loader.py                 # 4000 short videos + 1024 long ones (~30 GB on disk: the
+    python -m bench.loader                 # 4000 short videos + 1024 long ones (~30 GB on disk: the
                                            # npz files, fp32 and fp16 shards of each)
-    python bench/loader.py --quick         # a tiny run to check that everything works: at 200 videos
+    python -m bench.loader --quick         # a tiny run to check that everything works: at 200 videos
                                            # Ray Data's per-epoch start-up (~0.2 s) dominates (b)
-    python bench/loader.py --json          # the figures as one JSON line at the end
-    python bench/loader.py --repeat 3      # best of 3 runs of each measurement (noisy machines)
-    python bench/loader.py --out docs/measurements/loader.json   # every figure, the machine and its load
+    python -m bench.loader --json          # the figures as one JSON line at the end
+    python -m bench.loader --repeat 3      # best of 3 runs of each measurement (noisy machines)
+    python -m bench.loader --out docs/measurements/loader.json   # every figure, the machine and its load
 
 What the profile showed (``stream.read_steps`` in one process on the page cache, 192 videos, best
 of 3; this machine): the read tasks' CPU per fp16 video fell from 6.2 to 3.1 ms. The CRC-32 checks
@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import pickle
 import random
@@ -78,12 +77,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procstat  # noqa: E402
-from common import machine_line  # noqa: E402
-from raymcn.data.formats import manifest as shard_manifest  # noqa: E402
-from raymcn.data.formats.features import (  # noqa: E402
+from bench import harness, procstat
+from raymcn.data.formats import manifest as shard_manifest
+from raymcn.data.formats.features import (
     FEATURE_DIM,
     MEL_BINS,
     load_captions,
@@ -92,10 +88,10 @@ from raymcn.data.formats.features import (  # noqa: E402
     sample_batch,
     video_id_of,
 )
-from raymcn.data.formats.words import build_vocab, read_word2vec_bin, write_word2vec_bin  # noqa: E402
-from raymcn.data.read import order, stream  # noqa: E402
-from raymcn.data.read.datasource import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS  # noqa: E402
-from raymcn.data.write import shards  # noqa: E402
+from raymcn.data.formats.words import build_vocab, read_word2vec_bin, write_word2vec_bin
+from raymcn.data.read import order, stream
+from raymcn.data.read.datasource import DEFAULT_TASK_MB, READ_CONCURRENCY, READ_CPUS
+from raymcn.data.write import shards
 
 SAMPLER: procstat.ProcessSampler | None = None  # CPU of every process during each measurement (main)
 
@@ -108,6 +104,8 @@ TARGET_B_OVER_A = 2.0
 TARGET_B_OVER_C = 0.6
 TARGET_B_OVER_C2 = 0.8
 WORDS = [f"w{i:03d}" for i in range(200)]
+# The ratios reported (numerator, denominator), in their order: (b) against every other path, (c2) against (c)
+RATIOS = (("b", "a"), ("b", "a2"), ("b", "c"), ("c2", "c"), ("b", "c2"), ("b", "d"), ("b", "d2"))
 
 
 # --- corpus in the original layout ------------------------------------------------------------------
@@ -323,7 +321,8 @@ def _consumer_class(ray):
 
 
 class RayBench:
-    """One local Ray instance for all (b) measurements (started and warmed up before any timing)."""
+    """One local Ray instance for all (b) measurements (started and warmed up before any timing);
+    this process's own instance if it has one (the test suite's smoke run shares its instance)."""
 
     def __init__(self, num_cpus: int, ranks: int, consumer_cpus: float, object_store_mb: int | None):
         import ray
@@ -332,9 +331,11 @@ class RayBench:
         kwargs = {"object_store_memory": object_store_mb << 20} if object_store_mb else {}
         from raymcn.train.on_ray.cluster import LOCAL_RAY_ENV
 
-        for key, value in LOCAL_RAY_ENV.items():  # the settings of the instance `raymcn train` starts
-            os.environ.setdefault(key, value)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **kwargs)
+        self.started = not ray.is_initialized()
+        if self.started:
+            for key, value in LOCAL_RAY_ENV.items():  # the settings of the instance `raymcn train` starts
+                os.environ.setdefault(key, value)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, **kwargs)
         Consumer = _consumer_class(ray)
         self.consumers = [Consumer.options(num_cpus=consumer_cpus).remote() for _ in range(ranks)]
         ray.get([c.ping.remote() for c in self.consumers])
@@ -379,7 +380,10 @@ class RayBench:
         return {"videos": n, "bytes": manifest["counts"]["bytes"], "seconds": time.perf_counter() - t0}
 
     def shutdown(self) -> None:
-        self.ray.shutdown()
+        for consumer in self.consumers:
+            self.ray.kill(consumer)
+        if self.started:
+            self.ray.shutdown()
 
 
 # --- driver -----------------------------------------------------------------------------------------
@@ -415,8 +419,12 @@ def keep_best(row: dict, key: str, r: dict) -> None:
         row[key] = r
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+SMOKE = {"videos": 32, "batch": 8, "sizes": "short", "dtypes": "float16", "streams": 2, "warm": True}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = harness.parser(__doc__, smoke="32 short videos in steps of 8, fp16 shards, every measurement ((a2) and (d2) "
+                                      "in 2 processes), warm page cache")
     p.add_argument("--videos", type=int, default=4000, help="short-clip videos (default 4000)")
     p.add_argument("--long-videos", type=int, default=1024,
                    help="HowTo100M-like videos (default 1024: 16 paper shares per rank, 8 read tasks each)")
@@ -442,13 +450,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,float16",
                    help="shard feature dtypes to measure (b), (c), (c2), (d) on (default both)")
     p.add_argument("--diagnose", action="store_true", help="also read_webdataset (default decoder) and tarfile")
-    p.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
-    p.add_argument("--out", help="write the figures, the machine and its load as JSON here")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = harness.parse_args(build_parser(), argv, SMOKE)
     if args.streams is None:
         args.streams = args.ranks * READ_CONCURRENCY
     if args.quick:  # steps of 8 videos, so that 10 long videos still make a step
@@ -467,67 +473,71 @@ def main(argv=None) -> int:
     global SAMPLER
     SAMPLER = procstat.ProcessSampler(every_s=0.25).__enter__()
     load0 = procstat.load()
-    try:
-        for size in sizes:
-            seconds, n = SIZES[size]["seconds"], counts[size]
-            t0 = time.perf_counter()
-            layout = make_layout(work / f"{size}-{n}" / "layout", n, seconds)
-            print(f"[{size}] corpus {layout} ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-            row: dict = {"videos": n, "clips_per_video": cfg.data.clips_per_video, "dtypes": {}}
-            if "b" in only or args.diagnose:
-                if bench is None:
-                    bench = RayBench(args.num_cpus, args.ranks, args.consumer_cpus, args.object_store_mb)
-            for _ in range(max(1, args.repeat)):  # the best of --repeat runs of each (noisy machines)
-                if "a" in only:
-                    cache.drop()
-                    keep_best(row, "a", rates(timed(run_npz, layout, cfg)))
-                if "a2" in only:
-                    cache.drop()
-                    keep_best(row, "a2", rates(timed(run_npz, layout, cfg, processes=args.streams)))
-            for dtype in dtypes:
-                suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
-                shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
+    with harness.Results("loader", args) as out:
+        def keep(target: dict, key: str, r: dict) -> None:  # the best of the repeats, saved at once
+            keep_best(target, key, rates(r))
+            out.save(results=results)
+
+        try:
+            for size in sizes:
+                seconds, n = SIZES[size]["seconds"], counts[size]
                 t0 = time.perf_counter()
-                fresh = not (shard_dir / shard_manifest.MANIFEST).is_file()
-                manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=1, dtype=dtype)
-                d: dict = {"mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
-                           "shards": manifest["counts"]["shards"]}
-                if fresh:  # the conversion, one process (cache warm: the layout was just read or written)
-                    d["convert_videos_per_s"] = n / (time.perf_counter() - t0)
-                for _ in range(max(1, args.repeat)):
-                    if "b" in only:
-                        keep_best(d, "b", rates(bench.run(shard_dir, manifest, cfg, args.read_cpus, args.task_mb,
-                                                          cache)))
-                    if "c" in only:
+                layout = make_layout(work / f"{size}-{n}" / "layout", n, seconds)
+                print(f"[{size}] corpus {layout} ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+                row: dict = {"videos": n, "clips_per_video": cfg.data.clips_per_video, "dtypes": {}}
+                results[size] = row
+                if "b" in only or args.diagnose:
+                    if bench is None:
+                        bench = RayBench(args.num_cpus, args.ranks, args.consumer_cpus, args.object_store_mb)
+                for _ in range(max(1, args.repeat)):  # the best of --repeat runs of each (noisy machines)
+                    if "a" in only:
                         cache.drop()
-                        keep_best(d, "c", rates(timed(run_sequential, shard_dir, manifest)))
-                    if "c2" in only:
+                        keep(row, "a", timed(run_npz, layout, cfg))
+                    if "a2" in only:
                         cache.drop()
-                        keep_best(d, "c2", rates(timed(run_steps_inprocess, shard_dir, manifest, cfg, args.ranks)))
-                    if "d" in only:
-                        cache.drop()
-                        keep_best(d, "d", rates(timed(run_cat, shard_dir, manifest)))
-                    if "d2" in only:
-                        cache.drop()
-                        keep_best(d, "d2", rates(timed(run_cat, shard_dir, manifest, args.streams)))
-                    if args.diagnose:
-                        cache.drop()
-                        keep_best(d, "c_tarfile", rates(timed(run_tarfile, shard_dir, manifest)))
-                        keep_best(d, "b_read_webdataset", rates(bench.run_webdataset(shard_dir, manifest, cache)))
-                row["dtypes"][dtype] = d
-            results[size] = row
-    finally:
-        SAMPLER.__exit__(None, None, None)
-        if bench is not None:
-            bench.shutdown()
-    report(results, cache, args, load0)
+                        keep(row, "a2", timed(run_npz, layout, cfg, processes=args.streams))
+                for dtype in dtypes:
+                    suffix = "" if dtype == "float32" else f"-{dtype}"  # the fp32 folder of earlier runs is reused
+                    shard_dir = work / f"{size}-{n}" / f"shards-{args.shard_size_mb:g}mb{suffix}"
+                    t0 = time.perf_counter()
+                    fresh = not (shard_dir / shard_manifest.MANIFEST).is_file()
+                    manifest = make_shards(layout, shard_dir, args.shard_size_mb, workers=1, dtype=dtype)
+                    d: dict = {"mb_per_video": manifest["counts"]["bytes"] / n / 2**20,
+                               "shards": manifest["counts"]["shards"]}
+                    if fresh:  # the conversion, one process (cache warm: the layout was just read or written)
+                        d["convert_videos_per_s"] = n / (time.perf_counter() - t0)
+                    row["dtypes"][dtype] = d
+                    for _ in range(max(1, args.repeat)):
+                        if "b" in only:
+                            keep(d, "b", bench.run(shard_dir, manifest, cfg, args.read_cpus, args.task_mb, cache))
+                        if "c" in only:
+                            cache.drop()
+                            keep(d, "c", timed(run_sequential, shard_dir, manifest))
+                        if "c2" in only:
+                            cache.drop()
+                            keep(d, "c2", timed(run_steps_inprocess, shard_dir, manifest, cfg, args.ranks))
+                        if "d" in only:
+                            cache.drop()
+                            keep(d, "d", timed(run_cat, shard_dir, manifest))
+                        if "d2" in only:
+                            cache.drop()
+                            keep(d, "d2", timed(run_cat, shard_dir, manifest, args.streams))
+                        if args.diagnose:
+                            cache.drop()
+                            keep(d, "c_tarfile", timed(run_tarfile, shard_dir, manifest))
+                            keep(d, "b_read_webdataset", bench.run_webdataset(shard_dir, manifest, cache))
+        finally:
+            SAMPLER.__exit__(None, None, None)
+            if bench is not None:
+                bench.shutdown()
+        out.finish(report(results, cache, args, load0, out.machine))
     return 0
 
 
-def report(results: dict, cache: Cache, args, load0: list[float]) -> None:
+def report(results: dict, cache: Cache, args, load0: list[float], machine: str) -> dict:
+    """Print the tables; returns every figure."""
     cold = "cold page cache (dropped before each measurement)" if cache.cold else \
         f"WARM page cache: could not drop caches ({cache.why})"
-    machine = machine_line()
     print(f"\nloader benchmark: {machine}; load average {load0} at the start, "
           f"{procstat.load()} at the end; {cold}")
     print(f"(b) = {args.ranks} RankStreams x {args.consumer_cpus} CPU, read tasks {args.read_cpus:g} CPU and "
@@ -560,22 +570,9 @@ def report(results: dict, cache: Cache, args, load0: list[float]) -> None:
                     r = d[k]
                     print(f"  {names[k]:40s} {dtype:>8s} {d['mb_per_video']:9.2f} {r['videos_per_s']:10.0f} "
                           f"{r['mb_per_s']:9.0f} {r['seconds']:8.2f} {cpu(r)}")
-            ratios = {}
-            if "a" in row and "b" in d:
-                ratios["b_over_a"] = d["b"]["videos_per_s"] / row["a"]["videos_per_s"]
-            if "a2" in row and "b" in d:
-                ratios["b_over_a2"] = d["b"]["videos_per_s"] / row["a2"]["videos_per_s"]
-            if "c" in d and "b" in d:
-                ratios["b_over_c"] = d["b"]["videos_per_s"] / d["c"]["videos_per_s"]
-            if "c" in d and "c2" in d:
-                ratios["c2_over_c"] = d["c2"]["videos_per_s"] / d["c"]["videos_per_s"]
-            if "c2" in d and "b" in d:
-                ratios["b_over_c2"] = d["b"]["videos_per_s"] / d["c2"]["videos_per_s"]
-            if "d" in d and "b" in d:
-                ratios["b_over_d"] = d["b"]["videos_per_s"] / d["d"]["videos_per_s"]
-            if "d2" in d and "b" in d:
-                ratios["b_over_d2"] = d["b"]["videos_per_s"] / d["d2"]["videos_per_s"]
-            d["ratios"] = ratios
+            measured = {**{k: row[k] for k in ("a", "a2") if k in row}, **d}  # (a) per size, the rest per dtype
+            d["ratios"] = ratios = {f"{num}_over_{den}": measured[num]["videos_per_s"] / measured[den]["videos_per_s"]
+                                    for num, den in RATIOS if num in measured and den in measured}
             if "c2" in d:
                 c2 = d["c2"]
                 print(f"  {dtype} (c2) split: reading by byte range + CRC checks {c2['read_s']:.2f} s "
@@ -601,12 +598,7 @@ def report(results: dict, cache: Cache, args, load0: list[float]) -> None:
                    "shard_size_mb", "batch", "task_mb", "read_cpus", "ranks", "consumer_cpus", "streams",
                    "repeat")},
                "results": results}
-    if args.json:
-        print(json.dumps(figures, default=float))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(figures, default=float, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Peak memory of the MCN loss per rank, gathered and ring negatives, vs the DataParallel original.
 
-    python bench/memory.py            # B in 512 1024 2048 4096, N in 1 2 4 8, both (~10 min on 2 quiet cores)
-    python bench/memory.py --quick    # B in 512 1024 (~2 min)
-    python bench/memory.py --json     # the tables, then one JSON line with every figure and ratio
-    python bench/memory.py --negatives ring      # only the ring loss (scale.ring_contrastive)
-    python bench/memory.py --dim 64 --no-recon --no-refit   # only the b×B slabs matter (~15 s)
+    python -m bench.memory            # B in 512 1024 2048 4096, N in 1 2 4 8, both (~10 min on 2 quiet cores)
+    python -m bench.memory --quick    # B in 512 1024 (~2 min)
+    python -m bench.memory --json     # the tables, then one JSON line with every figure and ratio
+    python -m bench.memory --negatives ring      # only the ring loss (scale.ring_contrastive)
+    python -m bench.memory --dim 64 --no-recon --no-refit   # only the b×B slabs matter (~15 s)
 
 Peak RSS of the process: ~5.3 GB (at B = 4096), ~2.4 GB with --quick.
 Measured figures: docs/measurements/memory.json (docs/performance.md).
@@ -73,17 +73,13 @@ k-means input held an extra fp32 copy of the queue (refit peak 2016 -> 1108 MiB 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 import torch
 import torch.nn.functional as F
 
+from bench import harness
 from raymcn.config import Config, ModelConfig
 from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
 from raymcn.results.render import render_table
@@ -321,8 +317,8 @@ def refit_table(rows: list[dict]) -> str:
     return render_table(table, right=head)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke="B = 256, N in 1 2, D = 64 in the loss table; the refit table at B = 256")
     ap.add_argument("--clips", type=int, nargs="+", help="global batch sizes B (default 512 1024 2048 4096)")
     ap.add_argument("--world", type=int, nargs="+", default=[1, 2, 4, 8], help="world sizes N (default 1 2 4 8)")
     ap.add_argument("--quick", action="store_true", help="B in 512 1024 only")
@@ -335,16 +331,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--negatives", nargs="+", choices=("gathered", "ring"), default=["gathered", "ring"],
                     help="how a rank gets the other ranks' rows: all-gathered, or passed around a ring "
                          "(scale.ring_contrastive); default both")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.clips, args.world, args.dim = [256], [1, 2], 64  # B >= loss.num_clusters (256)
     sizes = args.clips or ([512, 1024] if args.quick else [512, 1024, 2048, 4096])
     for b in sizes:
         if b % CLIPS_PER_VIDEO or any((b // CLIPS_PER_VIDEO) % n for n in args.world):
             ap.error(f"B={b}: must be {CLIPS_PER_VIDEO} clips × a number of videos divisible by every N")
 
-    print(f"bench/memory.py: loss forward+backward per rank, D={args.dim}, "
-          f"{'with' if args.recon else 'without'} reconstruction, fp32 on CPU, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    with harness.Results("memory", args) as results:
+        print(f"bench.memory: loss forward+backward per rank, D={args.dim}, "
+              f"{'with' if args.recon else 'without'} reconstruction, fp32 on CPU, "
+              f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+        rows = loss_rows(sizes, args, results)
+        print()
+        print(loss_table(rows))
+        refit_rows = refit_figures(sizes, results) if args.refit else []
+        results.finish({"bench": "memory", "embed_dim": args.dim, "recon": args.recon, "loss": rows,
+                        "refit": refit_rows, "refit_embed_dim": EMBED_DIM})
+    return 0
+
+
+def loss_rows(sizes: list[int], args, results: harness.Results) -> list[dict]:
+    """The loss table's rows: every (B, N, negatives), raymcn's rank 0 against the DataParallel original."""
     rows = []
     for clips in sizes:
         dp, dp_s = dataparallel_peak(clips, args.dim, args.recon)
@@ -356,31 +370,30 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"B": clips, "N": world, "b": clips // world, "negatives": negatives, "raymcn_peak": peak,
                              "dataparallel_peak": dp, "ratio": peak / dp, "target": 1 / world + 0.1, "estimate": est,
                              "estimate_over_measured": est["total"] / peak, "raymcn_s": s, "dataparallel_s": dp_s})
+                results.save(loss=rows)
                 print(f"  B={clips} N={world} {negatives}: raymcn {_mib(peak)} MiB, DataParallel {_mib(dp)} MiB",
                       flush=True)
-    print()
-    print(loss_table(rows))
+    return rows
 
+
+def refit_figures(sizes: list[int], results: harness.Results) -> list[dict]:
+    """The refit table's rows (printed, with the check that both ways build the same X)."""
+    print("\nk-means refit on rank 0 (building X + one Lloyd iteration), queue at paper proportions:", flush=True)
     refit_rows = []
-    if args.refit:
-        print("\nk-means refit on rank 0 (building X + one Lloyd iteration), queue at paper proportions:", flush=True)
-        for clips in sizes:
-            for dtype in ("float32", "bfloat16"):
-                cfg = loss_config(clips, 1, dtype)
-                now, now_s, qbytes = refit_peak(clips, dtype, lean=False)
-                lean, lean_s, _ = refit_peak(clips, dtype, lean=True)
-                est = footprint.estimate_worker_memory(cfg)["kmeans_input"]
-                refit_rows.append({"B": clips, "queue_rows": cfg.queue_rows, "queue_dtype": dtype,
-                                   "queue_bytes": qbytes, "x_bytes": (cfg.queue_rows + clips) * EMBED_DIM * 4,
-                                   "peak_current": now, "peak_lean": lean, "estimate": est,
-                                   "current_s": now_s, "lean_s": lean_s})
-        print(refit_table(refit_rows))
-        print(f"X built now identical to X built before (wrapped bf16 ring): {check_lean_matches()}")
-
-    if args.json:
-        print(json.dumps({"bench": "memory", "embed_dim": args.dim, "recon": args.recon, "loss": rows,
-                          "refit": refit_rows, "refit_embed_dim": EMBED_DIM}))
-    return 0
+    for clips in sizes:
+        for dtype in ("float32", "bfloat16"):
+            cfg = loss_config(clips, 1, dtype)
+            now, now_s, qbytes = refit_peak(clips, dtype, lean=False)
+            lean, lean_s, _ = refit_peak(clips, dtype, lean=True)
+            est = footprint.estimate_worker_memory(cfg)["kmeans_input"]
+            refit_rows.append({"B": clips, "queue_rows": cfg.queue_rows, "queue_dtype": dtype,
+                               "queue_bytes": qbytes, "x_bytes": (cfg.queue_rows + clips) * EMBED_DIM * 4,
+                               "peak_current": now, "peak_lean": lean, "estimate": est,
+                               "current_s": now_s, "lean_s": lean_s})
+            results.save(refit=refit_rows)
+    print(refit_table(refit_rows))
+    print(f"X built now identical to X built before (wrapped bf16 ring): {check_lean_matches()}")
+    return refit_rows
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """What Ray costs raymcn's training step, arm by arm, in one run: torchrun -> Ray -> Ray Train -> Ray Data.
 
-    python bench/overhead.py                       # 3 repeats x 4 arms x 4 epochs, 2 ranks (~4 min, 2 cores)
-    python bench/overhead.py --quick               # 1 repeat x 3 epochs (~1.5 min)
-    python bench/overhead.py --arms torchrun ray-ddp train-local train-raydata train-raydata-noprefetch \
+    python -m bench.overhead                       # 3 repeats x 4 arms x 4 epochs, 2 ranks (~4 min, 2 cores)
+    python -m bench.overhead --quick               # 1 repeat x 3 epochs (~1.5 min)
+    python -m bench.overhead --arms torchrun ray-ddp train-local train-raydata train-raydata-noprefetch \
         --out docs/measurements/overhead.json      # docs/ray-cost.md's figures (~5.5 min)
+    python -m bench.overhead --from docs/measurements/overhead.json.partial   # the tables of the
+                                                   # repeats a run that died had finished
 
 Four arms, the same step in each: the embedded default preset (``scale.num_workers`` ranks, gloo
 on CPU), assembled by ``raymcn.train.build.assemble`` and run by ``build.run_epochs``, seeded the
@@ -27,10 +29,12 @@ Timed, as Ray's benchmark times it, is the training loop only: samples/s = clips
 rank's steps (``train_one_epoch``'s phases; evaluation and checkpoints lie outside), averaged over
 the ranks, times the ranks; **steady** = the mean over the epochs after the first (warm-up), then
 the median over the repeats. Ray is started for each Ray arm the way ``raymcn train`` starts it
-(``on_ray/cluster.start_ray``, a fresh local instance) and stopped after it. The arms run in the order 1 2 3
-4, then 4 3 2 1, and so on.
+(``on_ray/cluster.start_ray``, a fresh local instance) and stopped after it (unless this process
+already has one: the test suite's smoke run shares its instance). The arms run in the order 1 2 3
+4, then 4 3 2 1, and so on. Every arm's figures go to the partial file as the arm ends
+(``bench.harness``): ``--from`` prints the tables of the repeats a run that died had finished.
 
-CPU per kind of process (``bench/procstat.py``, ``/proc`` every 0.25 s) during the steady epochs'
+CPU per kind of process (``bench.procstat``, ``/proc`` every 0.25 s) during the steady epochs'
 steps: the ranks (split into their training thread and their other threads), Ray Data's read
 tasks and coordinator, the Train controller, the Tune driver, raylet, GCS, the dashboard, idle Ray
 workers, this driver, and every process on the machine that is not this benchmark's (other users'
@@ -47,7 +51,6 @@ import argparse
 import json
 import os
 import pickle
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,12 +58,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procstat  # noqa: E402
-from raymcn.train.monitor import timeline  # noqa: E402
-from common import machine_line  # noqa: E402
+from bench import harness, procstat
+from bench.harness import read_jsonl
+from bench.services import free_port
+from raymcn.train.monitor import timeline
+from raymcn.train.rank_exit import end_rank, leave_group
 
 ARMS = ("torchrun", "ray-ddp", "train-local", "train-raydata")
 NOPREFETCH = "train-raydata-noprefetch"  # optional: arm 4 with each batch fetched in the step (data.prefetch_batches=0)
@@ -71,6 +73,10 @@ GOAL = 0.9  # arm 4 / arm 2
 RAY_THRESHOLD = 1.15  # Ray's release benchmark: TorchTrainer time / vanilla time
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "checkpoint")
 TRACE = "RAYMCN_TIMELINE"
+# The smoke size: arms 1 and 4 (bare DDP under torchrun, raymcn as it runs), 1 repeat of 2 epochs
+# over the test suite's tiny corpus
+SMOKE_ARMS = ("torchrun", "train-raydata")
+SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16"]
 
 
 def make_config(workers: int, epochs: int, overrides: list[str]):
@@ -83,7 +89,9 @@ def make_config(workers: int, epochs: int, overrides: list[str]):
 # --- arms 1 and 2: one rank, plain DDP ----------------------------------------------------------------
 def rank_main(spec: dict, rank: int, world: int) -> None:
     """One rank of arms 1 and 2: gloo group from MASTER_ADDR/PORT, the run as raymcn's worker
-    assembles it, DDP as ``ray.train.torch.prepare_model`` wraps it, the in-process reader."""
+    assembles it, DDP as ``ray.train.torch.prepare_model`` wraps it, the in-process reader. The
+    group is left (``rank_exit.leave_group``) once every rank is done; a torchrun rank's process
+    then ends with ``rank_exit.end_rank`` (returning from its main aborted a rank at exit)."""
     import torch
     import torch.distributed as dist
 
@@ -113,21 +121,17 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
                     f.write(json.dumps({**metrics, "reported": time.time()}) + "\n")
 
         run_epochs(run, EpochHooks(batches=stream.epoch, after_epoch=record))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the other rank may be gone
+        raise
+    leave_group()
 
 
 def run_torchrun(spec_file: Path, workers: int, threads: int, verbose: bool) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}",
-           str(Path(__file__).resolve()), "--_rank_child", str(spec_file)]
-    proc = subprocess.run(cmd, env=env, capture_output=not verbose, text=True)
+    cmd = harness.module_command("torch.distributed.run", "--standalone", f"--nproc_per_node={workers}",
+                                 "-m", "bench.overhead", "--_rank_child", str(spec_file))
+    proc = subprocess.run(cmd, env=env, cwd=harness.REPO, capture_output=not verbose, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout or ''}\n{proc.stderr or ''}")
 
@@ -141,7 +145,7 @@ def run_ray_ddp(spec: dict, cfg) -> None:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             rank_main(spec, rank, world)
 
-    world, port = cfg.scale.num_workers, _free_port()
+    world, port = cfg.scale.num_workers, free_port()
     actors = [VanillaRank.options(num_cpus=cfg.scale.cpus_per_worker).remote() for _ in range(world)]
     ray.get([a.run.remote(spec, r, world, port) for r, a in enumerate(actors)])
     for a in actors:
@@ -184,7 +188,7 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
 
                 from raymcn.train.on_ray.cluster import start_ray
 
-                start_ray("local")
+                started = start_ray("local")  # False: this process's instance (the smoke run's) is used
                 try:
                     if arm == "ray-ddp":
                         run_ray_ddp(spec, cfg)
@@ -193,15 +197,12 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
                             cfg = cfg.replace({"data.prefetch_batches": 0})
                         run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, where / "results")
                 finally:
-                    ray.shutdown()
+                    if started:
+                        ray.shutdown()
     finally:
         del os.environ[TRACE]
     wall = time.time() - t0
-    return summarise(arm, read_lines(records), read_lines(trace_file), sampler, cfg, wall, load_before)
-
-
-def read_lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return summarise(arm, read_jsonl(records), read_jsonl(trace_file), sampler, cfg, wall, load_before)
 
 
 def summarise(arm: str, records: list[dict], events: list[dict], sampler, cfg, wall: float, load_before) -> dict:
@@ -256,8 +257,8 @@ def _table(head: tuple[str, ...], rows: list[tuple]) -> str:
     return render_table([dict(zip(head, map(str, row))) for row in rows], right=head[1:])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = harness.parser(__doc__, smoke=f"arms {' '.join(SMOKE_ARMS)}, 1 repeat x 2 epochs, a corpus of 64 videos")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4, help="epochs per arm; the first is warm-up (default 4)")
     p.add_argument("--workers", type=int, default=2, help="ranks in every arm (default 2)")
@@ -266,17 +267,27 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"which arms (default the four; {NOPREFETCH}: arm 4 fetching each batch in the step)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm (repeatable)")
-    p.add_argument("--out", help="write every figure as JSON here (e.g. docs/measurements/ray_overhead.json)")
-    p.add_argument("--json", action="store_true", help="also print every figure as one JSON line last")
+    p.add_argument("--from", dest="source", metavar="PARTIAL",
+                   help="print the tables of the arms a run measured before it died (its partial file)")
     p.add_argument("--verbose", action="store_true", help="show torchrun's output")
     p.add_argument("--_rank_child", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args._rank_child:  # a torchrun child
         rank_main(pickle.loads(Path(args._rank_child).read_bytes()), int(os.environ["RANK"]),
                   int(os.environ["WORLD_SIZE"]))
-        return 0
+        end_rank(0)
+    if args.source:
+        return report_partial(Path(args.source), args)
     if args.quick:
         args.repeats, args.epochs = 1, 3
+    if args.smoke:
+        args.repeats, args.epochs, args.arms = 1, 2, list(SMOKE_ARMS)
+        args.overrides = [*SMOKE_SETTINGS, *args.overrides]
     if args.epochs < 2:
         p.error("--epochs must be >= 2 (the first is warm-up)")
     from raymcn.train.inputs import resolve_inputs
@@ -284,30 +295,47 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
     plan = plan_of(cfg, resolve_inputs(cfg))  # the synthetic shards are generated once, before any timing
-    info = machine_line()
-    print(f"machine: {info}; load average {procstat.load()} (1, 5, 15 min)")
-    print(f"config: default preset, {cfg.scale.num_workers} ranks x {cfg.scale.cpus_per_worker} CPU, "
-          f"{cfg.scale.torch_threads} torch thread(s) each; {args.epochs} epochs x {plan.steps_per_epoch} steps, "
-          f"{cfg.data.batch_size} videos x {cfg.data.clips_per_video} clips per step; {args.repeats} repeat(s)",
-          flush=True)
-    runs: dict[str, list[dict]] = {arm: [] for arm in args.arms}
-    t_bench = time.time()
-    with tempfile.TemporaryDirectory(prefix="raymcn-overhead-") as tmp, \
-            procstat.ProcessSampler(every_s=0.25) as sampler:
-        for rep in range(args.repeats):
-            order = list(args.arms) if rep % 2 == 0 else list(reversed(args.arms))
-            for arm in order:
-                where = Path(tmp) / f"{arm}-{rep}"
-                where.mkdir()
-                r = run_arm(arm, cfg, plan, where, sampler, args)
-                runs[arm].append(r)
-                threads = ", ".join(f"rank {x['rank']}: {x['threads']} thread(s), OMP_NUM_THREADS={x['omp']}, "
-                                    f"nice {x['nice']}" for x in r["ranks"])
-                print(f"repeat {rep + 1} {arm:13s}: steady {r['steady_samples_per_s']:.0f} samples/s (epochs "
-                      f"{', '.join(f'{x:.0f}' for x in r['epoch_samples_per_s'])}), wall {r['wall_s']:.0f} s, "
-                      f"load {r['load_before']} -> {r['load_after']}; {threads}", flush=True)
-    total = time.time() - t_bench
-    report(runs, args, info, total)
+    with harness.Results("overhead", args) as results:
+        info = results.machine
+        print(f"machine: {info}; load average {procstat.load()} (1, 5, 15 min)")
+        print(f"config: default preset, {cfg.scale.num_workers} ranks x {cfg.scale.cpus_per_worker} CPU, "
+              f"{cfg.scale.torch_threads} torch thread(s) each; {args.epochs} epochs x {plan.steps_per_epoch} steps, "
+              f"{cfg.data.batch_size} videos x {cfg.data.clips_per_video} clips per step; {args.repeats} repeat(s)",
+              flush=True)
+        runs: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+        settings = {k: getattr(args, k) for k in ("workers", "epochs", "repeats", "overrides")}
+        t_bench = time.time()
+        with tempfile.TemporaryDirectory(prefix="raymcn-overhead-") as tmp, \
+                procstat.ProcessSampler(every_s=0.25) as sampler:
+            for rep in range(args.repeats):
+                order = list(args.arms) if rep % 2 == 0 else list(reversed(args.arms))
+                for arm in order:
+                    where = Path(tmp) / f"{arm}-{rep}"
+                    where.mkdir()
+                    r = run_arm(arm, cfg, plan, where, sampler, args)
+                    runs[arm].append(r)
+                    results.save(settings=settings, runs=runs)
+                    threads = ", ".join(f"rank {x['rank']}: {x['threads']} thread(s), OMP_NUM_THREADS={x['omp']}, "
+                                        f"nice {x['nice']}" for x in r["ranks"])
+                    print(f"repeat {rep + 1} {arm:13s}: steady {r['steady_samples_per_s']:.0f} samples/s (epochs "
+                          f"{', '.join(f'{x:.0f}' for x in r['epoch_samples_per_s'])}), wall {r['wall_s']:.0f} s, "
+                          f"load {r['load_before']} -> {r['load_after']}; {threads}", flush=True)
+        total = time.time() - t_bench
+        results.finish(report(runs, args, info, total))
+    return 0
+
+
+def report_partial(path: Path, args) -> int:
+    """The tables of what a run's partial file holds (the arms it finished before it died)."""
+    saved = json.loads(path.read_text())
+    runs = {arm: rs for arm, rs in saved["runs"].items() if rs}
+    for key, value in saved["settings"].items():
+        setattr(args, key, value)
+    args.repeats = max(len(rs) for rs in runs.values())
+    print(f"from {path}: " + ", ".join(f"{arm} {len(rs)} repeat(s)" for arm, rs in runs.items()))
+    figures = report(runs, args, saved["machine"], float("nan"))
+    if args.json:
+        print(harness.dumps(figures))
     return 0
 
 
@@ -316,7 +344,8 @@ def _median(rs: list[dict], get) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(runs: dict[str, list[dict]], args, info: str, total: float) -> None:
+def report(runs: dict[str, list[dict]], args, info: str, total: float) -> dict:
+    """Print the tables; returns every figure."""
     arms = list(runs)
     thr = {a: _median(runs[a], lambda r: r["steady_samples_per_s"]) for a in arms}
     print(f"\nsteady samples/s (all ranks), median of {args.repeats}; epochs 2..{args.epochs}; "
@@ -365,18 +394,12 @@ def report(runs: dict[str, list[dict]], args, info: str, total: float) -> None:
                                            for a in arms))]
     print(_table(("processes", *arms), rows))
     print(f"bench time {total:.0f} s")
-    figures = {
+    return {
         "machine": info, "load_end": procstat.load(), "workers": args.workers, "epochs": args.epochs,
         "repeats": args.repeats, "overrides": args.overrides, "goal": GOAL, "ray_threshold": RAY_THRESHOLD,
         "steady_samples_per_s": thr, "cpu_ms_per_sample": per, "attribution": att, "arm4_over_arm2": goal,
         "step_ms": ms, "cpu_percent_of_one_core": cpu, "rank_threads_percent": thr_split, "runs": runs,
         "bench_s": total}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
-        print(f"wrote {args.out}")
-    if args.json:
-        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

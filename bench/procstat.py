@@ -1,7 +1,9 @@
 """What the benchmarks print beside every figure: the machine's load, and the CPU every process used
-(the machine itself: ``common.machine_line``).
+(the machine itself: ``harness.machine_line``); and the other readers of ``/proc`` they share.
 
 * :func:`load`: ``os.getloadavg()``; on a shared machine the figures are only as good as this.
+* :func:`processes`: every process's parent and command line; :func:`status_bytes`: a memory
+  figure of this process (``VmRSS``, ``VmHWM``).
 * :class:`ProcessSampler`: a thread that reads ``/proc/<pid>/stat`` and the process titles of every
   process on the machine every ``every_s`` seconds, and the CPU of each thread of the training
   ranks. :meth:`ProcessSampler.cpu` then gives the CPU seconds per kind of process between two
@@ -19,6 +21,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # (kind, substrings of the command line / process title); the first match wins. A process keeps
 # the most specific kind it was ever seen with (a Ray worker shows ray::IDLE between tasks).
@@ -49,6 +52,28 @@ _RANK_OF = {kind: i for i, (kind, _) in enumerate(KINDS)}
 def load() -> list[float]:
     """``os.getloadavg()`` rounded: runnable processes averaged over 1, 5 and 15 minutes."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line, its arguments joined by spaces) of every process."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                out[int(d.name)] = (ppid, (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+    return out
+
+
+def status_bytes(field: str) -> int:
+    """A memory figure of this process from ``/proc/self/status`` (``VmRSS``, ``VmHWM``), bytes; 0 if absent."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def kind_of(cmd: str) -> str | None:

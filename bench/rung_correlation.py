@@ -1,11 +1,11 @@
 """Does an early rung rank configurations like the full run? Spearman of R@10 at each epoch vs the final R@10.
 
-    python bench/rung_correlation.py [--configs 24] [--epochs 10] [--processes 2] [--json] [--from JSON]
+    python -m bench.rung_correlation [--configs 24] [--epochs 10] [--processes 2] [--json] [--from JSON]
 
 Method
 ------
 * ``--configs`` random configurations are drawn (numpy, ``--seed``) from the search space of
-  ``bench/sweep_efficiency.py`` (lr loguniform 1e-4..3e-2, batch 8/16/32, K 8/16/32/64, stage
+  ``bench.sweep_efficiency`` (lr loguniform 1e-4..3e-2, batch 8/16/32, K 8/16/32/64, stage
   order), on the embedded preset's tiny MCN and synthetic corpus (256 videos), ``--epochs`` epochs
   each with ``schedule.stage1_fraction`` 0.1 (stage 1 = the first epoch), exactly as that
   benchmark's trials: in-process, 1 torch thread, assembled and run by
@@ -28,7 +28,6 @@ Method
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -37,21 +36,17 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
-
 import numpy as np
+
+from bench import harness
+from bench.sweep_efficiency import SPACE, local_hooks, trial_data
 
 ARMS = {"before": {"optim.warmup_steps": 16}, "after": {"optim.warmup_steps": 0, "optim.warmup_videos": 256}}
 STAGE1_FRACTION = 0.1
-
-
-def _space() -> dict[str, dict]:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sweep_efficiency", Path(__file__).with_name("sweep_efficiency.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.SPACE
+# The smoke size: 4 configurations (the fewest a rank correlation takes) x 2 epochs, one process,
+# on the test suite's corpus of 64 videos (the warm-ups stay 16 steps and 256 videos)
+SMOKE = {"configs": 4, "epochs": 2, "processes": 1}
+SMOKE_CORPUS = {"data.synthetic_videos": 64, "data.synthetic_eval_clips": 64}
 
 
 def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
@@ -60,7 +55,7 @@ def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
     out = []
     for _ in range(n):
         cfg = {}
-        for key, spec in _space().items():
+        for key, spec in SPACE.items():
             (domain, args), = spec.items()
             if domain == "loguniform":
                 cfg[key] = float(math.exp(rng.uniform(math.log(args[0]), math.log(args[1]))))
@@ -73,36 +68,27 @@ def draw_configs(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-_DATA: dict[tuple, Any] = {}
-
-
-def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int) -> dict[str, Any]:
-    """R@10 after every epoch of one configuration under one arm's schedule (runs in a pool process)."""
+def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
+                corpus: dict[str, Any] | None = None) -> dict[str, Any]:
+    """R@10 after every epoch of one configuration under one arm's schedule (runs in a pool
+    process); ``corpus``: settings of the synthetic corpus (default the preset's 256 videos)."""
     import torch
 
     from raymcn.cli import preset_path
     from raymcn.config import PRIMARY_METRIC, load_config
-    from raymcn.data import synthetic
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
-    from raymcn.train.inputs import eval_set_of
-    from raymcn.train.loop import NonFiniteLossError, evaluate
+    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.loop import NonFiniteLossError
     from raymcn.train.plan import make_plan
 
     torch.set_num_threads(1)
-    cfg = load_config(preset_path(), {"scale.num_workers": 0, "schedule.epochs": epochs,
+    cfg = load_config(preset_path(), {**(corpus or {}), "scale.num_workers": 0, "schedule.epochs": epochs,
                                       "schedule.stage1_fraction": STAGE1_FRACTION, **config, **arm})
-    d = cfg.data
-    key = (d.synthetic_videos, d.synthetic_eval_clips)
-    if key not in _DATA:
-        _DATA[key] = (synthetic.train_videos(cfg), eval_set_of(cfg))
-    videos, eval_set = _DATA[key]
+    videos, eval_set = trial_data(cfg)
     plan = make_plan(cfg, videos=len(videos.records))
     run = assemble(cfg, plan, device="cpu")
     curve: list[float] = []
     t0 = time.perf_counter()
-    hooks = EpochHooks(batches=lambda e, start: (videos.batches(cfg, e, 0, 1, plan.steps_per_epoch, start), None),
-                       evaluate=lambda r: evaluate(r.model, eval_set, r.device),
-                       after_epoch=lambda r, m: curve.append(float(m[PRIMARY_METRIC])))
+    hooks = local_hooks(cfg, plan, videos, eval_set, after_epoch=lambda r, m: curve.append(float(m[PRIMARY_METRIC])))
     diverged = False
     try:
         run_epochs(run, hooks)
@@ -146,61 +132,76 @@ def correlations(curves: dict[str, list[list[float]]], epochs: int, top: float =
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    p = harness.parser(__doc__.split("\n\n")[0], raw=True,
+                       smoke=f"{SMOKE['configs']} configurations x {SMOKE['epochs']} epochs, in this process")
     p.add_argument("--configs", type=int, default=24, help="random configurations (default 24)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
     p.add_argument("--epochs", type=int, default=10, help="epochs of every run (default 10)")
     p.add_argument("--processes", type=int, default=2, help="runs at once, 1 torch thread each (default 2)")
-    p.add_argument("--json", action="store_true", help="print every figure as one JSON line last")
     p.add_argument("--from", dest="source", metavar="JSON", help="recompute the tables from the last line of a "
                    "previous --json output instead of training")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = harness.parse_args(build_parser(), argv, SMOKE)
     from raymcn.results.render import render_table
 
     t0 = time.perf_counter()
-    if args.source:
-        saved = json.loads(Path(args.source).read_text().strip().splitlines()[-1])
-        configs, args.epochs = saved["configs"], saved["settings"]["epochs"]
-        runs = {(r["config"], r["arm"]): r for r in saved["runs"]}
-        jobs: dict[tuple[int, str], Any] = {}
-    else:
-        configs = draw_configs(args.configs, args.seed)
-        jobs = {}
-        with ProcessPoolExecutor(args.processes) as pool:
-            for i, c in enumerate(configs):
-                for arm, settings in ARMS.items():
-                    if arm == "after" and c["data.batch_size"] == 16:
-                        continue  # 256 videos at batch 16 = the 16 fixed steps: the same run as `before`
-                    jobs[(i, arm)] = pool.submit(train_curve, c, settings, args.epochs)
-            runs = {k: f.result() for k, f in jobs.items()}
-        for i, c in enumerate(configs):
-            if (i, "after") not in runs:
-                runs[(i, "after")] = runs[(i, "before")]
-    kept = [i for i in range(len(configs))
-            if not any(runs[(i, a)]["diverged"] or len(runs[(i, a)]["curve"]) < args.epochs for a in ARMS)]
-    curves = {arm: [runs[(i, arm)]["curve"] for i in kept] for arm in ARMS}
-    rows = correlations(curves, args.epochs)
-    upper = correlations(curves, args.epochs, top=0.5)
-    wall = time.perf_counter() - t0
-    print(render_table(rows, spec=lambda col: ".2f"), end="")
-    print(f"\nSpearman rho of R@10 at each epoch vs at epoch {args.epochs}, over the same {len(kept)} of "
-          f"{len(configs)} random configurations ({len(configs) - len(kept)} diverged in an arm and are left out); "
-          f"95 % interval from Fisher's z. before = optim.warmup_steps 16, after = optim.warmup_videos 256.\n")
-    print(render_table(upper, spec=lambda col: ".2f"), end="")
-    print(f"\nThe same over each arm's upper half by final R@10 ({math.ceil(len(kept) / 2)} configurations): "
-          "where promotions decide the winner.")
-    if args.source:
-        print(f"recomputed from {args.source}")
-    else:
-        print(f"wall time {wall:.0f} s ({sum(r['seconds'] for k, r in runs.items() if k in jobs):.0f} s of training "
-              f"in {len(jobs)} runs)")
-    if args.json:
-        print(json.dumps({"settings": {**vars(args), "arms": ARMS, "stage1_fraction": STAGE1_FRACTION},
-                          "configs": configs, "kept": kept, "rows": rows, "upper_half": upper, "wall_s": round(wall, 1),
-                          "runs": [{"config": i, "arm": a, **r} for (i, a), r in sorted(runs.items())]}))
+    with harness.Results("rung_correlation", args) as results:
+        if args.source:
+            saved = json.loads(Path(args.source).read_text().strip().splitlines()[-1])
+            configs, args.epochs = saved["configs"], saved["settings"]["epochs"]
+            runs = {(r["config"], r["arm"]): r for r in saved["runs"]}
+            jobs: dict[tuple[int, str], Any] = {}
+        else:
+            configs = draw_configs(args.configs, args.seed)
+            runs, jobs = train_all(configs, args, results)
+        kept = [i for i in range(len(configs))
+                if not any(runs[(i, a)]["diverged"] or len(runs[(i, a)]["curve"]) < args.epochs for a in ARMS)]
+        curves = {arm: [runs[(i, arm)]["curve"] for i in kept] for arm in ARMS}
+        rows = correlations(curves, args.epochs)
+        upper = correlations(curves, args.epochs, top=0.5)
+        wall = time.perf_counter() - t0
+        print(render_table(rows, spec=lambda col: ".2f"), end="")
+        print(f"\nSpearman rho of R@10 at each epoch vs at epoch {args.epochs}, over the same {len(kept)} of "
+              f"{len(configs)} random configurations ({len(configs) - len(kept)} diverged in an arm and are left out); "
+              f"95 % interval from Fisher's z. before = optim.warmup_steps 16, after = optim.warmup_videos 256.\n")
+        print(render_table(upper, spec=lambda col: ".2f"), end="")
+        print(f"\nThe same over each arm's upper half by final R@10 ({math.ceil(len(kept) / 2)} configurations): "
+              "where promotions decide the winner.")
+        if args.source:
+            print(f"recomputed from {args.source}")
+        else:
+            print(f"wall time {wall:.0f} s ({sum(r['seconds'] for k, r in runs.items() if k in jobs):.0f} s of "
+                  f"training in {len(jobs)} runs)")
+        settings = {k: getattr(args, k) for k in ("configs", "seed", "epochs", "processes", "json", "source")}
+        results.finish({"settings": {**settings, "arms": ARMS, "stage1_fraction": STAGE1_FRACTION},
+                        "configs": configs, "kept": kept, "rows": rows, "upper_half": upper, "wall_s": round(wall, 1),
+                        "runs": [{"config": i, "arm": a, **r} for (i, a), r in sorted(runs.items())]})
     return 0
+
+
+def train_all(configs: list[dict], args, results: harness.Results) -> tuple[dict, dict]:
+    """Every configuration under both arms (one run where the arms coincide), ``args.processes`` at
+    once; returns ((config, arm) -> its run, the runs trained), each run saved as it ends."""
+    jobs: dict[tuple[int, str], Any] = {}
+    runs: dict[tuple[int, str], dict] = {}
+    with ProcessPoolExecutor(args.processes) as pool:
+        for i, c in enumerate(configs):
+            for arm, settings in ARMS.items():
+                if arm == "after" and c["data.batch_size"] == 16:
+                    continue  # 256 videos at batch 16 = the 16 fixed steps: the same run as `before`
+                jobs[(i, arm)] = pool.submit(train_curve, c, settings, args.epochs,
+                                             SMOKE_CORPUS if args.smoke else None)
+        for key, job in jobs.items():
+            runs[key] = job.result()
+            results.save(configs=configs, runs=[{"config": i, "arm": a, **r} for (i, a), r in runs.items()])
+    for i, c in enumerate(configs):
+        if (i, "after") not in runs:
+            runs[(i, "after")] = runs[(i, "before")]
+    return runs, jobs
 
 
 if __name__ == "__main__":

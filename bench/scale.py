@@ -16,13 +16,12 @@ then measures, at each scale:
   reads, and that process's peak memory.
 
 It prints each figure at both scales, the slope per million captions, the extrapolation to
-HowTo100M's count, and one line on what it means for the lab's two 32-64-thread servers; ``--json``
+HowTo100M's count, and one line on what it means for the lab's two 32-64-thread servers; ``--out``
 writes the figures (docs/measurements/scale.json). About 6 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -36,17 +35,20 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
-from common import machine_line  # noqa: E402
-
-from raymcn.data import synthetic  # noqa: E402
-from raymcn.data.formats.words import read_word2vec_bin  # noqa: E402
+from bench import harness
+from bench.procstat import processes
+from raymcn.data import synthetic
+from raymcn.data.formats.words import read_word2vec_bin
 
 HOWTO100M_CAPTIONS = 136_000_000
 HOWTO100M_VIDEOS = 1_170_000
 CAPTIONS_PER_VIDEO = 117
 WORDS = (5, 11)
 GB, MB = 1e9, 1e6
+# The smoke size: 1/4000 and 1/2000 of the captions around 60 converted videos (3 shards), a manifest
+# of 20 000 videos on the training side (the --ray conversion starts its own Ray instance: the test
+# suite runs the smoke size with --no-ray)
+SMOKE = {"fractions": [4000, 2000], "convert_videos": 60, "train_videos": 20_000}
 
 
 # --- the corpus ----------------------------------------------------------------------------------------
@@ -89,19 +91,6 @@ def pss(pid: int) -> int:
         return 0
     m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
     return int(m.group(1)) * 1024 if m else 0
-
-
-def processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                out[int(d.name)] = (ppid, (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
 
 
 class PeakMemory:
@@ -149,17 +138,14 @@ def driver_figures(corpus: synthetic.CorpusPaths) -> dict:
     (its peak memory is the table's)."""
     code = f"""
 import json, resource, time, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from pathlib import Path
+from bench.procstat import status_bytes
 from raymcn.data.formats.features import load_captions
 from raymcn.data.formats.words import tokenize
 from raymcn.data.write import captions
-def status(key):
-    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
-    return int(line.split()[1]) * 1024
-before = status("VmRSS")
+before = status_bytes("VmRSS")
 t = time.perf_counter(); table = load_captions({str(corpus.captions)!r}); unpickle = time.perf_counter() - t
-peak = status("VmHWM") - before  # the table's own memory: the interpreter and imports left out
+peak = status_bytes("VmHWM") - before  # the table's own memory: the interpreter and imports left out
 t = time.perf_counter(); seen = {{}}
 for rec in table.values():
     for text in rec["text"]:
@@ -173,7 +159,9 @@ size = sum(p.stat().st_size for p in (out / captions.STORE_DIR).iterdir())
 print(json.dumps({{"unpickle_s": unpickle, "unpickle_peak": peak, "vocab_pass_s": vocab, "store_build_s": store,
                   "store_bytes": size}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # from the checkout's root: its raymcn and bench, installed or not
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=harness.REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -184,7 +172,7 @@ def convert(corpus: synthetic.CorpusPaths, out: Path, extra: list[str]) -> dict:
            "--videos-per-shard", "20", "--no-progress", *extra]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, RAY_ADDRESS="local"))
+                            env=dict(os.environ, RAY_ADDRESS="local"), cwd=harness.REPO)
     with PeakMemory(proc.pid) as memory:
         log, _ = proc.communicate()
     if proc.returncode:
@@ -214,7 +202,6 @@ def training_side(where: Path, videos: int = HOWTO100M_VIDEOS, per_shard: int = 
     del manifest, shards
     code = f"""
 import json, resource, time, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from raymcn.config import Config
 from raymcn.data.formats.manifest import load_manifest
 from raymcn.data.read.order import rank_steps
@@ -233,7 +220,8 @@ step = time.perf_counter() - t
 print(json.dumps({{"manifest_load_s": load, "inputs_s": index, "plan_s": planned, "first_step_s": step,
                   "steps_per_epoch": plan.steps_per_epoch, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=harness.REPO).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     figures["manifest_bytes"] = (where / MANIFEST).stat().st_size
     figures["videos"] = videos
@@ -265,12 +253,12 @@ def value(figures: dict, key: str) -> float:
     return float(figures)
 
 
-def report(scales: list[dict], train: dict) -> str:
+def report(scales: list[dict], train: dict, figures: list[tuple] = FIGURES) -> str:
     xs = [s["captions"] / 1e6 for s in scales]
     lines = [f"{'figure':<38}" + "".join(f"{'1/' + str(s['fraction']):>10}" for s in scales)
              + f"{'slope/M cap':>13}{'HowTo100M':>11}  what it means for the lab"]
     lines.append(f"{'captions (M)':<38}" + "".join(f"{x:>10.2f}" for x in xs) + f"{'':>13}{HOWTO100M_CAPTIONS / 1e6:>11.0f}")
-    for key, label, div, unit, meaning in FIGURES:
+    for key, label, div, unit, meaning in figures:
         ys = [value(s, key) / div for s in scales]
         slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if len(xs) > 1 and xs[-1] != xs[0] else 0.0
         full = ys[-1] + slope * (HOWTO100M_CAPTIONS / 1e6 - xs[-1])
@@ -285,16 +273,22 @@ def report(scales: list[dict], train: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke="1/4000 and 1/2000 of the captions, 60 videos converted, a manifest of "
+                                       "20 000 videos on the training side")
     ap.add_argument("--fractions", type=int, nargs="+", default=[40, 20], help="of HowTo100M's caption count")
     ap.add_argument("--convert-videos", type=int, default=200, help="videos listed and converted (tiny features)")
+    ap.add_argument("--train-videos", type=int, default=HOWTO100M_VIDEOS,
+                    help=f"videos of the training side's manifest (default HowTo100M's {HOWTO100M_VIDEOS:,})")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-ray", action="store_true", help="skip the --ray conversion")
-    ap.add_argument("--json", metavar="FILE", help="write the figures here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = harness.parse_args(build_parser(), argv, SMOKE)
     scales = []
-    with tempfile.TemporaryDirectory(prefix="raymcn-scale-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="raymcn-scale-") as tmp, harness.Results("scale", args) as results:
         for fraction in sorted(args.fractions, reverse=True):
             root = Path(tmp) / f"1-{fraction}"
             t = time.perf_counter()
@@ -307,18 +301,16 @@ def main(argv: list[str] | None = None) -> int:
                 figures["ray"] = convert(corpus, root / "ray", ["--ray", "--workers", str(args.workers)])
             figures["bytes_per_pickle_byte"] = figures["unpickle_peak"] / figures["pickle_bytes"]
             scales.append(figures)
+            results.save(scales=scales)
             print(json.dumps(figures), file=sys.stderr)
-        train = training_side(Path(tmp) / "howto100m-manifest")
-    if args.no_ray:
-        FIGURES[:] = [f for f in FIGURES if not f[0].startswith("ray.")]
-    print(f"bench/scale.py on {machine_line()}; {args.convert_videos} videos converted at each scale, "
-          f"{args.workers} writers\n")
-    print(report(scales, train))
-    print("\ndriver memory per byte of pickle: " + ", ".join(f"1/{s['fraction']}: {s['bytes_per_pickle_byte']:.2f}"
-                                                            for s in scales))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_line(), "scales": scales, "training": train},
-                                              indent=1))
+        train = training_side(Path(tmp) / "howto100m-manifest", videos=args.train_videos)
+        figures_shown = [f for f in FIGURES if not (args.no_ray and f[0].startswith("ray."))]
+        print(f"bench.scale on {results.machine}; {args.convert_videos} videos converted at each scale, "
+              f"{args.workers} writers\n")
+        print(report(scales, train, figures_shown))
+        print("\ndriver memory per byte of pickle: " + ", ".join(f"1/{s['fraction']}: {s['bytes_per_pickle_byte']:.2f}"
+                                                                for s in scales))
+        results.finish({"machine": results.machine, "scales": scales, "training": train})
     return 0
 
 

@@ -1,9 +1,9 @@
 """What fp16 shards change for learning: the same runs on fp32 and fp16 shards of full-precision features.
 
-    python bench/shard_dtype.py                  # 4 seeds x 2 dtypes, the embedded default (~6 min, 2 cores)
-    python bench/shard_dtype.py --seeds 1 2      # fewer seeds
-    python bench/shard_dtype.py --json           # the tables, then one JSON line with every figure
-    python bench/shard_dtype.py --plot FILE.png  # the loss and R@10 curves per dtype
+    python -m bench.shard_dtype                  # 4 seeds x 2 dtypes, the embedded default (~6 min, 2 cores)
+    python -m bench.shard_dtype --seeds 1 2      # fewer seeds
+    python -m bench.shard_dtype --json           # the tables, then one JSON line with every figure
+    python -m bench.shard_dtype --plot FILE.png  # the loss and R@10 curves per dtype
 
 What runs: a synthetic corpus like the embedded default's (256 videos, 8 topics) but with
 full-precision fp32 features (``SynthSettings(full_precision=True)``; the default corpus holds
@@ -19,7 +19,6 @@ MedR, and the training loss per epoch (the curves).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -28,18 +27,24 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
+from bench import harness
+from bench.harness import read_jsonl
 
 DTYPES = ("float32", "float16")
 METRICS = ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR")
+# The smoke size: one seed, 1 epoch, one worker, a full-precision corpus of 64 videos (the test
+# suite's size; its eval set is the suite's corpus)
+SMOKE = {"seeds": [1], "epochs": 1, "videos": 64}
+SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "scale.num_workers=1"]
 
 
-def shard_dirs(cache: Path) -> dict[str, Path]:
-    """The full-precision corpus and its shards in both dtypes (generated once into ``cache``)."""
+def shard_dirs(cache: Path, videos: int = 256) -> dict[str, Path]:
+    """The full-precision corpus of ``videos`` videos and its shards in both dtypes (generated once
+    into ``cache``)."""
     from raymcn.data.synthetic import SYNTHETIC_SHARDS, CorpusPaths, SynthSettings, ensure_settings
     from raymcn.data.write import shards
 
-    settings = SynthSettings(full_precision=True)
+    settings = SynthSettings(videos=videos, full_precision=True)
     corpus = CorpusPaths(ensure_settings(cache, settings))
     out = {}
     for dtype in DTYPES:
@@ -72,13 +77,20 @@ def interval(values) -> tuple[float, float, float]:
     return float(v.mean()), lo, hi
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser():
+    ap = harness.parser(__doc__, smoke="one seed, 1 epoch, one worker, a corpus of 64 videos")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default="", help="write the curves to this PNG")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.videos, extra = 256, []
+    if args.smoke:
+        args.seeds, args.epochs, args.videos = SMOKE["seeds"], SMOKE["epochs"], SMOKE["videos"]
+        extra = SMOKE_SETTINGS
 
     import ray
 
@@ -87,28 +99,33 @@ def main(argv: list[str] | None = None) -> int:
     from raymcn.train.on_ray import launch
 
     base = load_config(preset_path(), [f"schedule.epochs={args.epochs}"])
-    dirs = shard_dirs(Path(default_cache_dir(base)))
+    dirs = shard_dirs(Path(default_cache_dir(base)), args.videos)
     sizes = {d: json.loads((p / "manifest.json").read_text())["counts"]["bytes"] for d, p in dirs.items()}
     print(f"shards of the full-precision corpus: float32 {sizes['float32'] / 2**20:.1f} MiB, "
           f"float16 {sizes['float16'] / 2**20:.1f} MiB ({sizes['float16'] / sizes['float32']:.2f}x)", flush=True)
     runs: dict[str, dict[int, list[dict]]] = {d: {} for d in DTYPES}
     started = time.time()
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    own = not ray.is_initialized()  # else this process's instance (the smoke run's)
+    if own:
+        ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    results = harness.Results("shard_dtype", args)
     try:
-        with tempfile.TemporaryDirectory(prefix="raymcn-dtype-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="raymcn-dtype-") as tmp, results:
             for seed in args.seeds:
                 for dtype in DTYPES:
                     cfg = load_config(preset_path(), [f"schedule.epochs={args.epochs}", f"run.seed={seed}",
-                                                      f"data.shards={dirs[dtype]}"])
+                                                      f"data.shards={dirs[dtype]}", *extra])
                     log = Path(tmp) / f"{dtype}-{seed}.jsonl"
                     launch.fit(cfg, Path(tmp) / f"{dtype}-{seed}", callbacks=[recorder(log)])
-                    runs[dtype][seed] = [json.loads(x) for x in log.read_text().splitlines()]
+                    runs[dtype][seed] = read_jsonl(log)
+                    results.save(runs={d: {str(s): r for s, r in v.items()} for d, v in runs.items()})
                     last = runs[dtype][seed][-1]
                     print(f"seed {seed} {dtype}: loss {last['total_loss']:.4f}, R@1/5/10 "
                           f"{last['text_to_video_R@1']:.1f}/{last['text_to_video_R@5']:.1f}/"
                           f"{last['text_to_video_R@10']:.1f}, MedR {last['text_to_video_MedR']:.0f}", flush=True)
     finally:
-        ray.shutdown()
+        if own:
+            ray.shutdown()
 
     rows = {}
     print(f"\n{len(args.seeds)} seeds, last epoch ({args.epochs}); mean [95 % interval]")
@@ -126,10 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench time {time.time() - started:.0f} s")
     if args.plot:
         plot(curves, runs, args, Path(args.plot))
-    if args.json:
-        print(json.dumps({"seeds": args.seeds, "epochs": args.epochs, "bytes": sizes, "summary": rows,
-                          "loss_curves": curves, "largest_loss_gap": gap,
-                          "runs": {d: {str(s): r for s, r in v.items()} for d, v in runs.items()}}))
+    results.finish({"seeds": args.seeds, "epochs": args.epochs, "bytes": sizes, "summary": rows,
+                    "loss_curves": curves, "largest_loss_gap": gap,
+                    "runs": {d: {str(s): r for s, r in v.items()} for d, v in runs.items()}})
     return 0
 
 

@@ -1,9 +1,9 @@
 """Time and peak memory of one MCN training step at paper dimensions on CPU, per clip count.
 
-    python bench/step.py            # clips 8, 16, 32, 64; 3 timed repeats (~6 min quiet, 2 cores)
-    python bench/step.py --quick    # clips 4, 8; 2 repeats (~1.5 min quiet)
-    python bench/step.py --json     # the table, then one JSON line with every figure
-    python bench/step.py --zero-grad-late    # the earlier loop order, zero_grad after the loss (before/after)
+    python -m bench.step            # clips 8, 16, 32, 64; 3 timed repeats (~6 min quiet, 2 cores)
+    python -m bench.step --quick    # clips 4, 8; 2 repeats (~1.5 min quiet)
+    python -m bench.step --json     # the table, then one JSON line with every figure
+    python -m bench.step --zero-grad-late    # the earlier loop order, zero_grad after the loss (before/after)
 
 What runs: the real training step, ``raymcn.train.loop.train_one_epoch`` on a one-batch epoch
 (forward, MCNObjective, backward, gradient-norm check, Adam, LR schedule) of the run as
@@ -82,27 +82,20 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout works without installing raymcn
 
 import torch
-from common import machine_line  # noqa: E402
 
+from bench import harness
+from bench.procstat import status_bytes
 from raymcn.config import Config
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint, meters
 
 MB = 1e6
 GB = 1e9
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
+# The smoke size's model: tiny widths (the paper's take minutes per step on CPU); clips 4 and 8
+SMOKE_DIMS = {"model.embed_dim": 64, "model.audio_channels": [8, 8, 16, 16, 32], "model.recon_hidden": 32,
+              "data.audio_frames": 64, "loss.kmeans_iters": 5, "loss.queue_steps": 2}
 
 
 def _reset_peak_rss() -> bool:
@@ -115,12 +108,15 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def step_config(clips: int, cpv: int = 8) -> Config:
+def step_config(clips: int, cpv: int = 8, smoke: bool = False) -> Config:
+    """Paper dims (with ``smoke``: ``SMOKE_DIMS``), one process, ``clips`` in videos of ``cpv``
+    clips, ``loss.num_clusters`` = min(256, clips) (k-means needs at least K clips a step)."""
     cpv = min(cpv, clips)
     if clips % cpv:
         raise SystemExit(f"--clips {clips}: must be a multiple of {cpv} (clips per video)")
-    return Config().replace({"data.batch_size": clips // cpv, "data.clips_per_video": cpv,
-                             "loss.num_clusters": min(256, clips), "scale.num_workers": 0})
+    return Config().replace({**(SMOKE_DIMS if smoke else {}), "data.batch_size": clips // cpv,
+                             "data.clips_per_video": cpv, "loss.num_clusters": min(256, clips),
+                             "scale.num_workers": 0})
 
 
 def make_batch(cfg: Config, clips: int, seed: int = 0) -> dict:
@@ -158,7 +154,7 @@ def zero_grad_late_step(model, objective, optimizer, scheduler, batch: dict, *, 
     return times
 
 
-def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
+def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool = False) -> dict:
     """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -167,8 +163,8 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
     from raymcn.train.loop import train_one_epoch
     from raymcn.train.plan import make_plan
 
-    rss_start = _status_kib("VmRSS") * 1024
-    cfg = step_config(clips)
+    rss_start = status_bytes("VmRSS")
+    cfg = step_config(clips, smoke=smoke)
     cpu = torch.device("cpu")
     active = frozenset({"video", "audio", "text"})
     # The profiler records from before the first tensor is made, so every allocation *and* free of
@@ -194,12 +190,12 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False) -> dict:
                                    device=cpu, switch=0)
 
         one_step()  # 2. warm-up: global step 0 (k-means refit, Adam state allocated)
-        rss_before = _status_kib("VmRSS") * 1024
+        rss_before = status_bytes("VmRSS")
         reset = _reset_peak_rss()
         window = (time.time_ns(), None)
         one_step()  # the measured step (step 1: no refit, like 19 of every 20 steps)
         window = (window[0], time.time_ns())
-        hwm = _status_kib("VmHWM") * 1024
+        hwm = status_bytes("VmHWM")
     replay = _replay(prof, window)
     measured = {
         "params": sum(t.nbytes for t in state_tensors),
@@ -294,16 +290,18 @@ def _replay(prof, window: tuple[int, int]) -> dict:
             "peak_fwd_bwd_bytes": peak_fb}
 
 
-def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_late: bool) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", str(clips), "--repeats", str(repeats)]
+def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_late: bool, smoke: bool) -> dict:
+    cmd = harness.module_command("bench.step", "--_child", str(clips), "--repeats", str(repeats))
     if zero_grad_late:
         cmd.append("--zero-grad-late")
     if threads:
         cmd += ["--threads", str(threads)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if smoke:
+        cmd.append("--smoke")
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=harness.REPO)
     if proc.returncode:
         sys.stderr.write(proc.stderr)
-        raise SystemExit(f"bench/step.py: the run with {clips} clips failed (exit {proc.returncode})")
+        raise SystemExit(f"bench.step: the run with {clips} clips failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -366,34 +364,45 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = harness.parser(__doc__, smoke="the model at tiny widths (SMOKE_DIMS), clips 4 and 8, 1 timed repeat")
     ap.add_argument("--clips", type=int, nargs="+", help="clip counts (default 8 16 32 64; --quick: 4 8)")
     ap.add_argument("--repeats", type=int, help="timed steps per clip count (default 3; --quick: 2)")
     ap.add_argument("--quick", action="store_true", help="small clip counts, fewer repeats")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--json", action="store_true", help="also print one JSON line with all figures")
     ap.add_argument("--zero-grad-late", action="store_true",
                     help="free last step's gradients after the loss (the earlier loop order) instead of "
                          "before the forward (loop.py's now): shows what the stale gradients cost")
     ap.add_argument("--_child", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    repeats = args.repeats or (2 if args.quick else 3)
+    repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
     if args._child:
-        print(json.dumps(measure(args._child, repeats, args.zero_grad_late)))
+        print(json.dumps(measure(args._child, repeats, args.zero_grad_late, args.smoke)))
         return 0
 
-    clips = args.clips or ([4, 8] if args.quick else [8, 16, 32, 64])
-    print(f"bench/step.py: one MCN training step at paper dims on CPU: {machine_line()}\n"
-          f"clips {clips}, {repeats} timed repeats each"
-          + (", zero_grad after the loss (earlier order)" if args.zero_grad_late else ""), flush=True)
-    rows = []
-    for n in clips:
-        t0 = time.perf_counter()
-        rows.append(_run_child(n, repeats, args.threads, args.zero_grad_late))
-        print(f"  {n} clips done in {time.perf_counter() - t0:.0f} s", flush=True)
+    clips = args.clips or ([4, 8] if args.quick or args.smoke else [8, 16, 32, 64])
+    with harness.Results("step", args) as results:
+        print(f"bench.step: one MCN training step at {'smoke' if args.smoke else 'paper'} dims on CPU: "
+              f"{results.machine}\nclips {clips}, {repeats} timed repeats each"
+              + (", zero_grad after the loss (earlier order)" if args.zero_grad_late else ""), flush=True)
+        rows = []
+        for n in clips:
+            t0 = time.perf_counter()
+            rows.append(_run_child(n, repeats, args.threads, args.zero_grad_late, args.smoke))
+            results.save(rows=rows)
+            print(f"  {n} clips done in {time.perf_counter() - t0:.0f} s", flush=True)
+        results.finish({"bench": "step", "rows": rows, "summary": report(rows)})
+    return 0
+
+
+def report(rows: list[dict]) -> dict:
+    """Print the tables and the fits; returns the summary."""
     print(_table(rows))
     s = summarize(rows)
     print("\nestimate / measured by term (none may be below 1):")
@@ -410,12 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     big = footprint.estimate_worker_memory(step_config(4096, 32))
     last = rows[-1]
     print(f"quadratic term (b×B slabs): {last['estimate']['loss_slabs'] / 1e3:.0f} kB at {last['clips']} clips; "
-          f"{big['loss_slabs'] / GB:.2f} GB for one worker at B = 4096 (bench/memory.py measures it)")
+          f"{big['loss_slabs'] / GB:.2f} GB for one worker at B = 4096 (bench.memory measures it)")
     if len(rows) > 1 and not all(r["peak_rss_is_step_only"] for r in rows):
         print("note: VmHWM could not be reset; peak RSS includes the warm-up step")
-    if args.json:
-        print(json.dumps({"bench": "step", "rows": rows, "summary": s}))
-    return 0
+    return s
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Sweep efficiency: BOHB vs ASHA vs random search at equal total budget, on the synthetic task.
 
-    python bench/sweep_efficiency.py [--seeds 8] [--budget 90] [--grace 3] [--quick] [--json]
+    python -m bench.sweep_efficiency [--seeds 8] [--budget 90] [--grace 3] [--quick] [--json]
 
 Method
 ------
@@ -25,7 +25,7 @@ Method
   optuna`` for TPE); ``random`` = BasicVariantGenerator + FIFO (every trial runs all its epochs).
   Seed s seeds all three searchers. The LR warm-up is the preset's, in videos (one epoch at every
   batch size); the first rung ``--grace`` (3 budget epochs = epoch 4) is the first whose R@10
-  ranks configurations like the final R@10 (``bench/rung_correlation.py``).
+  ranks configurations like the final R@10 (``bench.rung_correlation``).
 * Budget = trial-epochs actually trained: one per reported result (a resumed trial reports each
   epoch once; ``repeated_epochs`` counts any (trial, epoch) reported twice, and should be 0). A
   Tune stopper ends the experiment once ``--budget`` epochs are in; results past the budget (from
@@ -42,7 +42,6 @@ Method
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -51,6 +50,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from bench import harness
 
 ALGORITHMS = ("bohb", "asha", "random")
 SPACE = {
@@ -61,17 +62,22 @@ SPACE = {
 }
 TRIAL_EPOCHS = 10
 STAGE1_FRACTION = 0.1  # stage 1 = the first epoch; budget_epoch = epoch - 1
-# First rung (budget epochs): the first at which bench/rung_correlation.py measured Spearman's rho of
+# First rung (budget epochs): the first at which bench.rung_correlation measured Spearman's rho of
 # R@10 vs the final R@10 with its 95 % interval above 0.8 (epoch 4: 0.92 [0.84, 0.96], warm-up in videos).
 FIRST_RUNG = 3
 TARGET_RATIO = 1 / 3
 EPS = 1e-9  # R@10 values of one (config, epoch) are bit-identical across runs
 
+# The smoke size (tests/test_sweep_efficiency.py): BOHB alone, HyperBand's first bracket (grace 1: 9
+# trials x 2 epochs, then the promoted trials resume), one trial at a time
+SMOKE = {"algorithms": "bohb", "seeds": 1, "budget": 24, "grace": 1, "max_concurrent": 1}
+
 _CACHE: dict[tuple, Any] = {}  # per trial process: the corpus and eval set, loaded once
 
 
-# --- the trial (runs in a Tune actor) ---------------------------------------------------------------
-def _data(cfg):
+# --- one tiny run in this process (a trial here; bench.rung_correlation's runs) -----------------------
+def trial_data(cfg):
+    """The synthetic corpus's training videos and eval set for ``cfg``, loaded once per process."""
     from raymcn.data import synthetic
     from raymcn.train.inputs import eval_set_of
 
@@ -84,6 +90,20 @@ def _data(cfg):
     return _CACHE[key]
 
 
+def local_hooks(cfg, plan, videos, eval_set, after_epoch):
+    """The epoch loop's hooks of a one-process run: in-memory batches, R@10 on the eval set after
+    every epoch, then ``after_epoch(run, metrics)``."""
+    from raymcn.train.build import EpochHooks
+    from raymcn.train.loop import evaluate
+
+    return EpochHooks(batches=lambda epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start),
+                                                    None),
+                      evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=after_epoch)
+
+
+# --- the trial (runs in a Tune actor) ---------------------------------------------------------------
+
+
 def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     """One trial: train the tiny MCN epoch by epoch, report + checkpoint every epoch, resume if paused."""
     import torch
@@ -91,14 +111,14 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
 
     from raymcn.config import PRIMARY_METRIC, Config
     from raymcn.sweep.space import plain
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.loop import NonFiniteLossError, evaluate
+    from raymcn.train.loop import NonFiniteLossError
     from raymcn.train.plan import make_plan
 
     torch.set_num_threads(1)
     cfg = Config.from_dict(base).replace(plain(config))  # BOHB hands out np.int64 / np.str_
-    videos, eval_set = _data(cfg)
+    videos, eval_set = trial_data(cfg)
     # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
     run = assemble(cfg, make_plan(cfg, videos=len(videos.records)), device="cpu")
     ckpt = tune.get_checkpoint()
@@ -116,12 +136,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(d))
         started[0] = time.perf_counter()
 
-    plan = run.plan
-    hooks = EpochHooks(batches=lambda epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start),
-                                                     None),
-                       evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=report)
     try:
-        run_epochs(run, hooks)
+        run_epochs(run, local_hooks(cfg, run.plan, videos, eval_set, after_epoch=report))
     except NonFiniteLossError:
         return  # a diverged config ends its trial; its reported epochs stay counted
 
@@ -318,23 +334,27 @@ def table(summary: dict[str, Any], budget: int, nseeds: int) -> str:
 
 
 # --- main ---------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = harness.parser(__doc__.split("\n\n")[0], raw=True,
+                       smoke="BOHB alone, 1 seed, 24 trial-epochs, grace 1, one trial at a time")
     p.add_argument("--seeds", type=int, default=8, help="searcher seeds 0..N-1 (default 8)")
     p.add_argument("--budget", type=int, default=90, help="total trial-epochs per algorithm and seed (default 90)")
     p.add_argument("--epochs", type=int, default=TRIAL_EPOCHS, help="epochs of a full trial (default 10)")
     p.add_argument("--grace", type=int, default=FIRST_RUNG, help=f"first rung of asha and bohb in budget epochs "
-                   f"(sweep.grace_epochs; default {FIRST_RUNG}, chosen by bench/rung_correlation.py)")
+                   f"(sweep.grace_epochs; default {FIRST_RUNG}, chosen by bench.rung_correlation)")
     p.add_argument("--asha-suggest", choices=("random", "optuna"), default="random",
                    help="where ASHA's configs come from (default random, as sweep.suggest)")
     p.add_argument("--max-concurrent", type=int, default=2, help="trials at once, 1 CPU each (default 2)")
     p.add_argument("--num-cpus", type=int, default=2, help="CPUs given to the local Ray instance (default 2)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help="comma-separated subset of bohb,asha,random (random supplies the target; default all)")
-    p.add_argument("--quick", action="store_true", help="1 seed, 30 trial-epochs: a smoke run of a few minutes")
-    p.add_argument("--json", action="store_true", help="print every figure as one JSON line last")
-    args = p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="1 seed, 30 trial-epochs: a run of a few minutes")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
+    args = harness.parse_args(p, argv, SMOKE)
     if args.quick:
         args.seeds, args.budget = 1, 30
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -356,38 +376,41 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = list(range(args.seeds))
     base_config("bohb", 0, args)  # a bad setting fails here, before Ray starts
-    # In-process function trials hold no Train placement groups: no dashboard needed.
-    ray.init(num_cpus=args.num_cpus, object_store_memory=100 * 1024**2, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
+    started = not ray.is_initialized()  # else this process's instance is used
+    if started:  # in-process function trials hold no Train placement groups: no dashboard needed
+        ray.init(num_cpus=args.num_cpus, object_store_memory=100 * 1024**2, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
     storage = tempfile.mkdtemp(prefix="raymcn-sweep-efficiency-")
     runs = []
     t0 = time.perf_counter()
-    try:
-        for seed in seeds:
-            for alg in args.algorithms:
-                r = run_one(alg, seed, args, storage)
-                runs.append(r)
-                best = "n/a" if r["best"] is None else f"{r['best']:.2f}"
-                print(f"[{time.perf_counter() - t0:6.0f}s] {alg:6s} seed {seed}: best R@10 {best} "
-                      f"after {r['epochs_counted']} trial-epochs, {r['trials']} trials ({r['full_trials']} full), "
-                      f"repeated epochs {r['repeated_epochs']}, errors {r['errors']}, {r['wall_s']:.0f}s wall "
-                      f"({r['train_s']:.0f}s in epochs)",
-                      file=sys.stderr, flush=True)
-    finally:
-        ray.shutdown()
-        shutil.rmtree(storage, ignore_errors=True)
-    summary = summarise(runs, args.budget, seeds, args.algorithms)
-    total = time.perf_counter() - t0
-    print(table(summary, args.budget, len(seeds)))
-    print(f"wall time {total:.0f} s")
-    if args.json:
+    with harness.Results("sweep_efficiency", args) as results:
+        try:
+            for seed in seeds:
+                for alg in args.algorithms:
+                    r = run_one(alg, seed, args, storage)
+                    runs.append(r)
+                    results.save(runs=runs)
+                    best = "n/a" if r["best"] is None else f"{r['best']:.2f}"
+                    print(f"[{time.perf_counter() - t0:6.0f}s] {alg:6s} seed {seed}: best R@10 {best} "
+                          f"after {r['epochs_counted']} trial-epochs, {r['trials']} trials ({r['full_trials']} full), "
+                          f"repeated epochs {r['repeated_epochs']}, errors {r['errors']}, {r['wall_s']:.0f}s wall "
+                          f"({r['train_s']:.0f}s in epochs)",
+                          file=sys.stderr, flush=True)
+        finally:
+            if started:
+                ray.shutdown()
+            shutil.rmtree(storage, ignore_errors=True)
+        summary = summarise(runs, args.budget, seeds, args.algorithms)
+        total = time.perf_counter() - t0
+        print(table(summary, args.budget, len(seeds)))
+        print(f"wall time {total:.0f} s")
         settings = {"seeds": seeds, "budget": args.budget, "trial_epochs": args.epochs,
                     "stage1_fraction": STAGE1_FRACTION, "asha_suggest": args.asha_suggest, "grace_epochs": args.grace,
                     "algorithms": list(args.algorithms), "max_concurrent": args.max_concurrent,
                     "num_cpus": args.num_cpus, "space": SPACE,
                     "target": "per-seed random-search best R@10; ratio = mean epochs to reach it / budget",
                     "wall_s": round(total, 1)}
-        print(json.dumps({"settings": settings, **summary, "runs": runs}), flush=True)
+        results.finish({"settings": settings, **summary, "runs": runs})
     return 0
 
 

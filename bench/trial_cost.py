@@ -1,14 +1,14 @@
 """A sweep trial's fixed cost, itemised: where the seconds of a short Tune trial go besides training.
 
-    python bench/trial_cost.py                        # 4 trials of the embedded default (~3 min, 2 cores)
-    python bench/trial_cost.py --baseline 52d96d4 --runs 2 --out docs/measurements/trial_cost.json
+    python -m bench.trial_cost                        # 4 trials of the embedded default (~3 min, 2 cores)
+    python -m bench.trial_cost --baseline 52d96d4 --runs 2 --out docs/measurements/trial_cost.json
                                                       # against the commit that added the timeline (~15 min)
 
 Runs ``raymcn sweep`` as ``python sweep.py`` does (``python -m raymcn.cli sweep``: the console, a
 fresh local Ray instance, Tune, one Ray Train run per trial) in a process of its own, over the
 embedded default with a grid of ``--trials`` stage orders and no confirmation, with
 ``RAYMCN_TIMELINE`` set: raymcn's processes then append timestamped events
-(``raymcn/train/monitor/timeline.py``), and ``bench/procstat.py`` samples every process's title and CPU
+(``raymcn/train/monitor/timeline.py``), and ``bench.procstat`` samples every process's title and CPU
 from ``/proc`` every 0.1 s. With ``--baseline`` the commit's tree (extracted with ``git archive``,
 run with ``PYTHONPATH`` pointing at it) alternates with this checkout in the same run. Per trial:
 
@@ -33,8 +33,6 @@ steady cost. The machine and ``os.getloadavg()`` are printed beside the figures.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -43,16 +41,16 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import procstat  # noqa: E402
-from raymcn.train.monitor import timeline  # noqa: E402
-from common import machine_line  # noqa: E402
+from bench import harness, procstat
+from bench.harness import REPO, read_jsonl
+from raymcn.train.monitor import timeline
 
 ORDERS = ("AV_T", "VT_A", "AT_V", "joint")
 TIMELINE = "RAYMCN_TIMELINE"
+# The smoke size: one sweep of one trial of 1 epoch on one worker, on the test suite's tiny corpus
+# (the sweep starts its own Ray instance: run it where no other instance runs)
+SMOKE = {"trials": 1, "overrides": ["schedule.epochs=1", "scale.num_workers=1", "data.synthetic_videos=64",
+                                    "data.synthetic_eval_clips=64"]}
 
 
 def run_sweep(tree: Path, trials: int, results: Path, timeline: Path, extra: list[str]) -> float:
@@ -178,23 +176,39 @@ def steady(trials: list[dict]) -> dict:
                       for k in {k for t in middle for k in t["cpu_s"]}}, "trials": len(middle)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=4, choices=(2, 3, 4), help="trials per sweep (default 4)")
+def build_parser():
+    p = harness.parser(__doc__, smoke="one sweep of one 1-epoch trial on one worker, on a corpus of 64 videos")
+    p.add_argument("--trials", type=int, default=4, choices=(1, 2, 3, 4), help="trials per sweep (default 4)")
     p.add_argument("--baseline", metavar="COMMIT", help="also run this commit's tree (it must write the "
                    "timeline: raymcn/train/monitor/timeline.py), alternating with this checkout")
     p.add_argument("--runs", type=int, default=1, help="sweeps of each tree (alternating; default 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", help="write the figures as JSON here")
-    args = p.parse_args(argv)
-    info = machine_line()
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.smoke:
+        args.trials, args.overrides = SMOKE["trials"], [*SMOKE["overrides"], *args.overrides]
     load0 = procstat.load()
+    with harness.Results("trial_cost", args) as results:
+        out = measure(args, results)
+        print(f"machine: {results.machine}; load average {load0} at the start, {procstat.load()} at the end")
+        summary = report(out)
+        results.finish({"machine": results.machine, "load_start": load0, "load_end": procstat.load(),
+                        "baseline": args.baseline, "trials_per_sweep": args.trials, "steady": summary, "runs": out})
+    return 0
+
+
+def measure(args, results: harness.Results) -> dict[str, list[dict]]:
+    """Every sweep (alternating trees): tree -> one entry per run (its trials itemised), printed and
+    saved as each ends."""
     out: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="raymcn-trialcost-") as tmp:
         tmp = Path(tmp)
-        trees = {"current": ROOT}
+        trees = {"current": REPO}
         if args.baseline:
-            from sweep_time import extract
+            from bench.sweep_time import extract
 
             trees = {"baseline": extract(args.baseline, tmp / "baseline"), **trees}
         order = [list(trees) if i % 2 == 0 else list(reversed(trees)) for i in range(args.runs)]
@@ -204,15 +218,19 @@ def main(argv: list[str] | None = None) -> int:
                     timeline = tmp / f"timeline-{name}-{i}.jsonl"
                     load = procstat.load()
                     wall = run_sweep(trees[name], args.trials, tmp / f"results-{name}-{i}", timeline, args.overrides)
-                    events = [json.loads(x) for x in timeline.read_text().splitlines() if x.strip()]
-                    trials = itemise(events, sampler)
+                    trials = itemise(read_jsonl(timeline), sampler)
                     out.setdefault(name, []).append({"sweep_wall_s": wall, "load_before": load,
                                                      "load_after": procstat.load(), "trials": trials,
                                                      "steady": steady(trials)})
+                    results.save(runs=out)
                     print(f"\n{name} (run {i + 1}): sweep of {args.trials} trials {wall:.1f} s (Ray's start and "
                           f"the end included); load average {load} -> {procstat.load()}")
                     print(trial_table(trials))
-    print(f"machine: {info}; load average {load0} at the start, {procstat.load()} at the end")
+    return out
+
+
+def report(out: dict[str, list[dict]]) -> dict:
+    """The steady trials' medians per tree, printed; returns them."""
     from raymcn.results.render import render_table
 
     summary = {name: {"items_s": {}, "cpu_s": {}} for name in out}
@@ -238,13 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nCPU seconds per steady trial, per kind of process")
     print(render_table([{"processes": k, **{n: f"{summary[n]['cpu_s'].get(k, 0.0):.1f}" for n in out}}
                         for k in kinds], right=list(out)))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": info, "load_start": load0, "load_end": procstat.load(),
-                                              "baseline": args.baseline, "trials_per_sweep": args.trials,
-                                              "steady": summary, "runs": out}, indent=1) + "\n")
-        print(f"wrote {args.out}")
-    return 0
+    return summary
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
-"""Shared fixtures: a private cache and results folder per session, and one Ray instance per module."""
+"""Shared fixtures: a private cache and results folder per session, and one Ray instance for the session."""
 
 import contextlib
-import importlib.util
 import os
-import sys
 import threading
 import time
 
 import pytest
 
-# bench/common.py holds the helpers the benchmarks and the tests of collectives share (gloo ranks).
-BENCH_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
-if BENCH_DIR not in sys.path:
-    sys.path.append(BENCH_DIR)
+# What the tests share with the benchmarks lives in the bench package (pytest's pythonpath puts the
+# checkout's root on the path: see pyproject.toml); bench never imports the tests.
+from bench import services
+from bench.harness import read_jsonl as read_events
+from bench.services import NODE_STORE, free_port
+
+__all__ = ["NODE_STORE", "free_port", "read_events"]  # for the tests that import them from here
 
 # Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
 TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]
@@ -38,7 +39,7 @@ def ray_local():
     machine (a rehearsal's, another user's) changes nothing."""
     ray = pytest.importorskip("ray")
     if not (ray.is_initialized() and _SHARED_RAY):
-        _stop_shared_ray()
+        stop_shared_ray()
         if ray.is_initialized():  # e.g. Ray Data started one on its own in a local-mode test
             ray.shutdown()
         _SHARED_RAY.update(_start_shared_ray(ray))
@@ -62,7 +63,9 @@ def _start_shared_ray(ray) -> dict:
     return {"ctx": ctx, "env": added}
 
 
-def _stop_shared_ray() -> None:
+def stop_shared_ray() -> None:
+    """Shut the session's Ray instance down (a module that starts a cluster of its own calls it;
+    the next module's ``ray_local`` starts it again)."""
     if not _SHARED_RAY:
         return
     import ray
@@ -76,7 +79,7 @@ def _stop_shared_ray() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _ray_stopped_at_the_end():
     yield
-    _stop_shared_ray()
+    stop_shared_ray()
 
 
 def event_log_callback(path):
@@ -109,14 +112,6 @@ def event_log_callback(path):
     return EventLog()
 
 
-def read_events(path) -> list[dict]:
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def objective_for(cfg, device="cpu", comm=None):
     """The run's objective for ``cfg`` as the run assembly builds it (a one-step plan, no shards)."""
     from raymcn.train.build import build_objective
@@ -127,51 +122,16 @@ def objective_for(cfg, device="cpu", comm=None):
 
 # ---- Multi-node helpers (Ray's multi-node test cluster: tests/test_multinode.py, tests/test_elastic.py)
 
-NODE_STORE = 150 * 1024**2  # object store per test node
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (``on_ray/cluster.free_port``; imported on use: it imports Ray)."""
-    from raymcn.train.on_ray.cluster import free_port as free
-
-    return free()
-
 
 @contextlib.contextmanager
 def multinode_cluster(*nodes: dict):
-    """Ray's multi-node test cluster on this machine, this driver connected; shut down on exit.
-
-    The head (this driver's node) takes no work (``num_cpus=0``): Ray refuses to remove it. Then one
-    raylet per entry of ``nodes`` (``add_node`` arguments). The dashboard, which the state API the
-    tests use needs, listens on a free port: another Ray on this machine may hold the default one.
-    """
-    import ray
-    from ray.cluster_utils import Cluster
-
-    _stop_shared_ray()
-    if ray.is_initialized():
-        ray.shutdown()
+    """``bench.services.multinode_cluster`` whose Ray workers can import the test modules (the
+    session's own instance shut down first)."""
+    stop_shared_ray()
     tests_dir = os.path.dirname(__file__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    port = free_port()
-    pinned = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}  # as on_ray/cluster.py pins its instances
-    before = os.environ.get("RAY_API_SERVER_ADDRESS")
-    os.environ.update(pinned)  # read by every raylet of the cluster at its start, and by this driver
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
-                                                      "dashboard_port": port, "object_store_memory": NODE_STORE})
-    try:
-        for node in nodes:
-            c.add_node(**{"object_store_memory": NODE_STORE, **node})
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": pinned})
+    with services.multinode_cluster(*nodes) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if before is None:
-            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-        else:
-            os.environ["RAY_API_SERVER_ADDRESS"] = before
 
 
 def train_worker_nodes() -> dict[str, str]:
@@ -237,22 +197,12 @@ def linear_mcn(in_dim: int, dim: int, recon: bool = True, dropout: float = 0.0, 
     return LinearMCN()
 
 
-def load_bench(name: str):
-    """The module ``bench/<name>.py`` (benchmarks are scripts, not a package)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def read_trace(where) -> dict[int, list[dict]]:
     """rank -> the steps it traced (``RAYMCN_TRACE``) in the order it ran them; a replayed step
     appears again."""
-    import json
     from pathlib import Path
 
-    return {int(p.stem[4:]): [json.loads(x) for x in p.read_text().splitlines()] for p in Path(where).glob("rank*.jsonl")}
+    return {int(p.stem[4:]): read_events(p) for p in Path(where).glob("rank*.jsonl")}
 
 
 LOSS_TERMS = ("total_loss", "contrastive_loss", "cluster_loss", "recon_loss")

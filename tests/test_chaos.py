@@ -1,12 +1,14 @@
-"""Faults change nothing: the chaos soak of bench/chaos.py, short, in the multinode tier."""
+"""Faults change nothing: the chaos soak of bench.chaos at its smoke size, in the multinode tier
+(the suite's smoke run of bench.chaos)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from chaos import KINDS, NAMED, NODE, chaos_settings, compare, epoch_metrics, run_sweep
 from conftest import multinode_cluster
+
+from bench.chaos import KINDS, NAMED, NODE, SMOKE, chaos_settings, compare, epoch_metrics, run_sweep
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(1200)]
 ray = pytest.importorskip("ray")
@@ -19,17 +21,17 @@ def cluster():
 
 
 def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results(cluster, tmp_path):
-    """The chaos soak (bench/chaos.py), short: a grid sweep of 4 trials x 3 epochs, checkpoints
+    """The chaos soak (bench.chaos), short: a grid sweep of 4 trials x 3 epochs, checkpoints
     every 2 steps, run without faults and then under one fault of each kind injected at seeded
     random moments (a Train worker SIGKILLed, a node lost and another added, a rank stopped past
     the stall timeout, a trial's run folder immutable for a while, the driver killed and resumed).
     Every trial's per-epoch metrics (timing aside) equal the quiet sweep's bitwise: on CPU a
     restart resumes from the exact state of a checkpoint, and the data order is a function of
     (seed, epoch, step) alone. No trial is lost or counted twice, and the logs name every fault."""
-    settings = chaos_settings(tmp_path)
+    settings = chaos_settings(tmp_path, epochs=SMOKE["epochs"], orders=SMOKE["orders"])
     quiet = run_sweep(cluster, tmp_path / "quiet", [*settings[:-1], f"run.storage_path={tmp_path / 'quiet'}"])
     loud = run_sweep(cluster, tmp_path / "loud", [*settings[:-1], f"run.storage_path={tmp_path / 'loud'}"],
-                     faults=len(KINDS), seed=3, mean_gap_s=4.0)
+                     faults=SMOKE["faults"], seed=SMOKE["seed"], mean_gap_s=SMOKE["gap"])
     kinds = sorted({f["kind"] for f in loud["faults"]})
     assert compare(quiet["experiment"], loud["experiment"]) == []
     trials = epoch_metrics(loud["experiment"])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import gloo_ranks
 
+from bench.gloo import gloo_ranks
 from raymcn.losses import Collectives, cosine_kmeans
 
 pytestmark = pytest.mark.dist
@@ -73,9 +73,10 @@ def test_shares_cover_every_row_once():
 
 
 def test_the_benchmark_reports_the_same_centroids_on_two_ranks():
-    """bench/kmeans.py (the before/after figure of docs/performance.md) at its quick size: 1 rank, then 2."""
+    """bench.kmeans (the before/after figure of docs/performance.md) at its smoke size: 1 rank, then 2
+    (the suite's smoke run of bench.kmeans)."""
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "bench/kmeans.py", "--quick", "--world", "1", "2", "--iters", "2", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "bench.kmeans", "--smoke", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]

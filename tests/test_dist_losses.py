@@ -23,10 +23,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from common import gloo_ranks
 from conftest import linear_mcn, objective_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bench.gloo import gloo_ranks
 from raymcn.config import Config
 from raymcn.losses import Collectives
 from raymcn.train.gradcache import cached_step

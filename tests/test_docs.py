@@ -122,6 +122,39 @@ def test_every_raymcn_command_shown_names_a_real_subcommand_and_flags(page):
     assert not bad, f"{page.name}: " + "; ".join(bad)
 
 
+# Every place that shows how to run a benchmark: the docs, and the files that name commands.
+COMMAND_FILES = [*DOCS, ROOT / "Makefile", ROOT / "cluster.yaml", *sorted((ROOT / "sweeps").glob("*.yaml"))]
+
+
+def _bench_commands(text: str) -> list[tuple[str, str]]:
+    """(benchmark, its arguments) of every ``python -m bench.NAME ...`` shown, inline or in a block
+    (continuations joined; a placeholder name in capitals left out)."""
+    text = text.replace("\\\n", " ")
+    found = re.findall(r"python -m bench\.([a-z_]+)([^`\n#]*)", text)
+    return [(name, args.strip()) for name, args in found]
+
+
+@pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)
+def test_every_benchmark_command_shown_runs_a_real_benchmark_with_its_flags(path):
+    """Benchmarks run as modules (``python -m bench.NAME``): a command shown names a benchmark that
+    exists and only flags its parser takes; none shows the old script form ``python bench/NAME.py``."""
+    import importlib
+
+    text = path.read_text()
+    assert "python bench/" not in text, f"{path.name}: run a benchmark as `python -m bench.NAME`"
+    bad = []
+    for name, args in _bench_commands(text):
+        try:
+            parser = importlib.import_module(f"bench.{name}").build_parser()
+        except ModuleNotFoundError:
+            bad.append(f"bench.{name}: no such benchmark")
+            continue
+        words = [w for w in shlex.split(args) if not w.startswith(("[", "<"))]
+        flags = {o for a in parser._actions for o in a.option_strings}
+        bad += [f"bench.{name} {args}: no flag {w}" for w in words if w.startswith("--") and w.split("=")[0] not in flags]
+    assert not bad, f"{path.name}: " + "; ".join(bad)
+
+
 # --- the lab's guide: every command is run by a test, or named as real-cluster only ------------------
 GUIDE = ROOT / "docs" / "lab-guide.md"
 # Commands that are neither raymcn's nor the launcher's, each with the file that runs it and a

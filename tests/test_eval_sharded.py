@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from common import gloo_ranks
 
+from bench.gloo import gloo_ranks
 from raymcn.config import RETRIEVAL_METRICS, ModelConfig
 from raymcn.losses import Collectives
 from raymcn.model import MCN

@@ -508,7 +508,7 @@ def test_cached_ddp_steps_hold_the_gradients_outside_the_buckets_and_the_estimat
     accumulates the gradients into fresh ``.grad`` tensors (the loop set them to None), not into
     DDP's buckets: P x 4 bytes beside the buckets' P x 4 until the last chunk's backward copies them
     in. Measured on 2 gloo ranks; the estimate of a cached multi-worker run counts them."""
-    from common import gloo_ranks
+    from bench.gloo import gloo_ranks
 
     seen = gloo_ranks(_no_sync_grads_worker, 2)[0]
     assert seen["buckets"] >= 1 and seen["outside"], seen

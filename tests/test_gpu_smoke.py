@@ -1,6 +1,7 @@
-"""bench/gpu_smoke.py, the one command someone with a GPU runs: checked here on CPU (``--device cpu
---quick``), in a process where Ray cannot be imported (the script must not need it). On a machine
-with CUDA the ``gpu`` test runs it on the GPU and checks the memory estimate against the peak."""
+"""bench.gpu_smoke, the one command someone with a GPU runs: checked here on CPU at its smoke size
+(``--device cpu --smoke``: the suite's smoke run of it), in a process where Ray cannot be imported
+(the benchmark must not need it). On a machine with CUDA the ``gpu`` test runs it on the GPU and
+checks the memory estimate against the peak."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _smoke(tmp_path: Path, *args: str) -> dict:
     (blocked / "__init__.py").write_text('raise ImportError("ray is not installed on this machine")\n')
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked.parent), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "smoke.json"
-    proc = subprocess.run([sys.executable, "bench/gpu_smoke.py", *args, "--out", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_smoke", *args, "--out", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -32,7 +33,7 @@ def _smoke(tmp_path: Path, *args: str) -> dict:
 
 
 def test_the_gpu_smoke_runs_every_variant_without_ray(tmp_path):
-    report = _smoke(tmp_path, "--device", "cpu", "--quick", "--warmup", "1", "--steps", "2")
+    report = _smoke(tmp_path, "--device", "cpu", "--smoke")
     assert set(report["variants"]) == {"plain", "cached", "ring"}
     for name, v in report["variants"].items():
         assert all(math.isfinite(x) for x in v["losses"].values()), name

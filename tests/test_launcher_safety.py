@@ -19,6 +19,8 @@ import pytest
 from conftest import free_port
 from test_launcher import RAY, RUNNING_RAY, running_ray
 
+from bench.services import free_port
+
 pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[1]
 

@@ -169,3 +169,28 @@ def test_no_import_cycles():
 
 def test_no_module_of_raymcn_imports_the_benchmarks():
     assert not [m for m, p in MODULES.items() if any(n.split(".")[0] == "bench" for n in imports_of(p))]
+
+
+BENCH = sorted((ROOT.parent / "bench").glob("*.py"))
+TESTS = sorted((ROOT.parent / "tests").glob("*.py"))
+
+
+def test_the_benchmarks_never_import_the_tests():
+    """Helpers both need live in the bench package, which the tests import (not the reverse)."""
+    tests = {p.stem for p in TESTS}
+    assert BENCH and not {p.name: sorted(n for n in imports_of(p) if n.split(".")[0] in tests | {"tests"})
+                          for p in BENCH if any(n.split(".")[0] in tests | {"tests"} for n in imports_of(p))}
+
+
+def _edits_sys_path(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        if target is not None and ast.unparse(target) == "sys.path":
+            return True
+    return False
+
+
+def test_no_benchmark_or_test_edits_sys_path():
+    """Benchmarks run as modules (``python -m bench.NAME``) and pytest puts the checkout on the path
+    (pyproject.toml): nothing needs ``sys.path.insert``."""
+    assert [p.relative_to(ROOT.parent).as_posix() for p in BENCH + TESTS if _edits_sys_path(p)] == []

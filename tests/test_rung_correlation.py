@@ -1,17 +1,20 @@
-"""``bench/rung_correlation.py``: its statistics on fixed inputs, and one real configuration trained
-through the run assembly under both arms (the warm-up in steps before, in videos after)."""
+"""``bench.rung_correlation``: its statistics on fixed inputs, and the benchmark at its smoke size:
+configurations trained through the run assembly under both arms (the warm-up in steps before, in
+videos after)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
-from conftest import load_bench
+
+from bench import rung_correlation
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_bench("rung_correlation")
+    return rung_correlation
 
 
 def test_spearman_interval(bench):
@@ -31,13 +34,19 @@ def test_correlations_rank_each_epoch_against_the_last(bench):
     assert [r["after rho"] for r in rows] == pytest.approx([-1.0, -1.0, 1.0])
 
 
-def test_one_configuration_trains_under_both_arms(bench):
-    config = {"optim.lr": 1e-3, "data.batch_size": 8, "loss.num_clusters": 8, "schedule.stage_order": "AV_T"}
-    before = bench.train_curve(config, bench.ARMS["before"], epochs=2)
-    after = bench.train_curve(config, bench.ARMS["after"], epochs=2)
-    for run in (before, after):
-        assert len(run["curve"]) == 2 and not run["diverged"]
-        assert all(0 <= r <= 100 for r in run["curve"])
-    assert before["steps_per_epoch"] == after["steps_per_epoch"] == 256 // 8
-    assert before["warmup_steps"] == 16  # a fixed step count: half an epoch at batch 8
-    assert after["warmup_steps"] == 256 // 8  # 256 videos: one epoch at any batch size
+def test_the_benchmark_trains_every_configuration_under_both_arms(bench, tmp_path):
+    """The benchmark at its smoke size (the suite's smoke run of it): 4 drawn configurations x 2
+    epochs on the 64-video corpus, each under both warm-ups (one run where they coincide)."""
+    out = tmp_path / "rung.json"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert not (tmp_path / "rung.json.partial").exists()
+    runs = {(r["config"], r["arm"]): r for r in figures["runs"]}
+    assert sorted(runs) == [(i, arm) for i in range(4) for arm in ("after", "before")]
+    for (i, arm), run in runs.items():
+        batch = figures["configs"][i]["data.batch_size"]
+        assert len(run["curve"]) == 2 and not run["diverged"] and all(0 <= r <= 100 for r in run["curve"])
+        assert run["steps_per_epoch"] == 64 // batch
+        # before: a fixed 16 steps at any batch size; after: 256 videos, i.e. 256 // batch steps
+        assert run["warmup_steps"] == (16 if arm == "before" else 256 // batch)
+    assert figures["kept"] == [0, 1, 2, 3] and [r["epoch"] for r in figures["rows"]] == [1, 2]

@@ -9,51 +9,23 @@ Ray workers inherit from this process, as on a cluster they come from each node'
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from conftest import TINY, free_port
+from conftest import TINY
 
+from bench import services
 from raymcn.cli import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1200)]
-MOTO = Path(sys.executable).with_name("moto_server")
 
 
 @pytest.fixture(scope="module")
 def bucket():
     """An S3 server on 127.0.0.1 with one empty bucket; yields its URI. Stops the server after."""
-    if not MOTO.exists():
+    if not services.MOTO.exists():
         pytest.skip("moto's server is not installed (the test extras install moto[server])")
-    port = free_port()
-    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        deadline = time.time() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None and time.time() < deadline, "moto_server did not start"
-            time.sleep(0.2)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="raymcn-test")
-        yield "s3://raymcn-test"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    with services.s3_server("raymcn-test") as uri:
+        yield uri
 
 
 def _keys(uri: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""``bench/sweep_efficiency.py``: the figures from a hand-made ledger (no Ray), and a short real BOHB run
+"""``bench.sweep_efficiency``: the figures from a hand-made ledger (no Ray), and a short real BOHB run
 (slow) checking the budget count and that paused trials resume from their checkpoints."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "sweep_efficiency.py"
+from bench import sweep_efficiency
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_bench("sweep_efficiency")
+    return sweep_efficiency
 
 
 def test_epochs_to_reach(bench):
@@ -57,13 +58,16 @@ def test_summarise_uses_each_seeds_random_best(bench):
 
 @pytest.mark.slow
 def test_bohb_run_counts_budget_and_resumes_paused_trials():
-    budget = 24  # HyperBand's first bracket (--grace 1): 9 trials x 2 epochs, then the promoted trials resume
-    # One trial at a time: which trials HyperBand promotes must not depend on the order results
-    # arrive in (i.e. on the machine's speed).
-    proc = subprocess.run([sys.executable, str(BENCH), "--algorithms", "bohb", "--seeds", "1", "--max-concurrent", "1",
-                           "--budget", str(budget), "--grace", "1", "--json"], capture_output=True, text=True, timeout=540)
+    """The benchmark at its smoke size (the suite's smoke run of it): BOHB alone over HyperBand's
+    first bracket (--grace 1: 9 trials x 2 epochs, then the promoted trials resume), one trial at a
+    time, so which trials HyperBand promotes does not depend on the order results arrive in (i.e.
+    on the machine's speed)."""
+    budget = sweep_efficiency.SMOKE["budget"]
+    proc = subprocess.run([sys.executable, "-m", "bench.sweep_efficiency", "--smoke", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["settings"]["algorithms"] == ["bohb"] and out["settings"]["max_concurrent"] == 1
     run = out["runs"][0]
     assert run["epochs_counted"] == budget == len(run["curve"]) == len(run["log"])
     assert run["repeated_epochs"] == 0 and run["errors"] == 0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from common import gloo_ranks
 from torch import nn
 
+from bench.gloo import gloo_ranks
 from raymcn.model.syncbn import GlobalBatchNorm2d, global_batchnorm
 
 SHARES = (2, 1, 1)

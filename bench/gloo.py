@@ -1,10 +1,9 @@
-"""What several benchmarks (and the tests of collectives) share: the machine line printed beside
-every figure, and a function run on gloo ranks in separate processes."""
+"""A function run on gloo ranks in separate processes: what the tests of collectives and the
+benchmarks of distributed code (bench.kmeans, bench.eval_sharding) share."""
 
 from __future__ import annotations
 
 import os
-import platform
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
@@ -14,28 +13,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def machine_line() -> str:
-    """CPU model, cores, host and torch version: the figures of a benchmark depend on them."""
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, {platform.node()}, torch {torch.__version__} with "
-            f"{torch.get_num_threads()} threads")
+from raymcn.train.rank_exit import end_rank
 
 
 def gloo_ranks(fn: Callable[..., Any], world: int, *args, threads: int = 1, timeout_s: float | None = None) -> list:
     """``fn(rank, world, *args)`` on ``world`` processes joined in a gloo process group; returns
     each rank's result (picklable by torch.save), in rank order.
 
-    ``fn`` must be importable by the child processes (a module-level function). Every rank waits at
-    a barrier for the others' last collectives before the group is destroyed: destroying it right
-    after DDP's last step, with gloo work still in flight, aborted a rank ("terminate called without
-    an active exception") in 2 of 27 runs. ``timeout_s``: the group's timeout (a rank waiting in a
-    collective the others never call then fails instead of hanging)."""
+    ``fn`` must be importable by the child processes (a module-level function). A rank that
+    returns ends its process with ``rank_exit.end_rank`` (every rank's last collective done, the
+    group destroyed, no interpreter finalization): returning from it with the group's gloo threads
+    still releasing work aborted a rank ("terminate called without an active exception") in 2 of
+    27 runs. ``timeout_s``: the group's timeout (a rank waiting in a collective the others never
+    call then fails instead of hanging)."""
     with tempfile.TemporaryDirectory() as where:
         mp.spawn(_rank, args=(world, where, fn, args, threads, timeout_s), nprocs=world, join=True)
         return [torch.load(os.path.join(where, f"rank{r}.pt"), weights_only=False) for r in range(world)]
@@ -48,6 +38,7 @@ def _rank(rank: int, world: int, where: str, fn, args: tuple, threads: int, time
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(where, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the other ranks may be gone
+        raise
+    end_rank(0)

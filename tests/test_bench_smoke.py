@@ -1,0 +1,221 @@
+"""Every benchmark at its smoke size (``--smoke``): it runs to the end, and its figures have the keys
+its tables and ``docs/measurements`` use, with counts that follow from the smoke size and ratios
+that are finite and positive. Never a timing.
+
+The benchmarks other tests already run count as their smoke runs and are not run again here:
+``bench.kmeans`` (tests/test_dist_kmeans.py), ``bench.gpu_smoke`` (tests/test_gpu_smoke.py),
+``bench.rung_correlation`` (tests/test_rung_correlation.py), ``bench.sweep_efficiency``
+(tests/test_sweep_efficiency.py, slow) and ``bench.chaos`` (tests/test_chaos.py, multinode).
+
+The benchmarks that start Ray in this process share one instance (``ray_local``, the last tests of
+this file). ``bench.trial_cost``'s sweep starts one of its own in a subprocess, so it runs first,
+before that instance exists (two instances at once break Ray Train's placement-group cleaner);
+``bench.scale`` runs without its ``--ray`` conversion, which would start one too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import (
+    checkpoint,
+    compression,
+    eval_sharding,
+    grad_cache,
+    harness,
+    loader,
+    memory,
+    overhead,
+    scale,
+    shard_dtype,
+    step,
+    sweep_time,
+    trial_cost,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def smoke(module, tmp_path: Path, *args: str) -> dict:
+    """``module.main`` at its smoke size in this process; its figures (``--out``), its partial file gone."""
+    out = tmp_path / f"{module.__name__.rsplit('.', 1)[-1]}.json"
+    assert module.main(["--smoke", "--out", str(out), *args]) == 0
+    assert not Path(f"{out}.partial").exists()
+    figures = json.loads(out.read_text())
+    assert figures["machine"]
+    return figures
+
+
+def positive(*values: float) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
+
+
+def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    with pytest.raises(RuntimeError, match="rank 1 aborted"):
+        with harness.Results("example", argparse.Namespace(out=str(out), json=False)) as results:
+            results.save(runs={"torchrun": [{"steady_samples_per_s": 100.0}]})
+            raise RuntimeError("rank 1 aborted")
+    saved = json.loads(Path(f"{out}.partial").read_text())
+    assert saved["partial"] is True and saved["runs"] == {"torchrun": [{"steady_samples_per_s": 100.0}]}
+    assert f"{out}.partial" in capsys.readouterr().err and not out.exists()
+    with harness.Results("example", argparse.Namespace(out=str(out), json=True)) as results:
+        results.save(runs={})
+        results.finish({"runs": {}})
+    assert json.loads(out.read_text())["runs"] == {} and not Path(f"{out}.partial").exists()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["machine"]
+
+
+# --- no Ray ----------------------------------------------------------------------------------------------------
+def test_scale(tmp_path):
+    figures = smoke(scale, tmp_path, "--no-ray")
+    assert [s["fraction"] for s in figures["scales"]] == [4000, 2000]
+    for s in figures["scales"]:
+        assert s["captions"] == scale.HOWTO100M_CAPTIONS // s["fraction"]
+        assert positive(s["pickle_bytes"], s["unpickle_peak"], s["bytes_per_pickle_byte"], s["store_bytes"])
+        assert s["local"]["writers"] >= 1 and positive(s["local"]["writer_pss_max"], s["local"]["driver_pss"])
+    train = figures["training"]
+    assert train["videos"] == 20_000 and positive(train["manifest_bytes"], train["steps_per_epoch"], train["peak"])
+
+
+def test_sweep_time(tmp_path):
+    """At its smoke size the benchmark times `sweep.py --help` in HEAD's tree and in this checkout."""
+    figures = smoke(sweep_time, tmp_path)
+    assert figures["baseline"] == "HEAD"
+    for which in ("baseline", "current"):
+        (run,) = figures["runs"][which]
+        assert positive(run["wall_s"], run["lines"], figures["median_wall_s"][which])
+        assert run["cpu_s"] >= 0 <= run["others_cpu_s"]  # a --help can end before the sampler's first reading
+        assert any("usage: raymcn sweep" in line for line in run["stdout_tail"])
+
+
+def test_compression(tmp_path):
+    figures = smoke(compression, tmp_path)
+    assert [(r["features"], r["codec"]) for r in figures["codecs"]] == [
+        (kind, codec) for kind in ("relu", "pooled") for codec in ("zstd-1", "zstd-3", "lz4")]
+    for r in figures["codecs"]:
+        assert positive(r["ratio"], r["decode_mb_s"], r["videos_s"], r["vs_uncompressed"])
+        assert r["ratio"] > 1  # half the relu features are zeros, a tenth of the pooled ones
+
+
+def test_memory(tmp_path):
+    figures = smoke(memory, tmp_path)
+    assert [(r["N"], r["negatives"]) for r in figures["loss"]] == [
+        (n, neg) for n in (1, 2) for neg in ("gathered", "ring")]
+    for r in figures["loss"]:
+        assert r["B"] == 256 and r["b"] == 256 // r["N"]
+        assert positive(r["ratio"], r["estimate_over_measured"], r["raymcn_peak"], r["dataparallel_peak"])
+    assert [r["queue_dtype"] for r in figures["refit"]] == ["float32", "bfloat16"]
+    for r in figures["refit"]:  # allocator bytes, not time: building X straight into place saves a copy
+        assert positive(r["peak_lean"], r["estimate"]) and r["peak_lean"] < r["peak_current"]
+
+
+def test_eval_sharding(tmp_path):
+    figures = smoke(eval_sharding, tmp_path)
+    assert figures["same"] is True and figures["settings"]["clips"] == 16
+    assert set(figures["median_s"]) == {"every rank, whole set (before)", "sharded, scored once (now)"}
+    assert positive(*figures["median_s"].values())
+
+
+def test_step(tmp_path):
+    figures = smoke(step, tmp_path)
+    assert [r["clips"] for r in figures["rows"]] == [4, 8]
+    for r in figures["rows"]:
+        assert set(r["terms_measured"]) == set(step.TERMS) == set(r["terms_estimated"])
+        assert positive(r["peak_alloc_bytes"], r["peak_fwd_bwd_bytes"], r["saved_activation_bytes"],
+                        r["estimate"]["total"])
+    summary = figures["summary"]
+    assert positive(*summary["estimate_over_measured"], *summary["fwd_bwd_estimate_over_measured"])
+
+
+def test_grad_cache(tmp_path):
+    figures = smoke(grad_cache, tmp_path)
+    assert [(r["clips"], r["chunk"]) for r in figures["step"]] == [(64, 0), (64, 32)]
+    for r in figures["step"]:
+        assert positive(r["peak_alloc_bytes"], r["estimate"]["total"])
+    bn = figures["bn"]
+    assert [r["chunk"] for r in bn["rows"]] == [32, 64]
+    control = bn["rows"][-1]  # one chunk of every clip: the plain step's BatchNorm statistics
+    assert control["grads"]["all"]["rel"] < 1e-4 and control["grads"]["all"]["cos"] == pytest.approx(1.0, rel=1e-4)
+    assert [m["device"] for m in figures["preflight"]] == ["24 GB", "40 GB (A100)"]
+
+
+# --- Ray: bench.trial_cost's own instance first, then one for all the others ---------------------------------
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trial_cost(tmp_path):
+    """First of the Ray tests: its sweep starts a Ray instance of its own (run with the others'
+    instance, its Tune trials would not see the sweep's RAYMCN_TIMELINE)."""
+    figures = smoke(trial_cost, tmp_path)
+    (run,) = figures["runs"]["current"]
+    assert figures["trials_per_sweep"] == 1 and len(run["trials"]) == 1
+    (trial,) = run["trials"]
+    assert positive(trial["wall_s"], trial["steps_s"]) and math.isfinite(trial["fixed_s"])
+    assert {"plan (the trial's run plan)", "fit() -> every rank in the worker function", "epochs: steps"} <= set(
+        trial["items_s"])
+    assert positive(figures["steady"]["current"]["wall_s"])
+
+
+@pytest.mark.ray
+def test_loader(ray_local, tmp_path):
+    figures = smoke(loader, tmp_path, "--workdir", str(tmp_path / "work"))
+    row = figures["results"]["short"]
+    d = row["dtypes"]["float16"]
+    assert row["videos"] == 32 and positive(row["a"]["videos_per_s"], row["a2"]["videos_per_s"])
+    for key in ("b", "c", "c2", "d", "d2"):
+        assert positive(d[key]["videos_per_s"], d[key]["mb_per_s"]), key
+    assert d["b"]["videos"] == d["c2"]["videos"] == 32 and d["b"]["bad"] == 0  # 4 steps of 8 videos, read once
+    assert set(d["ratios"]) == {"b_over_a", "b_over_a2", "b_over_c", "c2_over_c", "b_over_c2", "b_over_d",
+                                "b_over_d2"}
+    assert positive(*d["ratios"].values())
+
+
+@pytest.mark.ray
+def test_checkpoint(ray_local, tmp_path):
+    figures = smoke(checkpoint, tmp_path, "--workdir", str(tmp_path / "work"))
+    assert positive(figures["size_bytes"], figures["save_s"], figures["load"]["load_s"])
+    assert {"model", "optimizer", "objective"} <= set(figures["parts_bytes"])
+    assert [r["mode"] for r in figures["stalls"]["local"]] == ["async"] and "not_measured" not in figures
+    for r in figures["stalls"]["local"]:
+        assert positive(r["stall_s"], r["upload_s"])
+    assert positive(figures["planning"]["at_0"]["steps_planned"], figures["planning"]["at_90"]["steps_planned"])
+    assert figures["first_batch"]["videos"] == 16 and positive(figures["first_batch"]["at_90"]["seconds"])
+
+
+@pytest.mark.ray
+def test_overhead(ray_local, tmp_path, capsys):
+    """Both smoke arms ran their 2 epochs to the end: among them the torchrun arm, whose ranks
+    must exit cleanly (a rank's abort at exit fails the arm)."""
+    figures = smoke(overhead, tmp_path)
+    assert list(figures["runs"]) == list(overhead.SMOKE_ARMS)
+    for arm, (run,) in figures["runs"].items():
+        assert len(run["epoch_samples_per_s"]) == 2 and positive(run["steady_samples_per_s"]), arm
+        assert [r["rank"] for r in run["ranks"]] == [0, 1], arm  # both ranks entered and were timed
+    assert list(figures["attribution"]) == ["all of Ray (1 -> 4)"]
+    assert positive(*figures["attribution"]["all of Ray (1 -> 4)"].values())
+    # --from: the tables again from what a partial file holds (here: every arm of the run)
+    partial = tmp_path / "overhead.json.partial"
+    partial.write_text(json.dumps({"machine": figures["machine"], "runs": figures["runs"],
+                                   "settings": {k: figures[k] for k in ("workers", "epochs", "repeats", "overrides")}}))
+    capsys.readouterr()
+    assert overhead.main(["--from", str(partial), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["steady_samples_per_s"] == figures["steady_samples_per_s"]
+    assert again["attribution"] == figures["attribution"]
+
+
+@pytest.mark.ray
+def test_shard_dtype(ray_local, tmp_path):
+    figures = smoke(shard_dtype, tmp_path)
+    assert figures["bytes"]["float16"] < figures["bytes"]["float32"]  # the features at 2 bytes instead of 4
+    for dtype in shard_dtype.DTYPES:
+        (curve,) = figures["loss_curves"][dtype]
+        assert len(curve) == 1 and positive(*curve)
+    assert math.isfinite(figures["largest_loss_gap"])
+    assert set(figures["summary"]) == {*shard_dtype.METRICS, "total_loss"}
+
