@@ -29,7 +29,7 @@ Timed, as Ray's benchmark times it, is the training loop only: samples/s = clips
 rank's steps (``train_one_epoch``'s phases; evaluation and checkpoints lie outside), averaged over
 the ranks, times the ranks; **steady** = the mean over the epochs after the first (warm-up), then
 the median over the repeats. Ray is started for each Ray arm the way ``raymcn train`` starts it
-(``on_ray/cluster.start_ray``, a fresh local instance) and stopped after it (unless this process
+(``on_ray/cluster.ray_session``, a fresh local instance) and stopped after it (unless this process
 already has one: the test suite's smoke run shares its instance). The arms run in the order 1 2 3
 4, then 4 3 2 1, and so on. Every arm's figures go to the partial file as the arm ends
 (``bench.harness``): ``--from`` prints the tables of the repeats a run that died had finished.
@@ -184,21 +184,15 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
                 spec_file.write_bytes(pickle.dumps(spec))
                 run_torchrun(spec_file, cfg.scale.num_workers, cfg.scale.torch_threads, args.verbose)
             else:
-                import ray
+                from raymcn.train.on_ray.cluster import ray_session
 
-                from raymcn.train.on_ray.cluster import start_ray
-
-                started = start_ray("local")  # False: this process's instance (the smoke run's) is used
-                try:
+                with ray_session("local"):  # a new instance, or this process's (the smoke run's)
                     if arm == "ray-ddp":
                         run_ray_ddp(spec, cfg)
                     else:
                         if arm == NOPREFETCH:
                             cfg = cfg.replace({"data.prefetch_batches": 0})
                         run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, where / "results")
-                finally:
-                    if started:
-                        ray.shutdown()
     finally:
         del os.environ[TRACE]
     wall = time.time() - t0

@@ -7,6 +7,7 @@ context on GPU 0."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def gpu_head(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(HEAD_GPUS))
     cuda = CudaRecorder(monkeypatch, devices=len(HEAD_GPUS))
-    monkeypatch.setattr(cli, "start_ray", lambda address: False)
+    monkeypatch.setattr(cli, "ray_session", lambda address: contextlib.nullcontext(False))
     monkeypatch.setattr(cli, "_check_cluster", lambda cfg: None)  # ray.cluster_resources(): needs Ray
     fits: list = []
 
@@ -109,7 +110,7 @@ def test_the_driver_of_a_gpu_sweep_and_its_trials_drivers_initialise_no_cuda(gpu
 
     trials: list = []
 
-    def sweep(cfg, experiment_dir=None, console=None, inputs=None):
+    def sweep(cfg, experiment_dir=None, console=None, inputs=None, callbacks=()):
         from ray.train.v2.api.callback import UserCallback
 
         tuner.build_search(cfg)

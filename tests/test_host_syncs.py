@@ -162,7 +162,7 @@ def _ranks_worker(rank: int, world: int) -> dict:
 def test_ranks_with_unequal_shares_exchange_no_row_counts():
     """On 2 gloo ranks the objective takes every rank's rows from the run plan (no all-gather of the
     counts, whose result the host would read every step)."""
-    from common import gloo_ranks
+    from bench.gloo import gloo_ranks
 
     for result in gloo_ranks(_ranks_worker, 2):
         cfg = load_config(preset_path(), [])
