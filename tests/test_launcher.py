@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import stop_shared_ray
 from tune_dirs import result_rows, trial_statuses
 
 from raymcn.servers import sweeps
@@ -50,7 +51,7 @@ def _port_open(port: int) -> bool:
 
 def running_ray() -> str | None:
     """A Ray instance already running on this machine ("gcs_server pid N"), or None. The suite's
-    own Ray instances are module-scoped and shut down before the next module starts."""
+    own instance is shut down before this is asked (``conftest.stop_shared_ray``)."""
     for comm in sorted(Path("/proc").glob("[0-9]*/comm")):
         try:
             name = comm.read_text().strip()
@@ -81,6 +82,7 @@ def _skip_reason() -> str | None:
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """An sshd of this test's own on 127.0.0.1:22; yields (private key, work folder)."""
+    stop_shared_ray()  # the suite's own Ray instance is not the lab's: ours to stop, and started again after
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, stop_shared_ray
 from test_launcher import RAY, RUNNING_RAY, running_ray
 
 from bench.services import free_port
@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_launcher_tier_leaves_a_running_ray_instance_alone():
+    stop_shared_ray()  # the suite's own Ray instance: ours to stop (started again by the next module)
     if running_ray():
         pytest.skip(f"{RUNNING_RAY} already ({running_ray()}): this test starts and stops one of its own")
     port = free_port()
