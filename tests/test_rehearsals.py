@@ -105,8 +105,10 @@ def test_the_bohb_rehearsal_draws_one_band_and_one_more_trial():
 
 # --- the rehearsals, killed and resumed (Ray) -----------------------------------------------------------------
 def lab_env(results: Path) -> dict[str, str]:
-    """The lab's environment: storage from RAYMCN_RESULTS, a Ray of the sweep's own."""
-    return dict(os.environ, RAYMCN_RESULTS=str(results), RAY_ADDRESS="local")
+    """The lab's environment: storage from RAYMCN_RESULTS, a Ray of the sweep's own (nothing of the
+    suite's own instance's pinning inherited)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_API_SERVER_ADDRESS"}
+    return dict(env, RAYMCN_RESULTS=str(results), RAY_ADDRESS="local")
 
 
 def sweep_folder(results: Path) -> Path | None:
@@ -188,7 +190,9 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
     ("raymcn/presets/default.yaml", ["sweep.algorithm=optuna", "sweep.num_samples=3", "sweep.confirm={}",
                                      "sweep.space={schedule.stage_order: {choice: [VT_A, joint]}, "
                                      "optim.lr: {loguniform: [0.001, 0.01]}}"], in_the_search),
-    ("sweeps/lr_bs_asha.yaml", [], past_stage_1),  # asha with Optuna's suggestions, 4 trials side by side
+    # asha with Optuna's suggestions, 4 trials side by side; 6 of them, so that two start on what
+    # finished or stopped trials freed while the suite's own Ray instance runs beside the sweep's
+    ("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1),
     ("sweeps/stage_order_bohb.yaml", [], resumed_after_a_pause),  # the lab's own: bohb, then the confirmation
 ]
 
@@ -197,7 +201,10 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name, settings, kill_when", REHEARSALS, ids=["grid", "random", "optuna", "asha", "bohb"])
-def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(tmp_path, name, settings, kill_when):
+def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when):
+    """``ray_local``: a second Ray instance on the machine for the whole test (the sweep starts its
+    own), as a colleague's run or a ``make test`` on the lab's head would be; pinned to its own
+    instance, the sweep's placement groups are still freed for the trials that wait for them."""
     results = tmp_path / "results"
     args = ["--config", str(REPO / name), "--rehearse", *[a for s in settings for a in ("--set", s)]]
     status, out, before = rehearse(args, results, kill_when=kill_when)
@@ -211,7 +218,7 @@ def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(tmp_path, na
     after = result_rows(exp)
     for trial in finished:  # a trial finished before the reboot is kept, not trained again
         assert after[trial] == before[trial], trial
-    verdict_ok(exp)
+    verdict_ok(exp)  # every search trial ended: none waits forever for what finished trials held
     if load_config(exp / "raymcn_sweep.yaml").sweep.confirm:
         assert "\nAnswer: " in out, out[-3000:]
     mid_epoch_checkpoints_stay_trains(exp)
