@@ -82,6 +82,13 @@ def ray_session(address: str | None):
     return session(address)
 
 
+def _resource_waits_named(cfg: Config, console):
+    """A worker group Ray cannot place is named on the console (``on_ray/waits.py``)."""
+    from raymcn.train.on_ray import waits
+
+    return waits.watched(waits.limit_s(cfg.run.stall_timeout_s, cfg.scale.worker_start_timeout_s), console.say)
+
+
 def console_log(where: str, cfg: Config | None = None) -> Path:
     """Where the console log of the run or sweep folder ``where`` goes: inside it, or for a bucket
     URI in the local cache (a log is appended line by line, which an object store cannot do)."""
@@ -165,7 +172,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             with ray_session(args.address) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
                 if started and not args.resume:
                     _check_cluster(cfg)
-                result = launch.fit(cfg, run_dir, plan=plan)
+                with _resource_waits_named(cfg, console) if cfg.scale.max_workers > 0 else contextlib.nullcontext():
+                    result = launch.fit(cfg, run_dir, plan=plan)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
@@ -213,7 +221,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
-            with ray_session(args.address):
+            with ray_session(args.address), _resource_waits_named(cfg, console):
                 if not resume:
                     _check_cluster(cfg)
                 if resume:
