@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 WAITING = ("PENDING", "RESCHEDULING")
 
@@ -96,7 +97,7 @@ def watched(limit_s: float, say: Callable[[str], None], every_s: float | None = 
         while not stop.wait(every_s):
             try:
                 line = _look(limit_s, told)
-            except Exception:  # noqa: BLE001 - a watch that cannot look stays quiet
+            except Exception:  # noqa: BLE001, S112 - a watch that cannot look stays quiet
                 continue
             if line:
                 say(line)
