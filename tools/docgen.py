@@ -373,7 +373,11 @@ def render(text: str) -> str:
         if name not in GENERATORS:
             raise KeyError(f"no generator named {name!r} (tools/docgen.py GENERATORS)")
         new = GENERATORS[name]()
-        body = f"\n{new}\n" if old.startswith("\n") else new
+        if old.startswith("\n"):  # a block: its lines indented as the closing marker is (a list item's)
+            indent = old[old.rindex("\n") + 1:]
+            body = "\n" + "\n".join(indent + line if line else line for line in new.split("\n")) + "\n" + indent
+        else:
+            body = new
         return f"<!-- gen:{name} -->{body}<!-- /gen -->"
 
     return MARK.sub(one, text)
