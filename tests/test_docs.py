@@ -396,3 +396,11 @@ def test_the_default_check_reads_the_quotes_it_should():
     quotes = {(k, v, u) for k, v, u in default_quotes(GUIDE.read_text())}
     assert ("run.checkpoint_every", "30", "min") in quotes and ("run.stall_timeout_s", "600", "s") in quotes
     assert _as_value("30", "min") == _as_value("30m") and _as_value("10", "min") == _as_value("600.0")
+
+
+def test_the_docs_stay_short():
+    """README and docs/*.md under 20 000 words together (as `wc -w` counts), no page over 2 500:
+    repetition is cut and linked, not copied."""
+    words = {p.name: len(p.read_text().split()) for p in DOCS}
+    assert sum(words.values()) < 20_000, f"{sum(words.values())} words: {words}"
+    assert all(n <= 2_500 for n in words.values()), {k: n for k, n in words.items() if n > 2_500}

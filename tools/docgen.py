@@ -212,12 +212,17 @@ def grad_cache_slopes() -> str:
     return f"{s['off']['bytes_per_clip'] / 1e6:.2f} MB per clip without caching and {s['cached']['bytes_per_clip'] / 1e6:.2f} MB with it"
 
 
+LOSS_MEMORY_BATCHES = (4096,)  # the pages show these; the JSON holds every B measured
+
+
 def loss_memory() -> str:
     rows, mib = [], 2**20
     by = {}
     for r in m("memory")["loss"]:
         by.setdefault((r["B"], r["N"]), {})[r["negatives"]] = r
     for (b, n), r in sorted(by.items()):
+        if b not in LOSS_MEMORY_BATCHES:
+            continue
         g, ring = r["gathered"], r["ring"]
         rows.append([b, f"{g['dataparallel_peak'] / mib:.0f}", n, f"{g['raymcn_peak'] / mib:.0f}", f"{g['ratio']:.2f}",
                      f"{ring['raymcn_peak'] / mib:.0f}", f"{ring['ratio']:.2f}", f"{g['target']:.3g}",
@@ -267,11 +272,14 @@ def scale() -> str:
     return table(["figure", *[f"1/{x['fraction']} of HowTo100M" for x in s]], rows)
 
 
+RUNG_EPOCHS = (1, 2, 3, 4, 7, 10)  # the pages show these; the JSON holds every epoch
+
+
 def rung_correlation() -> str:
     r = m("rung_correlation")
     rows = [[f"{a['epoch']} ({a['rung (budget_epoch)']})", f"{a['before rho']:.2f} {a['before 95% CI']}", f"{a['after rho']:.2f} {a['after 95% CI']}",
              f"{u['before rho']:.2f} {u['before 95% CI']}", f"{u['after rho']:.2f} {u['after 95% CI']}"]
-            for a, u in zip(r["rows"], r["upper_half"])]
+            for a, u in zip(r["rows"], r["upper_half"]) if a["epoch"] in RUNG_EPOCHS]
     n = r["settings"]["configs"]
     return table(["epoch (budget epoch)", f"before, all {n}", f"after, all {n}", f"before, upper {n // 2}", f"after, upper {n // 2}"], rows)
 
