@@ -8,14 +8,12 @@ blocks is mapped to the tests that run it, and a quoted default equals the setti
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-
 from test_sweep_summary import confirmed  # noqa: F401 (a fixture: a sweep of the embedded default's shape)
 
 from raymcn.cli import build_parser
@@ -218,7 +216,7 @@ def signature(line: str) -> str:
 def _bash_lines(text: str) -> list[str]:
     """Every command line of the page's ```bash blocks: continuations joined, comments dropped."""
     lines = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #", 1)[0].strip()
             if line and not line.startswith("#"):
@@ -318,7 +316,7 @@ def _form(text: str) -> list[str]:
     return out
 
 
-def test_the_captured_end_of_make_sweep_has_the_form_the_summary_prints(confirmed):
+def test_the_captured_end_of_make_sweep_has_the_form_the_summary_prints(confirmed):  # noqa: F811 (the fixture)
     """README's block (bench.sweep_time's capture) against what results/summary.py prints today for a
     sweep of the embedded default's shape (test_sweep_summary's fixture)."""
     from raymcn.results.summary import sweep_summary
@@ -404,3 +402,24 @@ def test_the_docs_stay_short():
     words = {p.name: len(p.read_text().split()) for p in DOCS}
     assert sum(words.values()) < 20_000, f"{sum(words.values())} words: {words}"
     assert all(n <= 2_500 for n in words.values()), {k: n for k, n in words.items() if n > 2_500}
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_every_file_a_page_names_exists(page):
+    """A test, benchmark or module a page names as showing something exists (a test moved or merged
+    into another file is named by its new file)."""
+    named = set(re.findall(r"`((?:tests|bench|raymcn|tools)/[\w/]+\.py)`", page.read_text()))
+    named |= {f"raymcn/{p}" for p in re.findall(r"`((?:train|data|sweep|results|losses|servers|doctor)/[\w/]+\.py)`",
+                                                  page.read_text())}
+    missing = sorted(p for p in named if not (ROOT / p).exists() and not any(ROOT.joinpath("raymcn").rglob(Path(p).name)))
+    assert not missing, f"{page.name} names files that do not exist: {missing}"
+
+
+def test_the_loader_figures_come_from_as_many_repeats_as_the_command_shown():
+    """The README's and performance.md's loader command says `--repeat N`; the JSON it produced holds N
+    runs of every arm (a plain `python -m bench.loader` runs one)."""
+    shown = {int(n) for page in (ROOT / "README.md", ROOT / "docs" / "performance.md")
+             for n in re.findall(r"python -m bench\.loader --sizes long --repeat (\d+)", page.read_text())}
+    runs = {len(v) for d in json.loads((ROOT / "docs/measurements/loader.json").read_text())["results"]["long"]["dtypes"].values()
+            for v in d["runs"].values()}
+    assert len(shown) == 1 and runs == shown, f"the docs show --repeat {shown}; loader.json holds {runs} runs per arm"

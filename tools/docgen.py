@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "measurements"
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "settings.md")]
-MARK = re.compile(r"<!-- gen:([\w.-]+) -->(.*?)<!-- /gen -->", re.S)
+MARK = re.compile(r"<!-- gen:([\w.-]+) -->(.*?)<!-- /gen -->", re.DOTALL)
 
 
 @functools.cache
@@ -245,8 +245,7 @@ def eval_sharding() -> str:
 
 
 def compression() -> str:
-    c = [x for x in m("compression")["codecs"]]
-    z = [x for x in c if x["codec"].startswith("zstd-1")] or c
+    c = m("compression")["codecs"]
     ratios = [x["ratio"] for x in c if x["codec"].startswith("zstd")]
     lz4 = [x["vs_uncompressed"] for x in c if x["codec"].startswith("lz4")]
     zs = [x["vs_uncompressed"] for x in c if x["codec"] == "zstd-1"]
@@ -370,7 +369,7 @@ def capture(name: str) -> str:
     """Run CAPTURES[name] as the user types it; its console text, the command line first."""
     argv = CAPTURES[name]
     code = "import sys; from raymcn.cli import main; sys.exit(main(sys.argv[1:]))"
-    done = subprocess.run([sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, cwd=ROOT, check=False)
     return f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}".rstrip("\n")
 
 
