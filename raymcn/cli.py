@@ -16,7 +16,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, Config, ConfigError, load_config
+from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, SWEEP_CONFIG_FILE, Config, ConfigError, load_config
 from raymcn.train.monitor.console import Console
 from raymcn.train.preflight import checks as preflight
 
@@ -207,6 +207,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     existing = resume or (storage.normalize(args.confirm) if args.confirm else None)
     cfg = (tuner.sweep_config(resume, "--resume") if resume else _confirm_config(args, existing) if existing
            else resolve_config(args))
+    if resume and (note := resume_differences(args, cfg, resume)):
+        print(note, file=sys.stderr)
     if not cfg.sweep.space and not existing:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     inputs = resolve_inputs(cfg)  # once, for every trial of the search and the confirmation
@@ -245,6 +247,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(json.dumps({"experiment_dir": str(exp_dir), "best_config": result.best_config,
                           "best_metrics": result.best_metrics}, default=str), flush=True)
     return 0
+
+
+def resume_differences(args: argparse.Namespace, saved: Config, exp_dir: str) -> str | None:
+    """What ``raymcn sweep --resume EXP`` says when the sweep file (and ``--set``) given with it resolve
+    to another config than the one the sweep saved (``EXP/raymcn_sweep.yaml``), naming every key that
+    differs; None when they agree or nothing was given. A restored sweep runs its saved copy: Tune
+    restores the trials and the search with the settings they started with."""
+    from raymcn import storage
+
+    if not (args.config or args.overrides or args.num_workers is not None):
+        return None
+    differences = resolve_config(args).differences(saved)
+    if not differences:
+        return None
+
+    def shown(value) -> str:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    given = " and ".join(filter(None, [args.config, "--set" if args.overrides else "",
+                                       "--num-workers" if args.num_workers is not None else ""]))
+    keys = "; ".join(f"{k}: {shown(a)} given, {shown(b)} saved" for k, (a, b) in differences.items())
+    return (f"raymcn sweep --resume: the settings given ({given}) differ from the sweep's saved copy "
+            f"({storage.join(exp_dir, SWEEP_CONFIG_FILE)}) in {len(differences)} key(s): {keys}. "
+            f"The resumed sweep runs its saved copy; to run the changed file, start a new sweep.")
 
 
 def _stop_sweep(args: argparse.Namespace) -> int:

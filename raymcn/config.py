@@ -412,6 +412,12 @@ class Config:
                 out[f"{section}.{k}"] = v
         return out
 
+    def differences(self, other: Config) -> dict[str, tuple[Any, Any]]:
+        """``section.key`` -> (this config's value, ``other``'s) for every setting that differs, the
+        sweep section included (its space as one value)."""
+        mine, theirs = self.to_flat(include_sweep=True), other.to_flat(include_sweep=True)
+        return {k: (mine.get(k), theirs.get(k)) for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k)}
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Config:
         """Rebuild (and re-validate) a config from ``to_dict()`` output."""

@@ -120,3 +120,27 @@ def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
         problems.append(f"scale.use_gpu=true with scale.num_workers={cfg.scale.workers_text} needs {workers} GPUs; "
                         f"the cluster has {have.get('GPU', 0):g}")
     return problems
+
+
+def worker_resources(cfg: Config) -> dict[str, float]:
+    """What one Train worker reserves: ``scale.cpus_per_worker`` CPUs, and one GPU with ``scale.use_gpu``
+    (one GPU per worker: DDP, never DataParallel)."""
+    return {"CPU": cfg.scale.cpus_per_worker, **({"GPU": 1} if cfg.scale.use_gpu else {})}
+
+
+def placement_strategy(cfg: Config, nodes: list[dict[str, float]]) -> str:
+    """``"STRICT_PACK"`` when the largest worker group ``cfg`` can ask for (``scale.num_workers``, the
+    maximum of an elastic range) fits on one of ``nodes`` (each node's total resources, as
+    ``ray.nodes()`` lists them), else ``"PACK"``. A trial's DDP ranks then share one server and its
+    NVLink instead of being split over two servers when both have a few GPUs free; a group no node can
+    hold may still spread (Ray's default, PACK)."""
+    need = {k: v * cfg.scale.max_workers for k, v in worker_resources(cfg).items()}
+    fits = any(all(node.get(k, 0) >= v for k, v in need.items()) for node in nodes)
+    return "STRICT_PACK" if fits and cfg.scale.max_workers > 1 else "PACK"
+
+
+def node_resources() -> list[dict[str, float]]:
+    """Every live node's total resources (empty before ``ray.init``, where nothing can be placed yet)."""
+    if not ray.is_initialized():
+        return []
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]

@@ -36,6 +36,7 @@ from raymcn.config import (
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, watchdog
+from raymcn.train.on_ray import cluster
 from raymcn.train.on_ray.worker import train_func_per_worker
 from raymcn.train.plan import RunPlan, plan_of
 
@@ -110,9 +111,6 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
     # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
-    resources = {"CPU": cfg.scale.cpus_per_worker}
-    if cfg.scale.use_gpu:
-        resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label,
@@ -122,7 +120,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
         # wait first, their limits capped below it (monitor/watchdog.py).
         torch_config=ray.train.torch.TorchConfig(timeout_s=math.ceil(cfg.run.collective_timeout)),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
-                                               resources_per_worker=resources,
+                                               resources_per_worker=cluster.worker_resources(cfg),
+                                               placement_strategy=cluster.placement_strategy(cfg, cluster.node_resources()),
                                                elastic_resize_monitor_interval_s=cfg.scale.elastic_resize_interval_s),
         run_config=ray.train.RunConfig(
             # Ray names a run by (storage path, name): the run dir's parent and its last component.

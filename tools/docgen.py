@@ -1,0 +1,418 @@
+"""Every measured figure and every captured console block of the README and docs/*.md, written from
+its file under docs/measurements/ (no figure is typed on a page).
+
+A page marks what is generated with an HTML comment pair, which Markdown does not show::
+
+    fp16 shards read <!-- gen:loader.fp16 -->180<!-- /gen --> videos/s   (inline)
+    <!-- gen:sweep.end -->                                              (a block: the text on
+    ...                                                                  its own lines)
+    <!-- /gen -->
+
+``python -m tools.docgen`` rewrites what lies between each pair from :data:`GENERATORS`;
+``--check`` writes nothing and exits 1 naming every page that differs (``tests/test_docs.py``
+runs it). ``--capture NAME`` reruns a cheap, deterministic command and stores its console text as
+``docs/measurements/NAME.txt`` (:data:`CAPTURES`); the long runs (a sweep, the benchmarks) store
+theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran).
+
+The measurements are read, never recomputed: a figure changes when its benchmark is rerun and its
+JSON replaced, then this script is run. Figures computed by raymcn's own code from a config (the
+preflight's estimate) are not measurements and are not written here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "docs" / "measurements"
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "settings.md")]
+MARK = re.compile(r"<!-- gen:([\w.-]+) -->(.*?)<!-- /gen -->", re.DOTALL)
+
+
+@functools.cache
+def m(name: str) -> dict:
+    """docs/measurements/NAME.json."""
+    return json.loads((MEASURED / f"{name}.json").read_text())
+
+
+def txt(name: str) -> str:
+    """docs/measurements/NAME.txt, a captured console text."""
+    return (MEASURED / f"{name}.txt").read_text().rstrip("\n")
+
+
+def table(header: list[str], rows: list[list], right: int = 1) -> str:
+    """A Markdown table; columns from ``right`` on are right-aligned."""
+    align = ["---" if i < right else "---:" for i in range(len(header))]
+    lines = [header, align, *[[str(c) for c in r] for r in rows]]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def fence(text: str) -> str:
+    return f"```\n{text}\n```"
+
+
+def minsec(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {round(seconds % 60)} s"
+
+
+def ci(lo: float, hi: float, fmt: str = ".1f") -> str:
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+# --- the loader at HowTo100M size (bench.loader --sizes long --repeat 3) -------------------------------
+def _long() -> dict:
+    return m("loader")["results"]["long"]
+
+
+def _vps(dtype: str, arm: str = "b") -> float:
+    return _long()["dtypes"][dtype][arm]["videos_per_s"]
+
+
+def loader_summary() -> str:
+    original = _long()["a"]["videos_per_s"]
+    rows = [[label, f"{_long()['dtypes'][d]['mb_per_video']:.2f} MB", f"{_vps(d):.0f}", f"{_vps(d) / original:.1f}×"]
+            for label, d in (("fp32", "float32"), ("fp16 (default)", "float16"))]
+    return table(["shards", "on disk per video", "videos/s, clips drawn", f"vs one `np.load` per npz file ({original:.0f}/s)"],
+                 rows)
+
+
+LOADER_ARMS = [("a", "(a) original: one `np.load` per npz, 1 process"), ("a2", "(a2) the same, 4 processes (a DataLoader's workers)"),
+               ("b", "**(b) raymcn: per-rank step reads, CRC, 32 clips drawn**"), ("c", "(c) sequential tar reader, no Ray, no clips"),
+               ("c2", "(c2) (b)'s work in one process without Ray"), ("d", "(d) `cat` of the shard bytes, one stream"),
+               ("d2", "(d2) the same bytes, 4 `cat`s at once")]
+
+
+def loader_full() -> str:
+    def cell(dtype: str, arm: str) -> str:
+        r = _long()[arm] if arm in ("a", "a2") else _long()["dtypes"][dtype][arm]
+        return f"{r['videos_per_s']:.0f} ({r['mb_per_s']:.0f})"
+
+    rows = [[label, cell("float32", arm), cell("float16", arm)] for arm, label in LOADER_ARMS]
+    return table(["videos/s (MB/s)", f"fp32 shards, {_long()['dtypes']['float32']['mb_per_video']:.2f} MB/video",
+                  f"fp16 shards, {_long()['dtypes']['float16']['mb_per_video']:.2f} MB/video"], rows)
+
+
+def loader_short_long() -> str:
+    res = m("loader_short_and_long")["results"]
+    rows = []
+    for size, label in (("short", "short, ~0.33 MB"), ("long", "HowTo100M-like, ~10 MB")):
+        cells = []
+        for d in ("float32", "float16"):
+            b, c2 = res[size]["dtypes"][d]["b"]["videos_per_s"], res[size]["dtypes"][d]["c2"]["videos_per_s"]
+            cells += [f"{b:.0f} / {c2:.0f}", f"{b / c2:.2f}"]
+        rows.append([f"{label} ({res[size]['videos']})", *cells])
+    return table(["videos", "fp32: (b) / (c2) videos/s", "(b)/(c2)", "fp16: (b) / (c2) videos/s", "(b)/(c2)"], rows)
+
+
+# --- shards: fp16 against fp32 (bench.shard_dtype) --------------------------------------------------
+def shard_bytes() -> str:
+    b = m("shard_dtype")["bytes"]
+    return f"{b['float16'] / b['float32']:.2f}"
+
+
+def shard_dtype_paired() -> str:
+    s, names = m("shard_dtype")["summary"], {"text_to_video_R@1": "R@1", "text_to_video_R@5": "R@5",
+                                            "text_to_video_R@10": "R@10", "text_to_video_MedR": "MedR", "total_loss": "final loss"}
+    rows = [[label, f"{s[k]['float32'][0]:.2f}", f"{s[k]['float16'][0]:.2f}", f"{s[k]['difference'][0]:+.2f} {ci(*s[k]['difference'][1:], '.2f')}"]
+            for k, label in names.items()]
+    return table([f"mean over seeds {', '.join(map(str, m('shard_dtype')['seeds']))}", "fp32 shards", "fp16 shards",
+                  "fp16 − fp32, paired, 95 % interval"], rows)
+
+
+# --- the embedded default sweep (bench.sweep_time) ---------------------------------------------------
+def sweep_wall() -> str:
+    return minsec(m("sweep_time")["median_wall_s"]["current"])
+
+
+def sweep_before() -> str:
+    return minsec(m("sweep_time")["median_wall_s"]["baseline"])
+
+
+def _tail() -> list[str]:
+    return m("sweep_time")["runs"]["current"][-1]["stdout_tail"]
+
+
+def _short_paths(line: str) -> str:
+    return re.sub(r"/tmp/raymcn-sweeptime-\w+/results-current-\d+", "~/raymcn_results", line)
+
+
+def sweep_end() -> str:
+    """What the end of `make sweep` printed, from its phase lines on (paths shortened to the default
+    results folder)."""
+    tail = _tail()
+    start = next(i for i, line in enumerate(tail) if line.startswith("search: "))
+    return fence("\n".join(_short_paths(line) for line in tail[start:]).rstrip())
+
+
+def sweep_progress() -> str:
+    """The last per-trial and per-epoch lines the same sweep printed before its end."""
+    tail = _tail()
+    end = next(i for i, line in enumerate(tail) if line.startswith("search: "))
+    lines = [line for line in tail[:end] if line.strip()]
+    return fence("\n".join(lines[-9:]))
+
+
+def sweep_lines() -> str:
+    runs = m("sweep_time")["runs"]
+    return f"{runs['current'][-1]['lines']} console lines (before: {runs['baseline'][-1]['lines']})"
+
+
+# --- faults under a soak (bench.chaos) ---------------------------------------------------------------
+def chaos() -> str:
+    c = m("chaos")
+    kinds = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in c["per_kind"].items())
+    return table(["", ""], [
+        ["faults injected", f"{len(c['faults'])}: {kinds}"],
+        ["worker-group restarts", str(c["restarts"])],
+        ["wall time", f"quiet {c['quiet_s']:.0f} s, under faults {c['loud_s']:.0f} s ({c['lost_per_fault_s']:.1f} s per fault)"],
+        ["trials whose per-epoch metrics differ from the quiet sweep's", str(len(c["differences"]))],
+        ["the same answer line", "yes" if c["same_answer"] else "no"]])
+
+
+# --- memory ------------------------------------------------------------------------------------------
+def _preflight(device: str) -> dict:
+    return next(p for p in m("grad_cache")["preflight"] if p["device"].startswith(device))
+
+
+def preflight_24gb() -> str:
+    return fence(textwrap.fill(_preflight("24 GB")["message"], 118))
+
+
+def preflight_a100() -> str:
+    p = _preflight("40 GB")
+    est, usable = re.search(r"estimated ([\d.]+) GiB .*?= ([\d.]+) GiB\)", p["message"]).groups()
+    then = re.search(r"estimated ([\d.]+) GiB", p["then"]).group(1)
+    return f"{est} GiB of {usable} usable; with caching {then} GiB"
+
+
+def grad_cache() -> str:
+    rows, plain = [], {}
+    for s in m("grad_cache")["step"]:
+        peak, ph = s["peak_alloc_bytes"] / 1e9, s["phase_s"]
+        if not s["chunk"]:
+            plain[s["clips"]] = s
+        base = plain.get(s["clips"])
+        rel = [f"{s['step_s'] / base['step_s']:.2f}", f"{s['peak_alloc_bytes'] / base['peak_alloc_bytes']:.2f}"] if s["chunk"] else ["–", "–"]
+        rows.append([s["clips"], s["chunk"] or "off", f"{peak:.2f}", f"{s['estimate']['total'] / s['peak_alloc_bytes']:.2f}",
+                     f"{s['step_s']:.1f}", f"{ph['forward']:.1f}", f"{ph['backward']:.1f}", f"{ph['reforward']:.1f}" if s["chunk"] else "–", *rel])
+    return table(["clips", "chunk", "peak GB", "estimate / peak", "step s", "forward", "backward", "re-forward",
+                  "time / plain", "peak / plain"], rows, right=0)
+
+
+def grad_cache_slopes() -> str:
+    s = m("grad_cache")["slopes"]
+    return f"{s['off']['bytes_per_clip'] / 1e6:.2f} MB per clip without caching and {s['cached']['bytes_per_clip'] / 1e6:.2f} MB with it"
+
+
+LOSS_MEMORY_BATCHES = (4096,)  # the pages show these; the JSON holds every B measured
+
+
+def loss_memory() -> str:
+    rows, mib = [], 2**20
+    by = {}
+    for r in m("memory")["loss"]:
+        by.setdefault((r["B"], r["N"]), {})[r["negatives"]] = r
+    for (b, n), r in sorted(by.items()):
+        if b not in LOSS_MEMORY_BATCHES:
+            continue
+        g, ring = r["gathered"], r["ring"]
+        rows.append([b, f"{g['dataparallel_peak'] / mib:.0f}", n, f"{g['raymcn_peak'] / mib:.0f}", f"{g['ratio']:.2f}",
+                     f"{ring['raymcn_peak'] / mib:.0f}", f"{ring['ratio']:.2f}", f"{g['target']:.3g}",
+                     f"{g['estimate_over_measured']:.2f}, {ring['estimate_over_measured']:.2f}"])
+    return table(["B", "DataParallel MiB", "N", "gathered MiB", "ratio", "ring MiB", "ratio", "target",
+                  "estimate / measured"], rows, right=0)
+
+
+# --- the other benchmarks -----------------------------------------------------------------------------
+def kmeans() -> str:
+    rows = [[r["world"], f"{r['s_per_iteration']:.2f}", f"{r['s_per_refit']:.0f} s", f"{r['speedup']:.2f}×", f"{r['max_centroid_diff']:.1e}"]
+            for r in m("kmeans")["rows"]]
+    return table(["ranks", "s per Lloyd iteration", "a 100-iteration refit", "speed-up", "largest centroid difference"], rows, right=0)
+
+
+def eval_sharding() -> str:
+    e = m("eval_sharding")["median_s"]
+    before, now = e["every rank, whole set (before)"], e["sharded, scored once (now)"]
+    return f"{before:.2f} s before, {now:.2f} s now ({now / before:.2f})"
+
+
+def compression() -> str:
+    c = m("compression")["codecs"]
+    ratios = [x["ratio"] for x in c if x["codec"].startswith("zstd")]
+    lz4 = [x["vs_uncompressed"] for x in c if x["codec"].startswith("lz4")]
+    zs = [x["vs_uncompressed"] for x in c if x["codec"] == "zstd-1"]
+    return (f"zstd packs these synthetic fp16 features {min(ratios):.2f}–{max(ratios):.2f}× but level 1 gives "
+            f"{min(zs):.2f}–{max(zs):.2f}× the videos/s of uncompressed shards" + (f" (lz4 {min(lz4):.2f}–{max(lz4):.2f}×)" if lz4 else ""))
+
+
+def scale() -> str:
+    s = m("scale")["scales"]
+    gb = 1e9
+    rows = [["captions", *[f"{x['captions'] / 1e6:.1f} M" for x in s]],
+            ["caption pickle", *[f"{x['pickle_bytes'] / 1e6:.0f} MB" for x in s]],
+            ["driver: unpickle", *[f"{x['unpickle_s']:.1f} s" for x in s]],
+            ["driver: the table in memory", *[f"{x['unpickle_peak'] / gb:.2f} GB" for x in s]],
+            ["vocabulary pass", *[f"{x['vocab_pass_s']:.1f} s" for x in s]],
+            ["caption store: build / on disk", *[f"{x['store_build_s']:.1f} s / {x['store_bytes'] / gb:.2f} GB" for x in s]],
+            ["a local writer (PSS)", *[f"{x['local']['writer_pss_max'] / 1e6:.1f} MB" for x in s]],
+            ["a Ray writer (PSS)", *[f"{x['ray']['writer_pss_max'] / 1e6:.1f} MB" for x in s]],
+            ["bytes in memory per pickle byte", *[f"{x['bytes_per_pickle_byte']:.2f}" for x in s]]]
+    t = m("scale")["training"]
+    rows.append([f"training side at {t['videos'] / 1e6:.2f} M videos: manifest load / video index / peak",
+                 f"{t['manifest_load_s']:.1f} s / {t['inputs_s']:.1f} s / {t['peak'] / gb:.2f} GB", ""])
+    return table(["figure", *[f"1/{x['fraction']} of HowTo100M" for x in s]], rows)
+
+
+RUNG_EPOCHS = (1, 2, 3, 4, 7, 10)  # the pages show these; the JSON holds every epoch
+
+
+def rung_correlation() -> str:
+    r = m("rung_correlation")
+    rows = [[f"{a['epoch']} ({a['rung (budget_epoch)']})", f"{a['before rho']:.2f} {a['before 95% CI']}", f"{a['after rho']:.2f} {a['after 95% CI']}",
+             f"{u['before rho']:.2f} {u['before 95% CI']}", f"{u['after rho']:.2f} {u['after 95% CI']}"]
+            for a, u in zip(r["rows"], r["upper_half"]) if a["epoch"] in RUNG_EPOCHS]
+    n = r["settings"]["configs"]
+    return table(["epoch (budget epoch)", f"before, all {n}", f"after, all {n}", f"before, upper {n // 2}", f"after, upper {n // 2}"], rows)
+
+
+def sweep_efficiency() -> str:
+    e = m("sweep_efficiency")
+    budget = e["settings"]["budget"]
+    rows = []
+    for name, a in e["algorithms"].items():
+        rows.append([name, f"{a['best_r10']['mean']:.1f} {ci(*a['best_r10']['ci95'])}",
+                     f"{a['epochs_to_random_best']['mean']:.1f} {ci(*a['epochs_to_random_best']['ci95'])}",
+                     f"{a['ratio_to_budget']['mean']:.2f} {ci(*a['ratio_to_budget']['ci95'], '.2f')}",
+                     f"{a['reached']}/{a['of']}", f"{a['trials_mean']:.1f} ({a['full_trials_mean']:.1f})"])
+    return table(["algorithm", f"best R@10 at {budget} trial-epochs", "trial-epochs to random's best", f"ratio to {budget}",
+                  "seeds that reached it", "trials (full-length)"], rows)
+
+
+ARMS = [("torchrun", "1 bare DDP under `torchrun`"), ("ray-ddp", "2 the same ranks as plain Ray actors"),
+        ("train-local", "3 TorchTrainer, raymcn's worker, in-process reader"),
+        ("train-raydata", "**4 TorchTrainer + Ray Data (raymcn as it runs)**"),
+        ("train-raydata-noprefetch", "4 with `data.prefetch_batches=0`")]
+
+
+def overhead() -> str:
+    o = m("overhead")
+    sps, cpu = o["steady_samples_per_s"], o["cpu_ms_per_sample"]
+    rows = [[label, f"{sps[k]:.0f}", f"{sps[k] / sps['ray-ddp']:.2f}", f"{cpu[k]['ranks']:.2f} / {cpu[k]['all']:.2f}",
+             f"{o['cpu_percent_of_one_core'][k]['training ranks']:.0f}"] for k, label in ARMS]
+    att = "; ".join(f"{k} {v['throughput_ratio']:.2f}" for k, v in o["attribution"].items())
+    return table(["arm", "samples/s", "vs arm 2", "CPU ms per sample: ranks / all", "ranks' CPU, % of a core"], rows) + \
+        f"\n\nThroughput ratios: {att}."
+
+
+def overhead_goal() -> str:
+    return f"{m('overhead')['arm4_over_arm2']:.2f}"
+
+
+def feed() -> str:
+    s = m("overhead")["step_ms"]
+    on, off = s["train-raydata"], s["train-raydata-noprefetch"]
+    return (f"{on['data']:.1f} ms with the thread and {off['data']:.1f} ms without; the epoch's first batch "
+            f"{on['first batch']:.1f} ms and {off['first batch']:.1f} ms")
+
+
+TRIAL_ITEMS = ["fit() -> every rank in the worker function", "  fit() -> Train controller's title seen",
+               "  controller -> first worker actor's title seen",
+               "  last worker process started -> in the function (imports, process group)",
+               "worker set-up (reader, eval set, model, DDP)", "first batch + first step", "epochs: steps",
+               "epochs: between the steps (evaluation, checkpoint, report)", "teardown: last rank done -> fit() returned",
+               "plan (the trial's run plan)", "between trials: previous driver done -> this driver entered"]
+
+
+def trial_cost() -> str:
+    c = m("trial_cost")["steady"]["current"]
+    rows = [[k.strip().replace("->", "→"), f"{c['items_s'][k]:.2f}"] for k in TRIAL_ITEMS if k in c["items_s"]]
+    rows.append(["**trial wall / fixed cost (wall − steps)**", f"**{c['wall_s']:.1f} / {c['fixed_s']:.1f}**"])
+    return table(["item (indented ones overlap the first)", "s"], rows)
+
+
+def trial_fixed() -> str:
+    return f"{m('trial_cost')['steady']['current']['fixed_s']:.1f} s"
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
+    "loader.fp16": lambda: f"{_vps('float16'):.0f}",
+    "loader.fp16-vs-original": lambda: f"{_vps('float16') / _long()['a']['videos_per_s']:.1f}",
+    "shards.bytes": shard_bytes, "shards.paired": shard_dtype_paired,
+    "sweep.wall": sweep_wall, "sweep.before": sweep_before, "sweep.end": sweep_end, "sweep.progress": sweep_progress,
+    "sweep.lines": sweep_lines,
+    "chaos": chaos, "preflight.24gb": preflight_24gb, "preflight.a100": preflight_a100,
+    "grad-cache": grad_cache, "grad-cache.slopes": grad_cache_slopes, "loss-memory": loss_memory,
+    "kmeans": kmeans, "eval-sharding": eval_sharding, "compression": compression, "scale": scale,
+    "rung-correlation": rung_correlation, "sweep-efficiency": sweep_efficiency,
+    "overhead": overhead, "overhead.goal": overhead_goal, "feed": feed, "trial-cost": trial_cost,
+    "trial-cost.fixed": trial_fixed,
+    "config-error": lambda: fence(txt("config_error")),
+}
+
+# NAME -> the command whose console text docs/measurements/NAME.txt holds (run by --capture NAME and
+# compared by tests/test_docs.py); each is cheap, needs no Ray and prints the same on any machine.
+CAPTURES = {
+    "config_error": ["raymcn", "train", "--set", "optim.lrr=1", "--set", "schedule.stage_order=VA_T"],
+}
+
+
+def capture(name: str) -> str:
+    """Run CAPTURES[name] as the user types it; its console text, the command line first."""
+    argv = CAPTURES[name]
+    code = "import sys; from raymcn.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, *argv[1:]], capture_output=True, text=True, cwd=ROOT, check=False)
+    return f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}".rstrip("\n")
+
+
+def render(text: str) -> str:
+    """``text`` with every generated span rewritten; an unknown name raises KeyError."""
+    def one(match: re.Match) -> str:
+        name, old = match.group(1), match.group(2)
+        if name not in GENERATORS:
+            raise KeyError(f"no generator named {name!r} (tools/docgen.py GENERATORS)")
+        new = GENERATORS[name]()
+        if old.startswith("\n"):  # a block: its lines indented as the closing marker is (a list item's)
+            indent = old[old.rindex("\n") + 1:]
+            body = "\n" + "\n".join(indent + line if line else line for line in new.split("\n")) + "\n" + indent
+        else:
+            body = new
+        return f"<!-- gen:{name} -->{body}<!-- /gen -->"
+
+    return MARK.sub(one, text)
+
+
+def stale_pages() -> list[Path]:
+    """The pages whose text differs from what :func:`render` writes."""
+    return [p for p in PAGES if render(p.read_text()) != p.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.docgen", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale page")
+    parser.add_argument("--capture", metavar="NAME", choices=sorted(CAPTURES),
+                        help="rerun a captured command and store its console text in docs/measurements/NAME.txt")
+    args = parser.parse_args(argv)
+    if args.capture:
+        (MEASURED / f"{args.capture}.txt").write_text(capture(args.capture) + "\n")
+    stale = stale_pages()
+    if args.check:
+        for page in stale:
+            print(f"{page.relative_to(ROOT)} differs from what python -m tools.docgen writes", file=sys.stderr)
+        return 1 if stale else 0
+    for page in stale:
+        page.write_text(render(page.read_text()))
+        print(f"rewrote {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
