@@ -10,7 +10,7 @@ at its root) and the checkpoints/, monitor/ and preflight/ rooms never import on
 folder of train/ that imports Ray. Two data modules import Ray, each the Ray side of its room:
 read/datasource (Ray Data) and write/ray_writers (Ray actors); the rest of data/ imports without
 Ray. Other deviations: sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
-uses numpy, scipy and yaml (statistics, the sweep file), monitor/trackers logs a run to
+uses numpy, scipy, statsmodels and yaml (statistics, the sweep file), monitor/trackers logs a run to
 MLflow and W&B (optional extras, imported when asked for), and preflight/gpus reads the GPUs'
 free memory through NVML (nvidia-ml-py), which opens no CUDA context.
 """
@@ -99,7 +99,8 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.train", "raymcn.sweep"},
                 {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})
     if where == "raymcn.results":
-        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "yaml"}
+        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "statsmodels",
+                                                             "yaml"}
     raise AssertionError(f"{module}: no layer")
 
 
