@@ -130,7 +130,7 @@ def step_table(rows: list[dict]) -> str:
 
 def slopes(rows: list[dict]) -> dict:
     """Per-clip growth of the measured peak, with and without caching (least squares over the clips)."""
-    from raymcn.train.preflight import meters
+    from bench import meters
 
     out = {}
     for label, sel in (("off", [r for r in rows if not r["chunk"]]), ("cached", [r for r in rows if r["chunk"]])):
@@ -156,7 +156,7 @@ def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     """One step's loss terms and gradients, plain vs cached with each chunk size (fresh model each)."""
     import copy
 
-    from raymcn.data import synthetic
+    from bench.readers import train_videos
     from raymcn.model import MCN
     from raymcn.train.build import build_objective
     from raymcn.train.gradcache import cached_step
@@ -164,7 +164,7 @@ def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     from raymcn.train.stages import ALL
 
     cfg = step_config(clips, smoke=smoke).replace(SMOKE_CORPUS if smoke else {})
-    videos = synthetic.train_videos(cfg)
+    videos = train_videos(cfg)
     batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
     base = MCN(cfg.model).train()

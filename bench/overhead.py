@@ -14,14 +14,15 @@ clips and bytes in every arm), the same number of torch threads per rank (``scal
 every rank records ``torch.get_num_threads()``, ``OMP_NUM_THREADS`` and its niceness):
 
 1. ``torchrun``: bare DDP, ``python -m torch.distributed.run --standalone`` (the reference); the
-   rank builds its batches in its own process (``stream.LocalStream``, on the prefetch thread).
+   rank builds its batches in its own process (``bench.readers.LocalStream``, on the prefetch thread).
 2. ``ray-ddp``: the same rank function as 1, in one Ray actor per rank on a fresh local Ray
    instance (``scale.cpus_per_worker`` each), forming its own gloo group: how Ray's release
    benchmark (``air_benchmarks/workloads/torch_benchmark.py``) launches its "vanilla" baseline.
    1 -> 2 is Ray's runtime: worker processes, their niceness, Ray's daemons beside the ranks.
 3. ``train-local``: ``TorchTrainer`` running raymcn's own worker (``train/on_ray/worker.py``:
    evaluation, checkpoint and report every epoch, progress, watchdog), its batches built in-process
-   as in 1 and 2 (``on_ray/launch.build_trainer(reader="local")``). 2 -> 3 is the Train layer.
+   as in 1 and 2 (:func:`local_reader_worker`: ``on_ray/worker.run_rank`` with
+   ``bench.readers.LocalStream``). 2 -> 3 is the Train layer.
 4. ``train-raydata``: raymcn as it runs: ``TorchTrainer``, each rank's batches from its own Ray Data
    stream (``datasource.RankStream``: read tasks build the step rows). 3 -> 4 is the data path.
 
@@ -95,8 +96,8 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from bench.readers import LocalStream
     from raymcn.config import Config
-    from raymcn.data.read.stream import LocalStream
     from raymcn.losses import Collectives
     from raymcn.train.build import EpochHooks, assemble, run_epochs
 
@@ -152,6 +153,20 @@ def run_ray_ddp(spec: dict, cfg) -> None:
         ray.kill(a)
 
 
+def local_stream(cfg, plan, rank: int, world: int):
+    """A rank's batches built in its own process (arm 3)."""
+    from bench.readers import LocalStream
+
+    return LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
+
+
+def local_reader_worker(loop_config: dict) -> dict:
+    """raymcn's worker with :func:`local_stream` in place of its Ray Data stream (arm 3)."""
+    from raymcn.train.on_ray.worker import run_rank
+
+    return run_rank(loop_config, local_stream)
+
+
 def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
     from ray.train.v2.api.callback import UserCallback
 
@@ -162,8 +177,8 @@ def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
             with open(records, "a") as f:
                 f.write(json.dumps({**metrics[0], "reported": time.time()}) + "\n")
 
-    launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
-                         reader=reader).fit()
+    variant = {"train_func": local_reader_worker} if reader == "local" else {}
+    launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()], **variant).fit()
 
 
 # --- one arm, measured ----------------------------------------------------------------------------------

@@ -85,11 +85,11 @@ import time
 
 import torch
 
-from bench import harness
+from bench import harness, meters
 from bench.procstat import status_bytes
 from raymcn.config import Config
 from raymcn.results.render import render_table
-from raymcn.train.preflight import footprint, meters
+from raymcn.train.preflight import footprint
 
 MB = 1e6
 GB = 1e9

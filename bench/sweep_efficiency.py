@@ -78,14 +78,14 @@ _CACHE: dict[tuple, Any] = {}  # per trial process: the corpus and eval set, loa
 # --- one tiny run in this process (a trial here; bench.rung_correlation's runs) -----------------------
 def trial_data(cfg):
     """The synthetic corpus's training videos and eval set for ``cfg``, loaded once per process."""
-    from raymcn.data import synthetic
+    from bench.readers import train_videos
     from raymcn.train.inputs import eval_set_of
 
     d = cfg.data
     key = (d.cache_dir, d.synthetic_videos, d.synthetic_eval_clips, d.synthetic_topics, d.max_words, d.eval_set,
            d.eval_audio_frames)
     if key not in _CACHE:
-        _CACHE[key] = (synthetic.train_videos(cfg),
+        _CACHE[key] = (train_videos(cfg),
                        eval_set_of(cfg))
     return _CACHE[key]
 

@@ -22,9 +22,9 @@ import math
 import pytest
 import torch
 
+from bench.readers import train_videos
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.data import synthetic
 from raymcn.losses.cluster import assign_clusters
 from raymcn.train import loop
 from raymcn.train.build import assemble
@@ -58,7 +58,7 @@ def bf16_autocast(device):
 def trained(tmp_path_factory):
     """(cfg, run, a batch of the next epoch, the eval set): the tiny MCN after EPOCHS fp32 epochs."""
     cfg = load_config(preset_path(), ["scale.num_workers=0", "data.prefetch_batches=0"])
-    videos = synthetic.train_videos(cfg)
+    videos = train_videos(cfg)
     plan = make_plan(cfg, len(videos.records))
     run = assemble(cfg, plan)
     for epoch in range(EPOCHS):

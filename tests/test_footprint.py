@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import objective_for
 
+from bench import meters
 from raymcn.config import Config, ModelConfig
-from raymcn.train.preflight import footprint, meters, model_size
+from raymcn.train.preflight import footprint, model_size
 from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
 
 TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shard_scan import check_shard
 
 from raymcn.config import load_config
 from raymcn.data import commands, synthetic
@@ -322,7 +323,7 @@ def test_damaged_shard_costs_only_its_bad_samples(written, tmp_path, how, chunk)
     for vid, rec in good.items():  # the survivors are intact
         for name in ARRAYS:
             assert getattr(rec, name).tobytes() == getattr(reference[vid], name).tobytes()
-    whole = sample.check_shard(path.read_bytes(), s["videos"])
+    whole = check_shard(path.read_bytes(), s["videos"])
     assert sorted(k for k, _ in whole.bad) == sorted(bad)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.readers import LocalStream, TrainVideos
 from raymcn.config import load_config
 from raymcn.data import synthetic
 from raymcn.data.formats import manifest as shard_manifest
@@ -20,7 +21,6 @@ from raymcn.data.formats import tarfmt
 from raymcn.data.formats.sample import decode_sample_bytes
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import order, stream
-from raymcn.data.read.in_memory import TrainVideos
 from raymcn.data.write import shards
 from raymcn.train.plan import make_plan
 
@@ -129,7 +129,7 @@ def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg,
     assert len(in_memory) == steps - start
     assert_same_batches(from_shards, in_memory)
     # the in-process reader (bench/overhead.py's Ray-free arms) gives them too, with its counters
-    local, stats = stream.LocalStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps).epoch(epoch, start)
+    local, stats = LocalStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps).epoch(epoch, start)
     assert_same_batches(list(local), in_memory)
     assert stats.videos == sum(len(b["key"]) for b in in_memory) // cfg.data.clips_per_video
 
@@ -278,7 +278,7 @@ ALLOWED = {
                      "words", "write", "writer"},
     "read/stream": {"config", "features", "order", "sample", "tarfmt", "words"},
     "read/datasource": {"config", "order", "stream"},
-    "synthetic": {"features", "files", "in_memory", "manifest", "shards", "words"},
+    "synthetic": {"features", "files", "manifest", "shards", "words"},
 }
 
 

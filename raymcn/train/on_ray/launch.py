@@ -14,6 +14,7 @@ import math
 import os
 import posixpath
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -102,11 +103,12 @@ def worker_env() -> dict[str, str]:
 
 
 def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None,
-                  label: str = "", reader: str = "ray") -> TorchTrainer:
+                  label: str = "", train_func: Callable[[dict], dict] = train_func_per_worker) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
     ``plan`` (made on the driver, inputs and video index included). ``label`` names the run's
-    in-epoch progress lines (a sweep's trial name); ``reader`` is the workers' (``"ray"`` or
-    ``"local"``, see ``worker.train_func_per_worker``)."""
+    in-epoch progress lines (a sweep's trial name); ``train_func`` is what every worker runs
+    (``worker.train_func_per_worker``; a benchmark's variant of it, ``worker.run_rank`` with
+    another data stream)."""
     # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
@@ -114,9 +116,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
     if cfg.scale.use_gpu:
         resources["GPU"] = 1  # one GPU per worker: DDP, never DataParallel
     return TorchTrainer(
-        train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label,
-                           "reader": reader},
+        train_func,
+        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
         # A collective one rank never joins fails after run.collective_timeout_s (default 2 x
         # run.stall_timeout_s; Ray's default: 30 min), a backstop: the ranks' watchdogs end such a
         # wait first, their limits capped below it (monitor/watchdog.py).

@@ -14,6 +14,7 @@ import functools
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,6 @@ from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, C
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
-from raymcn.data.read.stream import LocalStream
 from raymcn.losses import Collectives
 from raymcn.train import faults
 from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
@@ -47,25 +47,31 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (the driver's
     ``RunPlan``, inputs and video index included), ``run_dir`` (where checkpoints and the progress
-    marker go), ``label`` (names the run's progress lines in a sweep) and ``reader`` (``"ray"``,
-    default: Ray Data read tasks; ``"local"``: the same rows built in this process,
-    ``stream.LocalStream``, for measuring what Ray Data costs).
+    marker go) and ``label`` (names the run's progress lines in a sweep).
     """
+    return run_rank(loop_config, ray_data_stream)
+
+
+def ray_data_stream(cfg: Config, plan: RunPlan, rank: int, world: int) -> datasource.RankStream:
+    """This rank's part of every step, read by its own Ray Data stream (the steps' videos are fixed
+    by seed, epoch and step: the same at any world size and after any restart)."""
+    return datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                                 steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                                 node_id=ray.get_runtime_context().get_node_id())
+
+
+def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, int, int], Any]) -> dict[str, float]:
+    """:func:`train_func_per_worker` with the rank's batches from ``stream_of(cfg, plan, rank,
+    world)``: an object whose ``epoch(epoch, first step)`` returns (batches, data counters), as
+    ``datasource.RankStream``'s does."""
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
     _set_threads(cfg, out)
     timeline.worker_entered(rank, torch.get_num_threads())
     device = _checked_device(cfg)
-    # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
-    # are fixed by seed, epoch and step: the same at any world size and after any restart); the
-    # benchmarks' reader="local" builds the same rows in this process instead.
-    if loop_config.get("reader", "ray") == "local":
-        stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
-    else:
-        stream = datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
-                                       steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                                       node_id=ray.get_runtime_context().get_node_id())
+    # [1] Data: this rank's part of every step.
+    stream = stream_of(cfg, plan, rank, world)
     eval_set = _eval_set(cfg, plan, out)
     # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
     # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.

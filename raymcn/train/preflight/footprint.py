@@ -5,7 +5,7 @@ refused with what to change instead of dying with an OOM hours later: the ring l
 caching first (``scale.ring_contrastive``, ``scale.grad_cache_clips``: the same objective), only
 then a smaller ``data.clips_per_video``. No Ray and no torch here: the model's sizes come from
 ``model_size.py``, the convolutions' workspace from ``convspace.py``, and the measurements the
-estimate is checked against from ``meters.py``.
+estimate is checked against from ``bench/meters.py``.
 
 What is counted (the original's memory accounting, re-derived for this implementation; all sizes in bytes, per worker,
 for rank 0, the largest: it holds the largest share, and every rank builds the k-means input and
@@ -128,7 +128,7 @@ total                persistent + max(step phase, batch + optimizer_workspace) +
                      grad_accumulation
 ==================== ========================================================================
 
-Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
+Checked against measurement on CPU (torch's allocator, ``bench/meters.peak_allocated_bytes``): the
 activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
 in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
 over-estimate the measured loss peak by 9–36 % (gathered) and 1–25 % (ring) for B = 512–4096,
