@@ -79,8 +79,7 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
         run.objective.queue.push(torch.randn(run.objective.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
-            return train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, [batch], cfg=cfg,
-                                   state=run.state, device=cpu, switch=0)
+            return train_one_epoch(run, [batch])
 
         one_step()  # warm-up: global step 0 (k-means refit, Adam state allocated)
         window = (time.time_ns(), None)

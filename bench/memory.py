@@ -231,7 +231,7 @@ def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = Tr
     cfg = loss_config(clips, world)
     model = ModelConfig(embed_dim=dim, recon=recon)
     f, f_live = footprint.recon_dims(model, cfg.loss.detach_recon_targets)
-    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring, largest_share=clips // world,
+    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring,
                                 queued_fraction=cfg.queue_clips_per_video / cfg.data.clips_per_video)
     est["total"] = sum(est.values())
     return est

@@ -99,7 +99,8 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     from bench.readers import LocalStream
     from raymcn.config import Config
     from raymcn.losses import Collectives
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.loop import Hooks
 
     os.environ[TRACE] = spec["trace"]
     cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
@@ -113,15 +114,16 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
         stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
                              steps_per_epoch=plan.steps_per_epoch, log=None)
         unused = cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters
-        run = assemble(cfg, plan, comm=comm, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
-            net, find_unused_parameters=unused, gradient_as_bucket_view=True))
 
         def record(run, metrics: dict) -> None:
             if rank == 0:
                 with open(spec["records"], "a") as f:
                     f.write(json.dumps({**metrics, "reported": time.time()}) + "\n")
 
-        run_epochs(run, EpochHooks(batches=stream.epoch, after_epoch=record))
+        hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start), after_epoch=[record])
+        run = assemble(cfg, plan, comm=comm, hooks=hooks, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
+            net, find_unused_parameters=unused, gradient_as_bucket_view=True))
+        run_epochs(run)
     except BaseException:
         dist.destroy_process_group()  # no barrier: the other rank may be gone
         raise

@@ -186,8 +186,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         def one_step() -> dict:
             if zero_grad_late:
                 return zero_grad_late_step(model, objective, optimizer, scheduler, batch, cfg=cfg, state=state)
-            return train_one_epoch(model, objective, optimizer, scheduler, [batch], cfg=cfg, state=state,
-                                   device=cpu, switch=0)
+            return train_one_epoch(run, [batch])
 
         one_step()  # 2. warm-up: global step 0 (k-means refit, Adam state allocated)
         rss_before = status_bytes("VmRSS")

@@ -93,12 +93,10 @@ def trial_data(cfg):
 def local_hooks(cfg, plan, videos, eval_set, after_epoch):
     """The epoch loop's hooks of a one-process run: in-memory batches, R@10 on the eval set after
     every epoch, then ``after_epoch(run, metrics)``."""
-    from raymcn.train.build import EpochHooks
-    from raymcn.train.loop import evaluate
+    from raymcn.train.loop import Hooks, evaluate
 
-    return EpochHooks(batches=lambda epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start),
-                                                    None),
-                      evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=after_epoch)
+    return Hooks(batches=lambda r, epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start), None),
+                 evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=[after_epoch])
 
 
 # --- the trial (runs in a Tune actor) ---------------------------------------------------------------
@@ -119,12 +117,6 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     cfg = Config.from_dict(base).replace(plain(config))  # BOHB hands out np.int64 / np.str_
     videos, eval_set = trial_data(cfg)
-    # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
-    run = assemble(cfg, make_plan(cfg, videos=len(videos.records)), device="cpu")
-    ckpt = tune.get_checkpoint()
-    if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo
-        with ckpt.as_directory() as d:
-            checkpoint.restore(checkpoint.load(d), **run.parts())
     started = [time.perf_counter()]
 
     def report(run, metrics: dict) -> None:
@@ -136,8 +128,16 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(d))
         started[0] = time.perf_counter()
 
+    # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
+    plan = make_plan(cfg, videos=len(videos.records))
+    run = assemble(cfg, plan, device="cpu", hooks=local_hooks(cfg, plan, videos, eval_set, after_epoch=report))
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo
+        with ckpt.as_directory() as d:
+            checkpoint.restore(checkpoint.load(d), **run.parts())
+    started[0] = time.perf_counter()
     try:
-        run_epochs(run, local_hooks(cfg, run.plan, videos, eval_set, after_epoch=report))
+        run_epochs(run)
     except NonFiniteLossError:
         return  # a diverged config ends its trial; its reported epochs stay counted
 

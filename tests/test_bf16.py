@@ -63,9 +63,7 @@ def trained(tmp_path_factory):
     run = assemble(cfg, plan)
     for epoch in range(EPOCHS):
         run.state.epoch = epoch
-        train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler,
-                        videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch), cfg=cfg, state=run.state,
-                        device=run.device, switch=plan.switch_step)
+        train_one_epoch(run, videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch))
     batch = next(videos.batches(cfg, EPOCHS, 0, 1, plan.steps_per_epoch))
     eval_set = eval_set_of(cfg)
     return cfg, run, batch, eval_set

@@ -200,7 +200,9 @@ def test_resized_between_steps_equals_single_process(tmp_path):
 
 def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
     """The training loop itself on ``world`` gloo ranks with the rotating unequal shares."""
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from runs import run_of
+
+    from raymcn.train.loop import train_one_epoch
 
     cfg = _cfg("fused").replace({"scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
     comm = Collectives(rank, world)
@@ -210,7 +212,6 @@ def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
     # then the re-forward) call their collectives in different orders.
     net.register_buffer("running_like", torch.zeros(1))
     model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
-    optimizer = build_optimizer(model, cfg)
     batches = []
     for step in range(4):
         shares = [share(VIDEOS, r, world, step) for r in range(world)]
@@ -218,9 +219,7 @@ def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
         g = torch.Generator().manual_seed(100 + step)
         inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
         batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
-    metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
-                              batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
-                              comm=comm)
+    metrics = train_one_epoch(run_of(cfg, model, comm=comm), batches)
     return {"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}}
 
 

@@ -321,24 +321,21 @@ def test_peak_meter_sees_temporaries():
 def _measured_tiny_step(grad_cache_clips: int = 0) -> dict:
     """Peak torch bytes of two tiny training steps, the conv calls' temporaries, and the estimate
     for the conv path this process takes (runs in-process, or as a script under another ISA cap)."""
+    from runs import run_of
     from torch.profiler import ProfilerActivity, profile
 
     from raymcn.model import MCN
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
 
     cfg = _cfg(**TINY, **{"data.batch_size": 4, "data.clips_per_video": 8, "loss.num_clusters": 8,
                           "scale.num_workers": 0, "scale.grad_cache_clips": grad_cache_clips})
-    cpu = torch.device("cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model = MCN(cfg.model)
         batch = _tiny_batch(cfg, 32)
-        opt = build_optimizer(model, cfg)
-        objective = objective_for(cfg)
-        state = LoopState()
+        run = run_of(cfg, model)
         for _ in range(2):
-            train_one_epoch(model, objective, opt, build_scheduler(opt, cfg, 100), [batch], cfg=cfg, state=state,
-                            device=cpu, switch=0)
+            train_one_epoch(run, [batch])
     live = peak = 0
     for _, nbytes in meters.memory_timeline(prof):
         live += nbytes

@@ -293,9 +293,9 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     assembled run. Returns what the test compares."""
     from raymcn.data.read.order import rank_slots
     from raymcn.losses import Collectives
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload
-    from raymcn.train.loop import evaluate
+    from raymcn.train.loop import Hooks, evaluate
     from raymcn.train.plan import make_plan
     from raymcn.train.preflight.step_probe import host_batch
 
@@ -311,7 +311,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
         return torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=[device.index] if cuda else None,
                                                          find_unused_parameters=True, gradient_as_bucket_view=True)
 
-    def batches(epoch: int, start: int):
+    def batches(run, epoch: int, start: int):
         out = []
         for step in range(epoch * RANK_STEPS + start, (epoch + 1) * RANK_STEPS):
             lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
@@ -327,16 +327,17 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
                 payload.save(f"{where}/ckpt", **run.parts())
             torch.distributed.barrier()
 
-    def assembled():
-        return assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap)
+    hooks = Hooks(batches=batches, evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                  after_epoch=[after_epoch])
 
-    hooks = EpochHooks(batches=batches, evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                       after_epoch=after_epoch)
-    run_epochs(assembled(), hooks)
+    def assembled():
+        return assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap, hooks=hooks)
+
+    run_epochs(assembled())
     again = assembled()
     payload.restore(payload.load(f"{where}/ckpt"), **again.parts())
     results["restored"] = True
-    run_epochs(again, hooks)
+    run_epochs(again)
     results.update(centroids=again.objective.centroids.cpu(), held=_gpus_holding_this_process())
     return results
 
@@ -371,8 +372,7 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
         torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=[device.index],
                                                   gradient_as_bucket_view=True)))
     feed = Prefetcher(batches, device, depth=cfg.data.prefetch_batches)
-    metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=cfg,
-                              state=run.state, device=device, switch=plan.switch_step, comm=run.comm)
+    metrics = train_one_epoch(run, feed)
     return {"peak": torch.cuda.max_memory_allocated(device) - base, "estimate": estimate,
             "total_loss": metrics["total_loss"]}
 
@@ -495,8 +495,8 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     for chunk in (0, 2 * cfg.data.clips_per_video):
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
-        terms = forward_backward(run.model, run.objective, to_device(host_batch(cfg), device), frozenset(MODALITIES),
-                                 0, chunk_clips=chunk, device=device, lap=lambda phase: None)
+        terms = forward_backward(run, to_device(host_batch(cfg), device), frozenset(MODALITIES), chunk,
+                                 lap=lambda phase: None)
         grads = torch.cat([p.grad.flatten().double() for p in run.net.parameters() if p.grad is not None])
         out.append(({k: v.item() for k, v in terms.items()}, grads.cpu()))
     return out

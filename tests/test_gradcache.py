@@ -23,6 +23,7 @@ import torch
 from conftest import linear_mcn, objective_for
 
 from raymcn.config import STAGE_ORDERS, Config, ConfigError
+from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.train import gradcache
 from raymcn.train.gradcache import cached_step, chunk_bounds, slice_batch
@@ -227,8 +228,9 @@ def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
         reference = chunkwise_graph(CPV)
     elif sabotage == "recon-weighted-twice":
         model, seed = linear_mcn(12, 32), None
-        real = gradcache.recon_loss
-        monkeypatch.setattr(gradcache, "recon_loss", lambda pairs, detach: 2 * real(pairs, detach))
+        real = MCNObjective.recon_term  # a chunk's part (fraction < 1) weighted twice; the whole share's as before
+        monkeypatch.setattr(MCNObjective, "recon_term",
+                            lambda self, pairs, fraction=1.0: real(self, pairs, fraction) * (2 if fraction < 1 else 1))
         reference = plain
     else:
         model, seed = tiny_mcn(cfg), None
@@ -242,15 +244,19 @@ def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
 
 
 # --- through the training loop ----------------------------------------------------------------------------------
-def _loop(cfg: Config, steps: int = 3) -> tuple[dict, dict]:
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+def _loop(cfg: Config, steps: int = 3, fault: str = "") -> tuple[dict, dict]:
+    """``steps`` steps of the training loop on the linear stand-in, with ``RAYMCN_FAULT=fault``
+    installed as a rank installs it at its start."""
+    from runs import run_of
+
+    from raymcn.environment import Environment
+    from raymcn.train import faults
+    from raymcn.train.loop import train_one_epoch
 
     model = linear_mcn(12, 32)
-    optimizer = build_optimizer(model, cfg)
-    objective = objective_for(cfg)
-    batches = [_linear_batch(cfg, s) for s in range(steps)]
-    metrics = train_one_epoch(model, objective, optimizer, build_scheduler(optimizer, cfg, 100), batches, cfg=cfg,
-                              state=LoopState(), device=torch.device("cpu"), switch=0)
+    run = run_of(cfg, model)
+    faults.install(run, Environment(fault=fault))
+    metrics = train_one_epoch(run, [_linear_batch(cfg, s) for s in range(steps)])
     return metrics, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -265,9 +271,8 @@ def test_the_loop_with_caching_trains_as_without():
     assert metrics["time_reforward_s"] > 0 and ref_metrics["time_reforward_s"] == 0
 
 
-def test_a_nonfinite_cached_step_is_skipped(monkeypatch):
-    monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=1")
-    metrics, _ = _loop(_cfg(**{"scale.grad_cache_clips": 4, "optim.max_nonfinite_steps": 1}))
+def test_a_nonfinite_cached_step_is_skipped():
+    metrics, _ = _loop(_cfg(**{"scale.grad_cache_clips": 4, "optim.max_nonfinite_steps": 1}), fault="nan_at_step=1")
     assert metrics["skipped_steps"] == 1
 
 

@@ -80,7 +80,7 @@ def rank_batches(cfg, plan, rank: int, world: int) -> list[dict]:
 def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, int]:
     """Host syncs counted from each step's start to its end (``train_one_epoch``'s ``watch`` and
     ``after_step``); the epoch's closing metrics come after the last step and are not a step's."""
-    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.loop import Hooks, train_one_epoch
 
     start: dict[int, int] = {}
     per_step: dict[int, int] = {}
@@ -89,12 +89,11 @@ def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, i
         if phase == "step":
             start[step] = counter.count
 
-    def after_step(state) -> None:
-        per_step[state.step - 1] = counter.count - start[state.step - 1]
+    def after_step(run, values, batch) -> None:
+        per_step[run.state.step - 1] = counter.count - start[run.state.step - 1]
 
-    train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=cfg, state=run.state,
-                    device=torch.device("cpu"), switch=plan.switch_step, comm=run.comm, watch=watch,
-                    after_step=after_step, log=lambda line: None)
+    run.hooks = Hooks(watch=watch, after_step=[after_step], log=lambda line: None)
+    train_one_epoch(run, batches)
     return per_step
 
 

@@ -1,7 +1,7 @@
 """The package layering, checked over every module of raymcn: what each may import, and no
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
-Layers, left to right: config, storage -> data -> model -> losses -> train -> sweep -> results;
+Layers, left to right: environment (the process's RAYMCN_* variables) -> config, storage -> data -> model -> losses -> train -> sweep -> results;
 cli, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
 never the reverse. The rules are per folder (a file
 moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
@@ -65,8 +65,10 @@ def folder(module: str) -> str:
 def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     """(raymcn names it may import, raymcn names it may not, third-party packages it may import)."""
     where = folder(module)
+    if module == "raymcn.environment":  # the process's RAYMCN_* variables: stdlib only, below everything
+        return set(), set(), set()
     if module == "raymcn.config":
-        return set(), set(), {"yaml"}
+        return {"raymcn.environment"}, set(), {"yaml"}
     if module == "raymcn.storage":
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
@@ -88,15 +90,18 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     if where == "raymcn.losses":
         return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.losses"}, set(), {"torch"}
     if where == "raymcn.train.on_ray":
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+                 "raymcn.losses", "raymcn.train"},
                 {"raymcn.data.write.ray_writers"}, {"torch", "numpy", "yaml", "ray"})
     if where == "raymcn.train" or where in TRAIN_ROOMS:
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+                 "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
                     {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()) | (
                     {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
     if where == "raymcn.sweep":
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.train", "raymcn.sweep"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.train",
+                 "raymcn.sweep"},
                 {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})
     if where == "raymcn.results":
         return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "statsmodels",

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from raymcn.train.monitor import watchdog
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, TAG, _for_terminal
@@ -98,20 +97,18 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
 
 
 def test_the_loop_reports_each_phase_with_its_step():
+    from runs import run_of
     from test_gradcache import _cfg, _linear_batch, linear_mcn, objective_for
 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.loop import Hooks, LoopState, train_one_epoch
 
     cfg = _cfg(**{"optim.warmup_steps": 0})
-    model = linear_mcn(12, 32)
-    optimizer = build_optimizer(model, cfg)
     seen: list[tuple[str, int]] = []
-    train_one_epoch(model, objective_for(cfg), optimizer, build_scheduler(optimizer, cfg, 100),
-                    [_linear_batch(cfg, s) for s in range(2)], cfg=cfg, state=LoopState(step=5),
-                    device=torch.device("cpu"), switch=0, after_step=lambda state: None,
-                    watch=lambda phase, step: seen.append((phase, step)))
+    hooks = Hooks(after_step=[lambda run, values, batch: None], watch=lambda phase, step: seen.append((phase, step)))
+    run = run_of(cfg, linear_mcn(12, 32), objective=objective_for(cfg), state=LoopState(step=5), hooks=hooks)
+    train_one_epoch(run, [_linear_batch(cfg, s) for s in range(2)])
     assert seen == [("data", 5), ("step", 5), ("checkpoint", 6), ("data", 6), ("step", 6), ("checkpoint", 7),
                     ("data", 7)]
     assert load_config(preset_path()).run.stall_timeout_s >= 60  # the default is never a hair trigger

@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymcn.config import MODALITIES
-from raymcn.losses.recon import recon_loss
+from raymcn.losses import MCNObjective
 from raymcn.model.syncbn import GlobalBatchNorm2d
 
 
@@ -161,9 +161,9 @@ def _embeddings(net: nn.Module, batch: dict, active: frozenset[str]) -> dict[str
     return {m: x for m, x in net(batch, active).items() if m in MODALITIES}  # a model without ``embed``
 
 
-def cached_step(model: nn.Module, objective: Callable, batch: dict, active: frozenset[str], step: int,
+def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: frozenset[str], step: int,
                 chunk_clips: int, *, forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                lap: Callable[[str], None] | None = None, poison: bool = False) -> dict[str, Tensor]:
+                lap: Callable[[str], None] | None = None) -> dict[str, Tensor]:
     """Forward, objective and backward of one step with gradient caching; returns the detached terms.
 
     Afterwards the parameters' ``.grad`` hold what ``objective(model(batch, active), active,
@@ -173,104 +173,109 @@ def cached_step(model: nn.Module, objective: Callable, batch: dict, active: froz
     Args:
         model: the trained module (a DDP wrapper or the bare model); ``model(batch, active)``
             returns ``{m: (c, D)}`` and ``{"recon_m": (pred (c, F_m), target (c, F_m))}`` for c clips.
-        objective: an :class:`~raymcn.losses.MCNObjective` (called once, on the whole share).
+        objective: the run's :class:`~raymcn.losses.MCNObjective` (called once, on the whole share;
+            it weights the reconstruction term, which runs chunk by chunk).
         batch: this rank's share, b clips, video-major (the batch contract of ``train_one_epoch``).
         chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.clips_per_video``).
         forward_context: entered around every forward (the loop's autocast).
         lap: called with a phase name as each phase ends: "forward" (pass 1), "loss",
             "backward" (the loss's backward, then each chunk's), "reforward" (each chunk's forward).
-        poison: make the loss and every gradient non-finite (the loop's fault injection).
 
     Returns:
         the objective's terms, detached, with ``recon_loss`` (when the model has heads) and
         ``total_loss`` including the reconstruction term as the objective composes it.
     """
     lap = lap or (lambda phase: None)
-    net = getattr(model, "module", model)
     b = share_clips(batch)
     cpv = getattr(objective, "clips_per_video", 1)
     if chunk_clips < 1 or chunk_clips % cpv:
         raise ValueError(f"scale.grad_cache_clips={chunk_clips}: chunks must be whole videos of {cpv} clips")
-    bounds = chunk_bounds(b, chunk_clips)
-    device = next(net.parameters()).device
-    bn = ChunkedBatchNorm(net)
+    chunks = _Chunks(model, batch, active, chunk_bounds(b, chunk_clips), forward_context)
+    bn = ChunkedBatchNorm(chunks.net)
     with bn.frozen():
-        cache, starts = _embed_chunks(net, batch, active, bounds, bn, forward_context, device)  # 1.
-        after_pass1 = _rng_state(device)
+        cache = chunks.embed(bn)  # 1.
+        after_pass1 = _rng_state(chunks.device)
         lap("forward")
-        terms, grads, share_weight = _objective_backward(objective, cache, active, step, poison, lap)  # 2.
+        terms, grads = _objective_backward(objective, cache, active, step, lap)  # 2.
         del cache
         lap("backward")
-        recon = _reforward_chunks(model, batch, active, bounds, starts, grads, objective, share_weight,  # 3.
-                                  forward_context, device, poison, lap)
-        _set_rng_state(after_pass1, device)
+        recon = chunks.reforward(grads, objective, lap)  # 3.
+        _set_rng_state(after_pass1, chunks.device)
     bn.commit()
     if recon is not None:
         terms["recon_loss"] = recon
-        terms["total_loss"] = terms["total_loss"] + objective.loss.recon_weight * recon
+        terms["total_loss"] = terms["total_loss"] + objective.in_total(recon)
     return terms
 
 
-def _embed_chunks(net: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
-                  bn: ChunkedBatchNorm, forward_context, device) -> tuple[dict[str, Tensor], list]:
-    """Pass 1: the share embedded chunk by chunk without autograd; only the embeddings are kept.
-    Returns ({m: (b, D)}, each chunk's RNG state before its forward, for the re-forward)."""
-    b = bounds[-1][1]
-    starts, cache = [], {}
-    with torch.no_grad(), bn.recording():
-        for s, e in bounds:
-            starts.append(_rng_state(device))
-            with forward_context():
-                out = _embeddings(net, slice_batch(batch, s, e), active)
-            for m, x in out.items():
-                if m not in cache:
-                    cache[m] = x.new_empty((b, *x.shape[1:]))
-                cache[m][s:e] = x
-            del out
-    return cache, starts
+class _Chunks:
+    """One step's share cut into chunks, for passes 1 and 3: the module, the share, its active
+    modalities, each chunk's (start, end) rows and the RNG state each chunk's first forward started
+    from (filled by pass 1, replayed by pass 3)."""
+
+    def __init__(self, model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+                 forward_context: Callable[[], contextlib.AbstractContextManager]):
+        self.model, self.batch, self.active, self.bounds = model, batch, active, bounds
+        self.forward_context = forward_context
+        self.net = getattr(model, "module", model)
+        self.device = next(self.net.parameters()).device
+        self.starts: list = []
+
+    @property
+    def clips(self) -> int:
+        return self.bounds[-1][1]
+
+    def embed(self, bn: ChunkedBatchNorm) -> dict[str, Tensor]:
+        """Pass 1: the share embedded chunk by chunk without autograd; only the embeddings are
+        kept. Returns {m: (b, D)}."""
+        cache: dict[str, Tensor] = {}
+        with torch.no_grad(), bn.recording():
+            for s, e in self.bounds:
+                self.starts.append(_rng_state(self.device))
+                with self.forward_context():
+                    out = _embeddings(self.net, slice_batch(self.batch, s, e), self.active)
+                for m, x in out.items():
+                    if m not in cache:
+                        cache[m] = x.new_empty((self.clips, *x.shape[1:]))
+                    cache[m][s:e] = x
+                del out
+        return cache
+
+    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, lap) -> Tensor | None:
+        """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its
+        rows of the cached gradients pushed through it, with its part of the reconstruction term
+        (weighted by the objective) and that part's own gradient; DDP syncs only the last chunk's
+        backward. Returns the reconstruction term of the share (None without heads)."""
+        recon_parts: list[Tensor] = []
+        no_sync = getattr(self.model, "no_sync", None)
+        for i, (s, e) in enumerate(self.bounds):
+            last = i == len(self.bounds) - 1
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                _set_rng_state(self.starts[i], self.device)
+                with self.forward_context():
+                    out = self.model(slice_batch(self.batch, s, e), self.active)
+                lap("reforward")
+                outputs = [out[m] for m in grads]
+                seeds = [g[s:e] for g in grads.values()]
+                pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in self.active and f"recon_{m}" in out}
+                if pairs:
+                    part = objective.recon_term(pairs, (e - s) / self.clips)
+                    recon_parts.append(part.detach())
+                    outputs.append(objective.in_total(part))
+                    seeds.append(torch.ones_like(outputs[-1]))
+                torch.autograd.backward(outputs, seeds)
+                del out, outputs, seeds, pairs
+            lap("backward")
+        return torch.stack(recon_parts).sum() if recon_parts else None
 
 
-def _objective_backward(objective: Callable, cache: dict[str, Tensor], active: frozenset[str], step: int,
-                        poison: bool, lap) -> tuple[dict[str, Tensor], dict[str, Tensor], float]:
+def _objective_backward(objective: MCNObjective, cache: dict[str, Tensor], active: frozenset[str], step: int,
+                        lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Pass 2: the objective once, on the whole share; its backward fills the cached embeddings'
-    gradients. Returns (the detached terms, {m: (b, D) gradient}, the share's weight b·N/B)."""
+    gradients. Returns (the detached terms, {m: (b, D) gradient})."""
     leaves = {m: x.requires_grad_() for m, x in cache.items()}
     terms = objective(leaves, active, step)
-    share_weight = objective.share_weight  # 1 unless the shares are unequal
-    if poison:
-        terms["total_loss"] = terms["total_loss"] * float("nan")
     lap("loss")
     terms["total_loss"].backward()
     grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}
-    return {k: v.detach() for k, v in terms.items()}, grads, share_weight  # detached: the leaves can go
-
-
-def _reforward_chunks(model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
-                      starts: list, grads: dict[str, Tensor], objective: Callable, share_weight: float,
-                      forward_context, device, poison: bool, lap) -> Tensor | None:
-    """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its rows of
-    the cached gradients pushed through it, with its reconstruction term's own gradient; DDP syncs
-    only the last chunk's backward. Returns the reconstruction loss of the share (None without heads)."""
-    b = bounds[-1][1]
-    weight, detach_targets = objective.loss.recon_weight, objective.loss.detach_recon_targets
-    recon_parts: list[Tensor] = []
-    no_sync = getattr(model, "no_sync", None)
-    for i, (s, e) in enumerate(bounds):
-        last = i == len(bounds) - 1
-        with contextlib.nullcontext() if last or no_sync is None else no_sync():
-            _set_rng_state(starts[i], device)
-            with forward_context():
-                out = model(slice_batch(batch, s, e), active)
-            lap("reforward")
-            outputs = [out[m] for m in grads]
-            seeds = [g[s:e] for g in grads.values()]
-            pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
-            if pairs:
-                part = recon_loss(pairs, detach_targets) * ((e - s) / b * share_weight)
-                recon_parts.append(part.detach())
-                outputs.append(weight * part * float("nan") if poison else weight * part)
-                seeds.append(torch.ones_like(outputs[-1]))
-            torch.autograd.backward(outputs, seeds)
-            del out, outputs, seeds, pairs
-        lap("backward")
-    return torch.stack(recon_parts).sum() if recon_parts else None
+    return {k: v.detach() for k, v in terms.items()}, grads  # detached: the leaves can go

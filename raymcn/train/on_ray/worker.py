@@ -26,12 +26,13 @@ from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, C
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
+from raymcn.environment import Environment
 from raymcn.losses import Collectives
 from raymcn.train import faults
-from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
+from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
-from raymcn.train.loop import evaluate, fold_progress
+from raymcn.train.loop import Hooks, Run, evaluate, fold_progress
 from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.progress import Progress, read_mark
@@ -64,6 +65,7 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     """:func:`train_func_per_worker` with the rank's batches from ``stream_of(cfg, plan, rank,
     world)``: an object whose ``epoch(epoch, first step)`` returns (batches, data counters), as
     ``datasource.RankStream``'s does."""
+    environment = Environment.read()  # this process's start: what the driver handed it (runtime_env)
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
@@ -91,11 +93,12 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
     dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert,
                    collective_s=cfg.run.collective_timeout).start()
-    hooks = EpochHooks(batches=functools.partial(_batches, stream, plan, rank),
-                       evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                       after_epoch=reports.after_epoch, after_step=reports.after_step, log=out.log, watch=dog.at)
+    run.hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start),
+                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                      after_epoch=[reports.after_epoch], after_step=[reports.after_step], log=out.log, watch=dog.at)
+    faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
     try:
-        metrics = run_epochs(run, hooks)
+        metrics = run_epochs(run)
     except Exception as e:
         stall = dog.named(e)
         if stall is e:
@@ -203,12 +206,6 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
     out.say(resume_line(path, run, read_mark(run_dir)))
 
 
-def _batches(stream, plan: RunPlan, rank: int, epoch: int, start: int):
-    """This rank's batches of ``epoch`` from its in-epoch step ``start`` on, and the epoch's data counters."""
-    rows, stats = stream.epoch(epoch, start)
-    return faults.stalling(rows, epoch * plan.steps_per_epoch + start, rank), stats
-
-
 class Reports:
     """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
     (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv,
@@ -217,8 +214,7 @@ class Reports:
     def __init__(self, run: Run, run_dir: str, out: Printer):
         cfg, plan = run.cfg, run.plan
         self.run_dir, self.out, self.rank = run_dir, out, run.comm.rank
-        self.progress = Progress(run_dir if self.rank == 0 else None, steps_per_epoch=plan.steps_per_epoch,
-                                 epochs=plan.epochs, clips_per_step=plan.clips_per_step, every_s=cfg.run.progress_every,
+        self.progress = Progress(run_dir if self.rank == 0 else None, plan, every_s=cfg.run.progress_every,
                                  say=out.progress if self.rank == 0 else None, label=out.label)
         self.progress.restart_clock(run.state.step)
         self.schedule = checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
@@ -241,7 +237,7 @@ class Reports:
         self.schedule.done()
         self.progress.write(run.state.step)
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run, values: dict[str, float], batch: dict) -> None:
         self.progress.step(run.state.step)
         if run.state.progress.steps == 1:  # an epoch's first step (its first batch's wait included)
             timeline.mark("worker: epoch's first step done", rank=self.rank, epoch=run.state.epoch,
@@ -267,7 +263,6 @@ class Reports:
             if run.state.epoch == run.plan.epochs:
                 self.tracked.close()
         self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
-        faults.after_epoch(run.state.epoch)
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
 

@@ -223,16 +223,15 @@ NCCL_GROUP_BYTES = {2: 544 * 10**6, 3: 688 * 10**6}  # world 2; world >= 3
 
 
 def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int = 0,
-                recon_live_width: int = 0, pairs: int = PAIR_COUNT,
-                modalities: int = MODALITY_COUNT, ring: bool = False, largest_share: int | None = None,
-                queued_fraction: float = 1.0) -> dict[str, int]:
-    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs).
+                recon_live_width: int = 0, ring: bool = False, queued_fraction: float = 1.0) -> dict[str, int]:
+    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs),
+    all three modalities and their pairs active.
 
     Args:
-        b: local clips; clips: B, global clips; embed_dim: D; world: number of workers.
+        b: the worker's clips, the largest share (the ring's blocks are that size); clips: B,
+            global clips; embed_dim: D; world: number of workers.
         recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
         ring: the ring contrastive loss (``scale.ring_contrastive``) instead of the gathered one.
-        largest_share: the most clips any worker holds (the ring's blocks); default ``b``.
         queued_fraction: the share of the B current rows the queue takes per step
             (``queue_clips_per_video / clips_per_video``; default 1, an upper bound).
 
@@ -241,12 +240,12 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
         ``loss_inputs``: the embeddings and reconstruction (prediction, target) pairs themselves,
         which a training step already counts among the activations.
     """
+    pairs, modalities, peer = PAIR_COUNT, MODALITY_COUNT, b
     grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
     inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
     # the cluster term's global fused rows (B, D) and the copy of the queue's share of them it pushes
     fused = int((1 + queued_fraction) * clips) * embed_dim * FP32 if world > 1 else 0
     if ring:
-        peer = b if largest_share is None else largest_share
         slabs = RING_TILES * b * peer * FP32 if pairs else 0
         blocks = min(world - 1, 2) * peer * modalities * embed_dim * FP32 if pairs else 0
         gathered = max(blocks, fused)  # the fused rows are freed before the ring starts
@@ -289,8 +288,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     f, f_live = recon_dims(m, lc.detach_recon_targets)
     # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
     loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live,
-                       ring=cfg.scale.ring_contrastive, largest_share=b,
-                       queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
+                       ring=cfg.scale.ring_contrastive, queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
     rows = cfg.queue_rows
     est = {
         "params": p * FP32 + 8 * batchnorm_layers(m),

@@ -94,8 +94,7 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
         def epoch(n: int) -> dict:
             feed = Prefetcher((batch for _ in range(n)), device, depth=cfg.data.prefetch_batches)
             try:
-                return train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=cfg,
-                                       state=run.state, device=device, switch=plan.switch_step)
+                return train_one_epoch(run, feed)
             finally:
                 feed.close()
 
