@@ -100,9 +100,9 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     from raymcn.config import Config
     from raymcn.losses import Collectives
     from raymcn.train.build import assemble, run_epochs
-    from raymcn.train.loop import Hooks
+    from raymcn.train.loop import Hooks, apply_precision
 
-    os.environ[TRACE] = spec["trace"]
+    timeline.start(spec["trace"])
     cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
     threads = cfg.scale.torch_threads
     torch.set_num_threads(threads)
@@ -120,6 +120,7 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
                 with open(spec["records"], "a") as f:
                     f.write(json.dumps({**metrics, "reported": time.time()}) + "\n")
 
+        apply_precision(cfg)  # a rank's start
         hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start), after_epoch=[record])
         run = assemble(cfg, plan, comm=comm, hooks=hooks, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=unused, gradient_as_bucket_view=True))
@@ -169,10 +170,12 @@ def local_reader_worker(loop_config: dict) -> dict:
     return run_rank(loop_config, local_stream)
 
 
-def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
+def run_train(cfg, plan, reader: str, records: Path, trace: Path, storage: Path) -> None:
     from ray.train.v2.api.callback import UserCallback
 
+    from raymcn.environment import Environment
     from raymcn.train.on_ray import launch
+    from raymcn.train.on_ray.cluster import scoped_env
 
     class Record(UserCallback):  # runs in the Train controller: rank 0's epoch metrics
         def after_report(self, run_context, metrics, checkpoint):
@@ -180,7 +183,10 @@ def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
                 f.write(json.dumps({**metrics[0], "reported": time.time()}) + "\n")
 
     variant = {"train_func": local_reader_worker} if reader == "local" else {}
-    launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()], **variant).fit()
+    trainer = launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
+                                   env=Environment(timeline=str(trace)), **variant)
+    with scoped_env(launch.controller_env(cfg)):
+        trainer.fit()
 
 
 # --- one arm, measured ----------------------------------------------------------------------------------
@@ -188,7 +194,8 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
     records, trace_file = where / f"{arm}.jsonl", where / f"{arm}.timeline"
     # the plan holds its inputs and the shards' video index (pickled, as Ray hands it to the workers)
     spec = {"config": cfg.to_dict(), "plan": plan, "records": str(records), "trace": str(trace_file)}
-    os.environ[TRACE] = str(trace_file)  # Ray's workers inherit it (launch passes RAYMCN_* on)
+    os.environ[TRACE] = str(trace_file)  # the ray-ddp arm's actors inherit it (a local instance started here)
+    timeline.start(str(trace_file))  # this driver's own marks
     load_before = procstat.load()
     t0 = time.time()
     from raymcn.train.monitor.console import Console
@@ -209,9 +216,10 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
                     else:
                         if arm == NOPREFETCH:
                             cfg = cfg.replace({"data.prefetch_batches": 0})
-                        run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, where / "results")
+                        run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, trace_file, where / "results")
     finally:
         del os.environ[TRACE]
+        timeline.start("")
     wall = time.time() - t0
     return summarise(arm, read_jsonl(records), read_jsonl(trace_file), sampler, cfg, wall, load_before)
 

@@ -111,7 +111,7 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     from raymcn.sweep.space import plain
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.loop import NonFiniteLossError
+    from raymcn.train.loop import NonFiniteLossError, apply_precision
     from raymcn.train.plan import make_plan
 
     torch.set_num_threads(1)
@@ -130,6 +130,7 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
 
     # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
     plan = make_plan(cfg, videos=len(videos.records))
+    apply_precision(cfg)  # the trial's process: its rank's start
     run = assemble(cfg, plan, device="cpu", hooks=local_hooks(cfg, plan, videos, eval_set, after_epoch=report))
     ckpt = tune.get_checkpoint()
     if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, Config, ConfigError, load_config
+from raymcn.environment import Environment
 from raymcn.train.monitor.console import Console
 from raymcn.train.preflight import checks as preflight
 
@@ -165,7 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             with ray_session(args.address) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
                 if started and not args.resume:
                     _check_cluster(cfg)
-                result = launch.fit(cfg, run_dir, plan=plan)
+                result = launch.fit(cfg, run_dir, plan=plan, env=args.env)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
@@ -309,7 +310,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cfg = load_config(args.config or preset_path(), args.overrides)
     with ray_session(args.address):
         report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
-                                 trial_overhead_s=args.trial_overhead)
+                                 trial_overhead_s=args.trial_overhead, venv=args.env.venv)
         if args.rehearse:
             _rehearse(cfg, report, args.verbose)
     print(doctor.render(report, cfg.scale.use_gpu))
@@ -503,6 +504,10 @@ def _add_data_and_results_commands(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.env = Environment.read()  # the process's RAYMCN_* settings, read once here and passed down
+    from raymcn.train.monitor import timeline
+
+    timeline.start(args.env.timeline)
     if getattr(args, "resume", None) and getattr(args, "init_from", None):
         print(f"raymcn {args.command}: --init-from starts a new run; --resume continues one from its own "
               "checkpoint. Use one of them.", file=sys.stderr)

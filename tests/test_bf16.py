@@ -30,7 +30,7 @@ from raymcn.train import loop
 from raymcn.train.build import assemble
 from raymcn.train.gradcache import cached_step
 from raymcn.train.inputs import eval_set_of
-from raymcn.train.loop import evaluate, train_one_epoch
+from raymcn.train.loop import apply_precision, evaluate, train_one_epoch
 from raymcn.train.plan import make_plan
 
 ALL = frozenset({"video", "audio", "text"})
@@ -151,13 +151,18 @@ def restored_precision_flags():
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-def test_the_run_assembly_sets_the_precision_policy(restored_precision_flags, precision):
-    """``scale.matmul_precision`` reaches torch in every process that assembles a run (each Ray
-    worker): "highest" = fp32 matmuls and convolutions without TF32 (the default), "high" = TF32."""
+def test_the_rank_start_sets_the_precision_policy_and_the_assembly_none(restored_precision_flags, precision):
+    """``scale.matmul_precision`` reaches torch once, where a rank starts (``apply_precision``):
+    "highest" = fp32 matmuls and convolutions without TF32 (the default), "high" = TF32. Assembling
+    a run sets no process-wide flag."""
     cfg = load_config(preset_path(), ["scale.num_workers=0", f"scale.matmul_precision={precision}"])
-    torch.set_float32_matmul_precision("medium")
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = precision == "highest", False
+    flags = ("medium", precision == "highest", False)
+    torch.set_float32_matmul_precision(flags[0])
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags[1], flags[2]
     assemble(cfg, make_plan(cfg, cfg.data.batch_size))
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark) == flags
+    apply_precision(cfg)
     assert torch.get_float32_matmul_precision() == precision
     assert torch.backends.cudnn.allow_tf32 is (precision != "highest")
     assert torch.backends.cudnn.benchmark is True

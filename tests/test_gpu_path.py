@@ -295,7 +295,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     from raymcn.losses import Collectives
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload
-    from raymcn.train.loop import Hooks, evaluate
+    from raymcn.train.loop import Hooks, apply_precision, evaluate
     from raymcn.train.plan import make_plan
     from raymcn.train.preflight.step_probe import host_batch
 
@@ -330,6 +330,8 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     hooks = Hooks(batches=batches, evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
                   after_epoch=[after_epoch])
 
+    apply_precision(cfg)  # the rank's start, as the Ray worker's
+
     def assembled():
         return assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap, hooks=hooks)
 
@@ -351,7 +353,7 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     from raymcn.losses import Collectives
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
-    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.loop import apply_precision, train_one_epoch
     from raymcn.train.plan import make_plan
     from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
     from raymcn.train.preflight.step_probe import host_batch
@@ -368,6 +370,7 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
         batches.append({k: v[lo:hi] for k, v in host_batch(cfg, seed=step).items()})
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)  # before the model: the estimate counts it
+    apply_precision(cfg)  # the rank's start, as the Ray worker's
     run = assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=lambda net: (
         torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=[device.index],
                                                   gradient_as_bucket_view=True)))
@@ -485,7 +488,7 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     from raymcn.config import MODALITIES
     from raymcn.train.build import assemble
     from raymcn.train.feed import to_device
-    from raymcn.train.loop import forward_backward
+    from raymcn.train.loop import apply_precision, forward_backward
     from raymcn.train.plan import make_plan
     from raymcn.train.preflight.step_probe import host_batch
 
@@ -493,6 +496,7 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     plan = make_plan(cfg, cfg.data.batch_size)
     out = []
     for chunk in (0, 2 * cfg.data.clips_per_video):
+        apply_precision(cfg)  # a rank's start, as the Ray worker's
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
         terms = forward_backward(run, to_device(host_batch(cfg), device), frozenset(MODALITIES), chunk,

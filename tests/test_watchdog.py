@@ -202,6 +202,24 @@ def test_workers_abort_nccl_on_a_timeout_instead_of_ending_unnamed(monkeypatch, 
     assert trainer.run_config.worker_runtime_env["env_vars"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
 
 
+def test_the_workers_get_the_settings_they_are_handed_not_the_drivers_variables(tmp_path, monkeypatch):
+    """The RAYMCN_* settings reach the workers as the driver's entry read and passed them
+    (``Environment``), through the runtime environment; building the trainer reads none itself."""
+    from raymcn.cli import preset_path
+    from raymcn.config import load_config
+    from raymcn.environment import Environment
+    from raymcn.train.on_ray.launch import build_trainer
+    from raymcn.train.plan import make_plan
+
+    monkeypatch.setenv("RAYMCN_FAULT", "kill_at_step=3")  # set after the entry read: not handed on
+    cfg = load_config(preset_path(), [])
+    env = Environment(fault="nan_at_step=1", trace=str(tmp_path / "trace"))
+    handed = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"), env=env).run_config.worker_runtime_env
+    assert {k: v for k, v in handed["env_vars"].items() if k.startswith("RAYMCN_")} == {
+        "RAYMCN_FAULT": "nan_at_step=1", "RAYMCN_TRACE": str(tmp_path / "trace")}
+    assert Environment.read(handed["env_vars"]) == env  # what a worker reads at its start
+
+
 def test_the_config_keeps_the_collective_timeout_behind_the_watchdogs():
     from raymcn.cli import preset_path
     from raymcn.config import ConfigError, load_config

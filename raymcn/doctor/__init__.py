@@ -19,7 +19,6 @@ leaves out what no node can measure in advance (restarts, a slower disk under lo
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import sys
 from dataclasses import asdict
@@ -34,7 +33,7 @@ from raymcn.doctor.verdicts import FAIL, NA, OK, Row, judge, step_rows, workers_
 
 
 # --- on the head: the whole check -------------------------------------------------------------------------------
-def request_of(cfg: Config, token: str, token_text: str) -> tuple[Request, Any]:
+def request_of(cfg: Config, token: str, token_text: str, venv: str = "") -> tuple[Request, Any]:
     """The probes' request for ``cfg`` and the head's resolved inputs (None when the head cannot
     resolve them: its own column then shows why)."""
     from raymcn.train.inputs import eval_inputs, resolve_inputs, shard_folder
@@ -60,7 +59,7 @@ def request_of(cfg: Config, token: str, token_text: str) -> tuple[Request, Any]:
                    eval_bytes=Path(eval_file).stat().st_size if Path(eval_file).is_file() else -1,
                    word_vectors=words, storage=storage.normalize(default_storage_path(cfg)), token=token,
                    token_text=token_text, versions=versions(), interpreter=sys.executable,
-                   venv=os.environ.get("RAYMCN_VENV", ""), use_gpu=cfg.scale.use_gpu,
+                   venv=venv, use_gpu=cfg.scale.use_gpu,
                    estimate_bytes=estimate_worker_memory(cfg)["total"],
                    cpus_per_worker=cfg.scale.cpus_per_worker), inputs
 
@@ -92,8 +91,9 @@ def step_probe(cfg_dict: dict, eval_spec: str, eval_frames: int, words: str, sha
 
 
 def diagnose(cfg: Config, *, step: bool = False, step_time: float | None = None, step_timeout: float = 600.0,
-             probe_timeout: float = 120.0, trial_overhead_s: float = 20.0) -> dict[str, Any]:
-    """Every node's rows, the fixes and the duration estimate (Ray connected by the caller)."""
+             probe_timeout: float = 120.0, trial_overhead_s: float = 20.0, venv: str = "") -> dict[str, Any]:
+    """Every node's rows, the fixes and the duration estimate (Ray connected by the caller);
+    ``venv``: the environment every node's Ray must run from (``RAYMCN_VENV``, read by the caller)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -101,7 +101,7 @@ def diagnose(cfg: Config, *, step: bool = False, step_time: float | None = None,
     token = storage.join(storage.normalize(default_storage_path(cfg)), ".raymcn-doctor", f"head-{token_text}")
     storage.write_text(token, token_text)
     try:
-        req, inputs = request_of(cfg, token, token_text)
+        req, inputs = request_of(cfg, token, token_text, venv)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         pinned = {n["NodeID"]: NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False) for n in nodes}
         refs = {nid: ray.remote(probe).options(num_cpus=0, scheduling_strategy=s).remote(req) for nid, s in pinned.items()}

@@ -40,6 +40,7 @@ from raymcn.config import (
     load_config_text,
     permanent_cause,
 )
+from raymcn.environment import Environment
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
@@ -96,6 +97,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
     # does not log a second time.
     cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
+    env = Environment.read()  # this trial driver's start: its RAYMCN_* settings, handed on to its workers
+    timeline.start(env.timeline)
     timeline.mark("trial: driver entered", trial=trial_id, process_started=timeline.process_started())
     try:
         timeline.mark("trial: plan started")
@@ -106,7 +109,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         if done is not None:  # its run ended before Tune saved that (restored after a reboot): say so again
             tune.report(done)
             return
-        fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
+        fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id),
+            env=env)
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:

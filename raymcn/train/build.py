@@ -27,7 +27,6 @@ from raymcn.train.loop import (
     Hooks,
     LoopState,
     Run,
-    apply_precision,
     build_optimizer,
     build_scheduler,
     train_one_epoch,
@@ -55,6 +54,8 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
              wrap: Callable[[nn.Module], nn.Module] | None = None,
              prepare: Callable[[nn.Module], None] | None = None, hooks: Hooks | None = None) -> Run:
     """Build one rank's run. The model is seeded with ``run.seed`` (every rank starts identical).
+    No process-wide flag is set here: the rank's start sets the precision policy once
+    (``loop.apply_precision``).
 
     Args:
         comm: this rank's collectives (default: one process).
@@ -65,7 +66,6 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     """
     device = torch.device(device)
     comm = comm or Collectives()
-    apply_precision(cfg)
     torch.manual_seed(cfg.run.seed)
     net = MCN(cfg.model)
     if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size

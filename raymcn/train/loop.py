@@ -130,7 +130,8 @@ def autocast(device: torch.device):
 
 
 def apply_precision(cfg: Config) -> None:
-    """The process's precision policy (process-wide torch flags; the worker sets them once).
+    """The process's precision policy: process-wide torch flags, set once at a rank's start (the
+    Ray worker, the step probe, a benchmark's rank), never by the run's assembly.
 
     * The model's forward runs under :func:`autocast` (bf16 on GPU); the losses, k-means and the
       retrieval scores compute in fp32 (they disable autocast themselves).

@@ -32,7 +32,7 @@ from raymcn.train import faults
 from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
-from raymcn.train.loop import Hooks, Run, evaluate, fold_progress
+from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
 from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.progress import Progress, read_mark
@@ -66,10 +66,12 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     world)``: an object whose ``epoch(epoch, first step)`` returns (batches, data counters), as
     ``datasource.RankStream``'s does."""
     environment = Environment.read()  # this process's start: what the driver handed it (runtime_env)
+    timeline.start(environment.timeline)
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
     _set_threads(cfg, out)
+    apply_precision(cfg)  # process-wide torch flags, once
     timeline.worker_entered(rank, torch.get_num_threads())
     device = _checked_device(cfg)
     # [1] Data: this rank's part of every step.

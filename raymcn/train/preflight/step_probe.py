@@ -24,7 +24,7 @@ from raymcn.config import Config
 from raymcn.losses import Collectives
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
-from raymcn.train.loop import EpochProgress, train_one_epoch
+from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
 from raymcn.train.plan import make_plan
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
 
@@ -88,6 +88,7 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
             return DistributedDataParallel(net, device_ids=[device.index] if cuda else None,
                                            find_unused_parameters=False, gradient_as_bucket_view=True)
 
+        apply_precision(cfg)  # as a rank sets it at its start
         run = assemble(cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
         batch = host_batch(cfg)
 
