@@ -77,17 +77,21 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
+class NodeInputError(Exception):
+    """An error about what a node reads or runs with (its shards, samples, eval set, config), one
+    ``raymcn doctor`` checks on every node before a sweep (:func:`doctor_hint`)."""
+
+
 def doctor_hint(cause: BaseException) -> str:
     """A pointer to ``raymcn doctor`` when ``cause`` is one it checks on every node before a sweep
     (a missing or unreadable file or mount, another node's software); "" otherwise."""
-    if isinstance(cause, (OSError, ImportError)) or type(cause).__name__ in ("EvalSetError", "ShardError",
-                                                                                "SampleError", "ConfigError"):
+    if isinstance(cause, (OSError, ImportError, NodeInputError)):
         return ("`raymcn doctor --config ...` checks every node's shards, eval set, word vectors, storage and "
                 "versions before a sweep")
     return ""
 
 
-class ConfigError(ValueError, PermanentError):
+class ConfigError(ValueError, PermanentError, NodeInputError):
     """A configuration problem; the message lists every problem found, one per line."""
 
     def __init__(self, problems: list[str]):
