@@ -304,8 +304,8 @@ def _sweep_summary(experiment_dir: str) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """``raymcn doctor``: every node checked for the config (``doctor.py``); status 1 when a check fails."""
-    from raymcn import doctor
+    """``raymcn doctor``: every node checked for the config (``doctor/checkup.py``); status 1 when a check fails."""
+    from raymcn.doctor import checkup as doctor
 
     cfg = load_config(args.config or preset_path(), args.overrides)
     with ray_session(args.address):
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", metavar="EXPERIMENT_DIR", help="mark a sweep as stopped on purpose: a boot of the "
                    "cluster (raymcn boot) never continues it; 'latest': the newest sweep neither finished nor stopped")
     p.set_defaults(func=cmd_sweep)
-    from raymcn import doctor
+    from raymcn.doctor import checkup as doctor
 
     p = sub.add_parser("doctor", help="check every node of the Ray cluster for a config before a sweep, and "
                        "estimate the sweep's duration")

@@ -173,7 +173,7 @@ def test_the_doctors_step_runs_in_a_process_of_its_own(monkeypatch):
     worker process keeps the memory."""
     import ray
 
-    from raymcn import doctor
+    from raymcn.doctor import checkup
     from raymcn.doctor.verdicts import Row
 
     declared: list[dict] = []
@@ -186,11 +186,11 @@ def test_the_doctors_step_runs_in_a_process_of_its_own(monkeypatch):
         return wrap(*fn) if fn else wrap
 
     monkeypatch.setattr(ray, "remote", remote)
-    monkeypatch.setattr(doctor, "_get", lambda ref, timeout: "no answer")
-    monkeypatch.setattr(doctor, "step_rows", lambda got, req, column, why="": [Row("one training step", False, why)])
+    monkeypatch.setattr(checkup, "_get", lambda ref, timeout: "no answer")
+    monkeypatch.setattr(checkup, "step_rows", lambda got, req, column, why="": [Row("one training step", False, why)])
     cfg = load_config(preset_path(), ["scale.use_gpu=true"])
     inputs = types.SimpleNamespace(eval_set="synthetic", eval_audio_frames=0, word_vectors="", shards_dir="")
-    doctor._steps(cfg, None, inputs, {"node": None}, 1.0, {"node": "head"})
+    checkup._steps(cfg, None, inputs, {"node": None}, 1.0, {"node": "head"})
     assert declared == [{"max_calls": 1}]
 
 
