@@ -69,7 +69,7 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
 
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = step_config(clips, chunk, smoke)
     cpu = torch.device("cpu")
@@ -159,7 +159,7 @@ def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     from raymcn.model import MCN
     from raymcn.train.build import build_objective
     from raymcn.train.gradcache import cached_step
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
     from raymcn.train.stages import ALL
 
     cfg = step_config(clips, smoke=smoke).replace(SMOKE_CORPUS if smoke else {})

@@ -84,8 +84,8 @@ from raymcn.config import Config, ModelConfig
 from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
 from raymcn.results.render import render_table
 from raymcn.train.build import build_objective
-from raymcn.train.plan import make_plan
 from raymcn.train.preflight import footprint
+from raymcn.train.run_plan import make_plan
 
 MIB = 1 << 20
 EMBED_DIM = ModelConfig().embed_dim  # 6144

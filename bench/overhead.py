@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 2:
         p.error("--epochs must be >= 2 (the first is warm-up)")
     from raymcn.train.inputs import resolve_inputs
-    from raymcn.train.plan import plan_of
+    from raymcn.train.run_plan import plan_of
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
     plan = plan_of(cfg, resolve_inputs(cfg))  # the synthetic shards are generated once, before any timing

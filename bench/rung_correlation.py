@@ -78,7 +78,7 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     from raymcn.config import PRIMARY_METRIC, load_config
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.loop import NonFiniteLossError
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)
     cfg = load_config(preset_path(), {**(corpus or {}), "scale.num_workers": 0, "schedule.epochs": epochs,

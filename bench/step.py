@@ -161,7 +161,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
     from raymcn.losses.objective import KMEANS_REFIT
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     rss_start = status_bytes("VmRSS")
     cfg = step_config(clips, smoke=smoke)

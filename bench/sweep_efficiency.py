@@ -108,11 +108,11 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     from ray import tune
 
     from raymcn.config import PRIMARY_METRIC, Config
-    from raymcn.sweep.space import plain
+    from raymcn.sweep.search_space import plain
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload as checkpoint
     from raymcn.train.loop import NonFiniteLossError, apply_precision
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)
     cfg = Config.from_dict(base).replace(plain(config))  # BOHB hands out np.int64 / np.str_
@@ -197,7 +197,7 @@ def run_one(algorithm: str, seed: int, args: argparse.Namespace, storage: str) -
     from ray import tune
 
     from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE
-    from raymcn.sweep.space import param_space
+    from raymcn.sweep.search_space import param_space
     from raymcn.sweep.tuner import build_search
 
     cfg = base_config(algorithm, seed, args)

@@ -37,7 +37,7 @@ CONFIRM_DIR = "confirm"  # in a sweep's folder: the confirmation phase's own Tun
 CONFIRM_PLAN_FILE = "confirm_plan.yaml"  # in CONFIRM_DIR: what is confirmed and why, written before its first trial
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/monitor/console.py)
-PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
+PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/in_epoch.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
 # In a sweep's folder, written by raymcn, never by Tune: a ".json" name there would be replaced by
 # the driver's older copy when a restored sweep's Tune uploads what it synced down at the restore.

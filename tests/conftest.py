@@ -115,7 +115,7 @@ def event_log_callback(path):
 def objective_for(cfg, device="cpu", comm=None):
     """The run's objective for ``cfg`` as the run assembly builds it (a one-step plan, no shards)."""
     from raymcn.train.build import build_objective
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     return build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), device, comm)
 

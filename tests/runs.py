@@ -9,7 +9,7 @@ from conftest import objective_for
 
 from raymcn.losses import Collectives
 from raymcn.train.loop import Hooks, LoopState, Run, build_optimizer, build_scheduler
-from raymcn.train.plan import make_plan
+from raymcn.train.run_plan import make_plan
 
 
 def run_of(cfg, model: torch.nn.Module, *, objective=None, state: LoopState | None = None,

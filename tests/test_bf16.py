@@ -31,7 +31,7 @@ from raymcn.train.build import assemble
 from raymcn.train.gradcache import cached_step
 from raymcn.train.inputs import eval_set_of
 from raymcn.train.loop import apply_precision, evaluate, train_one_epoch
-from raymcn.train.plan import make_plan
+from raymcn.train.run_plan import make_plan
 
 ALL = frozenset({"video", "audio", "text"})
 EPOCHS = 3  # of the embedded default's 4: retrieval well above chance

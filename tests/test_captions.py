@@ -15,7 +15,7 @@ from raymcn.data import synthetic
 from raymcn.data.formats import features
 from raymcn.data.formats.features import FeatureFileError, load_captions, read_video_paths, video_id_of
 from raymcn.data.formats.manifest import ShardError
-from raymcn.data.write import captions, shards, space, writer
+from raymcn.data.write import captions, disk_space, shards, writer
 from raymcn.data.write.captions import CaptionsChanged
 from raymcn.data.write.sources import layout_sources
 
@@ -167,7 +167,7 @@ def test_too_little_memory_for_the_caption_table_is_refused_naming_both_figures(
     monkeypatch.setattr(captions, "available_memory", lambda: 1000)
     needed = captions.unpickle_bytes(corpus.captions)
     for attempt in (lambda: convert(corpus, tmp_path / "o"),
-                    lambda: space.plan_space(layout_sources(corpus.features_root, corpus.audio_root,
+                    lambda: disk_space.plan_space(layout_sources(corpus.features_root, corpus.audio_root,
                                                                    corpus.captions, corpus.video_csv,
                                                                    corpus.word_vectors), tmp_path / "o",
                                              progress=False)):
@@ -178,7 +178,7 @@ def test_too_little_memory_for_the_caption_table_is_refused_naming_both_figures(
 
 
 def test_the_dry_run_says_the_memory_the_conversion_needs(corpus, tmp_path):
-    plan = space.plan_space(layout_sources(corpus.features_root, corpus.audio_root, corpus.captions,
+    plan = disk_space.plan_space(layout_sources(corpus.features_root, corpus.audio_root, corpus.captions,
                                                   corpus.video_csv, corpus.word_vectors), tmp_path / "o",
                             progress=False)
     assert plan.memory_needed == captions.unpickle_bytes(corpus.captions) > 0

@@ -30,7 +30,7 @@ from bench.gloo import gloo_ranks
 from raymcn.config import Config
 from raymcn.losses import Collectives
 from raymcn.train.gradcache import cached_step
-from raymcn.train.plan import share
+from raymcn.train.run_plan import share
 
 pytestmark = pytest.mark.dist
 

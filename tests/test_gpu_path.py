@@ -296,8 +296,8 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload
     from raymcn.train.loop import Hooks, apply_precision, evaluate
-    from raymcn.train.plan import make_plan
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cuda = device.type == "cuda"
     cfg = load_config(preset_path(), [f"scale.num_workers={world}", f"scale.use_gpu={cuda}", "data.batch_size=15",
@@ -354,9 +354,9 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
     from raymcn.train.loop import apply_precision, train_one_epoch
-    from raymcn.train.plan import make_plan
     from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cfg = Config().replace({"scale.num_workers": world, "scale.use_gpu": True, "optim.warmup_steps": 1})
     plan = make_plan(cfg, cfg.data.batch_size * 2)
@@ -489,8 +489,8 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     from raymcn.train.build import assemble
     from raymcn.train.feed import to_device
     from raymcn.train.loop import apply_precision, forward_backward
-    from raymcn.train.plan import make_plan
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), ["scale.num_workers=1", f"scale.use_gpu={device.type == 'cuda'}"])
     plan = make_plan(cfg, cfg.data.batch_size)

@@ -53,7 +53,7 @@ def tiny_run(overrides: list[str], world: int = 1, rank: int = 0):
     """The embedded default's tiny MCN assembled as a rank of ``world`` runs it (DDP on several)."""
     from raymcn.losses import Collectives
     from raymcn.train.build import assemble
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), [f"scale.num_workers={world}", "optim.warmup_steps=1", *overrides])
     plan = make_plan(cfg, cfg.data.batch_size * STEPS)

@@ -1,4 +1,4 @@
-"""In-epoch progress (train/monitor/progress.py): the terminal line's figures, its cadence, the marker
+"""In-epoch progress (train/monitor/in_epoch.py): the terminal line's figures, its cadence, the marker
 beside the run and the resume line's replayed steps, with an injected clock (no Ray)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace as Plan  # the three figures Progress reads fr
 import pytest
 
 from raymcn.config import PROGRESS_FILE
-from raymcn.train.monitor.progress import Progress, duration, progress_line, read_mark
+from raymcn.train.monitor.in_epoch import Progress, duration, progress_line, read_mark
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (61, "1m"), (3599, "59m"), (3600, "1h00m"),

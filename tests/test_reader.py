@@ -26,7 +26,7 @@ from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS  # noqa: E402
 from raymcn.data.read import datasource as reader
 from raymcn.data.read import order, stream
 from raymcn.data.write import shards
-from raymcn.train.plan import make_plan  # noqa: E402
+from raymcn.train.run_plan import make_plan  # noqa: E402
 
 VIDEOS, PER_SHARD = 24, 3
 SETTINGS = synthetic.SynthSettings(videos=VIDEOS, eval_clips=2, topics=3, word_dim=16, meaning_words=60,

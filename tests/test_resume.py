@@ -27,7 +27,7 @@ from raymcn.config import load_config
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import lr_factor
 from raymcn.train.on_ray import launch
-from raymcn.train.plan import warmup_steps
+from raymcn.train.run_plan import warmup_steps
 
 pytestmark = pytest.mark.ray
 

@@ -22,7 +22,7 @@ from raymcn.data.formats.sample import decode_sample_bytes
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import order, stream
 from raymcn.data.write import shards
-from raymcn.train.plan import make_plan
+from raymcn.train.run_plan import make_plan
 
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))

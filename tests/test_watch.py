@@ -150,9 +150,9 @@ def test_cli_has_watch(exp):
 
 
 def test_running_trials_show_where_they_are_inside_the_epoch(exp):
-    """A running trial's run writes its progress mark (train/monitor/progress.py, the writer itself); watch
+    """A running trial's run writes its progress mark (train/monitor/in_epoch.py, the writer itself); watch
     shows that mark's line under the table, finished trials none, and the mark's age."""
-    from raymcn.train.monitor.progress import Progress
+    from raymcn.train.monitor.in_epoch import Progress
 
     now = [1000.0]
     run_dir = exp / "train" / "train-c0ffe_00004"

@@ -188,7 +188,7 @@ def test_workers_abort_nccl_on_a_timeout_instead_of_ending_unnamed(monkeypatch, 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
     from raymcn.train.on_ray.launch import build_trainer
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     cfg = load_config(preset_path(), ["run.stall_timeout_s=100"])
@@ -209,7 +209,7 @@ def test_the_workers_get_the_settings_they_are_handed_not_the_drivers_variables(
     from raymcn.config import load_config
     from raymcn.environment import Environment
     from raymcn.train.on_ray.launch import build_trainer
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     monkeypatch.setenv("RAYMCN_FAULT", "kill_at_step=3")  # set after the entry read: not handed on
     cfg = load_config(preset_path(), [])

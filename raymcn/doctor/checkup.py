@@ -114,7 +114,7 @@ def diagnose(cfg: Config, *, step: bool = False, step_time: float | None = None,
     eval_s = max((m["eval_s"] for m in measured), default=0.0)
     est = None
     if step_s is not None and inputs is not None:
-        from raymcn.train.plan import plan_of
+        from raymcn.train.run_plan import plan_of
 
         est = estimate(cfg, plan_of(cfg, inputs).steps_per_epoch, step_s, eval_s, ray.cluster_resources(),
                        trial_overhead_s)

@@ -2,7 +2,7 @@
 
 ``assemble`` makes the :class:`~raymcn.train.loop.Run` (the model, optionally wrapped, e.g. in
 DDP, optimizer, LR schedule, objective, loop state and the caller's hooks) from the config and the
-:class:`~raymcn.train.plan.RunPlan`; ``run_epochs`` runs the epoch loop on it. What differs
+:class:`~raymcn.train.run_plan.RunPlan`; ``run_epochs`` runs the epoch loop on it. What differs
 between callers is in the run's :class:`~raymcn.train.loop.Hooks`: where the batches come from,
 the evaluation, what happens after each step and epoch (checkpoint and report in the Ray worker; a
 Tune report in the sweep-efficiency trials) and the progress log. The Ray worker (``worker.py``)
@@ -32,7 +32,7 @@ from raymcn.train.loop import (
     train_one_epoch,
 )
 from raymcn.train.monitor import timeline
-from raymcn.train.plan import RunPlan
+from raymcn.train.run_plan import RunPlan
 
 
 def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,

@@ -22,8 +22,8 @@ from raymcn.losses import Collectives, MCNObjective
 from raymcn.train.feed import to_device
 from raymcn.train.gradcache import cached_step
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
-from raymcn.train.plan import RunPlan
-from raymcn.train.plan import warmup_steps as planned_warmup
+from raymcn.train.run_plan import RunPlan
+from raymcn.train.run_plan import warmup_steps as planned_warmup
 from raymcn.train.stages import active_modalities, stage_of
 
 # "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off);

@@ -40,7 +40,7 @@ from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, watchdog
 from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
-from raymcn.train.plan import RunPlan, plan_of
+from raymcn.train.run_plan import RunPlan, plan_of
 
 CONFIG_FILE = RUN_CONFIG_FILE
 

@@ -35,10 +35,10 @@ from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
 from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
-from raymcn.train.monitor.progress import Progress, read_mark
+from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
-from raymcn.train.plan import RunPlan
 from raymcn.train.preflight import checks as preflight
+from raymcn.train.run_plan import RunPlan
 
 MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 

@@ -25,8 +25,8 @@ from raymcn.losses import Collectives
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
-from raymcn.train.plan import make_plan
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
+from raymcn.train.run_plan import make_plan
 
 
 def host_batch(cfg: Config, seed: int = 0) -> dict:

@@ -19,7 +19,7 @@ from typing import Any
 
 from raymcn import storage
 from raymcn.config import PROGRESS_FILE
-from raymcn.train.plan import RunPlan
+from raymcn.train.run_plan import RunPlan
 
 
 def duration(seconds: float) -> str:
