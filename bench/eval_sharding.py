@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from bench import harness
 from bench.gloo import gloo_ranks
+from raymcn.collectives import Collectives
 from raymcn.config import ModelConfig
-from raymcn.losses import Collectives
 from raymcn.model import MCN
 from raymcn.results.render import render_table
 from raymcn.train.loop import evaluate

@@ -80,8 +80,9 @@ import torch
 import torch.nn.functional as F
 
 from bench import harness, meters
+from raymcn.collectives import Collectives
 from raymcn.config import Config, ModelConfig
-from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
+from raymcn.losses import FeatureQueue, cosine_kmeans
 from raymcn.results.render import render_table
 from raymcn.train.build import build_objective
 from raymcn.train.preflight import footprint

@@ -97,8 +97,8 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     import torch.distributed as dist
 
     from bench.readers import LocalStream
+    from raymcn.collectives import Collectives
     from raymcn.config import Config
-    from raymcn.losses import Collectives
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.loop import Hooks, apply_precision
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from conftest import objective_for
 
-from raymcn.losses import Collectives
+from raymcn.collectives import Collectives
 from raymcn.train.loop import Hooks, LoopState, Run, build_optimizer, build_scheduler
 from raymcn.train.run_plan import make_plan
 

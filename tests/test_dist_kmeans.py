@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from bench.gloo import gloo_ranks
-from raymcn.losses import Collectives, cosine_kmeans
+from raymcn.collectives import Collectives
+from raymcn.losses import cosine_kmeans
 
 pytestmark = pytest.mark.dist
 

@@ -27,8 +27,8 @@ from conftest import linear_mcn, objective_for
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.gloo import gloo_ranks
+from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import Collectives
 from raymcn.train.gradcache import cached_step
 from raymcn.train.run_plan import share
 

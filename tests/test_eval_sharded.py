@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from bench.gloo import gloo_ranks
+from raymcn.collectives import Collectives
 from raymcn.config import RETRIEVAL_METRICS, ModelConfig
-from raymcn.losses import Collectives
 from raymcn.model import MCN
 from raymcn.train.loop import evaluate
 

@@ -470,7 +470,7 @@ def _no_sync_grads_worker(rank: int, world: int) -> dict:
     from conftest import linear_mcn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from raymcn.losses import Collectives
+    from raymcn.collectives import Collectives
     from raymcn.train.gradcache import cached_step
 
     net = linear_mcn(5, 8)

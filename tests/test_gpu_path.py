@@ -291,8 +291,8 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     (DDP with unused parameters found, ``model.sync_batchnorm``, a staged order, the prefetcher,
     evaluation, a checkpoint after epoch 1); then epoch 2 again from that checkpoint in a freshly
     assembled run. Returns what the test compares."""
+    from raymcn.collectives import Collectives
     from raymcn.data.read.order import rank_slots
-    from raymcn.losses import Collectives
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload
     from raymcn.train.loop import Hooks, apply_precision, evaluate
@@ -348,9 +348,9 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     """Two steps of the paper's model and batch (128 videos x 32 clips over ``world`` ranks, the
     first a k-means refit) on this rank's GPU, as a worker runs them: its allocator's peak and the
     preflight's estimate of it."""
+    from raymcn.collectives import Collectives
     from raymcn.config import Config
     from raymcn.data.read.order import rank_slots
-    from raymcn.losses import Collectives
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
     from raymcn.train.loop import apply_precision, train_one_epoch

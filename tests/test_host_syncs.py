@@ -51,7 +51,7 @@ class SyncCounter:
 
 def tiny_run(overrides: list[str], world: int = 1, rank: int = 0):
     """The embedded default's tiny MCN assembled as a rank of ``world`` runs it (DDP on several)."""
-    from raymcn.losses import Collectives
+    from raymcn.collectives import Collectives
     from raymcn.train.build import assemble
     from raymcn.train.run_plan import make_plan
 

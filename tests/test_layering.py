@@ -2,6 +2,7 @@
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
 Layers, left to right: environment (the process's RAYMCN_* variables) -> config, storage -> data -> model -> losses -> train -> sweep -> results;
+collectives (the ranks' collectives, torch only) sits under the losses and serves them and train/;
 cli, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
 never the reverse. The rules are per folder (a file
 moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
@@ -69,6 +70,8 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return set(), set(), set()
     if module == "raymcn.config":
         return {"raymcn.environment"}, set(), {"yaml"}
+    if module == "raymcn.collectives":  # the ranks' collectives: torch only, under the losses
+        return set(), set(), {"torch"}
     if module == "raymcn.storage":
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
@@ -88,14 +91,15 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     if where == "raymcn.model":
         return {"raymcn.config.ModelConfig", "raymcn.config.MODALITIES", "raymcn.model"}, set(), {"torch"}
     if where == "raymcn.losses":
-        return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.losses"}, set(), {"torch"}
+        return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.collectives", "raymcn.losses"}, set(), {
+            "torch"}
     if where == "raymcn.train.on_ray":
         return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
-                 "raymcn.losses", "raymcn.train"},
+                 "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 {"raymcn.data.write.ray_writers"}, {"torch", "numpy", "yaml", "ray"})
     if where == "raymcn.train" or where in TRAIN_ROOMS:
         return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
-                 "raymcn.losses", "raymcn.train"},
+                 "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
                     {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()) | (
                     {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
@@ -138,6 +142,7 @@ def test_the_checker_can_fail():
     assert problems_of("raymcn.data.write.shards", {"raymcn.data.read.datasource.rank_dataset"})
     assert problems_of("raymcn.data.formats.sample", {"raymcn.data.write.shards"})  # formats come first
     assert problems_of("raymcn.train.monitor.console", {"raymcn.train.on_ray.launch"})
+    assert problems_of("raymcn.collectives", {"raymcn.losses.MCNObjective"})  # below the losses
     assert not problems_of("raymcn.train.on_ray.worker", {"raymcn.data.read.datasource.RankStream", "ray.train"})
 
 

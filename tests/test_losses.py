@@ -10,16 +10,15 @@ import torch
 import torch.nn.functional as F
 from conftest import objective_for
 
+from raymcn.collectives import Collectives, world_info
 from raymcn.config import Config
 from raymcn.losses import (
-    Collectives,
     FeatureQueue,
     assign_clusters,
     cluster_ce,
     cosine_kmeans,
     mms_loss,
     recon_loss,
-    world_info,
 )
 from raymcn.losses.ring import ring_mms_loss
 

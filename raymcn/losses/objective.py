@@ -9,7 +9,7 @@ active set, the same step and the same local batch size b, and every rank runs `
 ``total_loss``. Returned values are this rank's share; the DDP-averaged gradient equals the
 full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value. The objective
 gets only what it needs (its loss settings, the clip layout, the queue size, the seed, and its rank
-and world as a :class:`~raymcn.losses.gather.Collectives`); it never reads the run's whole config.
+and world as a :class:`~raymcn.collectives.Collectives`); it never reads the run's whole config.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from raymcn.collectives import Collectives
 from raymcn.config import MODALITIES, LossConfig
 from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans
 from raymcn.losses.contrastive import PAIRS, mms_loss
-from raymcn.losses.gather import Collectives
 from raymcn.losses.recon import recon_loss
 from raymcn.losses.ring import ring_mms_loss
 

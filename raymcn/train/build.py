@@ -17,8 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import Collectives, MCNObjective
+from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
 from raymcn.train.feed import Prefetcher

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from raymcn.collectives import Collectives
 from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
-from raymcn.losses import Collectives, MCNObjective
+from raymcn.losses import MCNObjective
 from raymcn.train.feed import to_device
 from raymcn.train.gradcache import cached_step
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics

@@ -22,12 +22,12 @@ import ray.train
 import ray.train.torch
 import torch
 
+from raymcn.collectives import Collectives
 from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
-from raymcn.losses import Collectives
 from raymcn.train import faults
 from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import Collectives
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
