@@ -166,4 +166,4 @@ def test_ranks_with_unequal_shares_exchange_no_row_counts():
     for result in gloo_ranks(_ranks_worker, 2):
         cfg = load_config(preset_path(), [])
         assert_at_most_one_per_step(result["per_step"], cfg, result["where"])
-        assert not any("gather.py" in w for w in result["where"]), result["where"]
+        assert not any("collectives.py" in w for w in result["where"]), result["where"]

@@ -4,7 +4,7 @@ One :class:`MCNObjective` lives in every training worker for the whole run. It o
 clustering state (global feature queue, centroids, last active modality set), which is identical
 on every rank and is checkpointed by the trainer through :meth:`state_dict`.
 
-Distributed contract (see gather.py): every rank calls the objective every step with the same
+Distributed contract (see raymcn/collectives.py): every rank calls the objective every step with the same
 active set, the same step and the same local batch size b, and every rank runs ``backward()`` on
 ``total_loss``. Returned values are this rank's share; the DDP-averaged gradient equals the
 full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value. The objective
