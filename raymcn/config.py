@@ -299,7 +299,7 @@ class RunSection:
     # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
     # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
     # servers rebooted about an hour into runs: a reboot then costs at most this much training.
-    # 30m: a paper-dims checkpoint stalled the steps 12.5 s (docs/faults.md), under 1 % of 30 min.
+    # 30m keeps the steps' stall at a paper-dims checkpoint under 1 % of training (docs/faults.md).
     checkpoint_every: str = setting("30m", check=_interval_ok,
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
     log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
@@ -307,8 +307,8 @@ class RunSection:
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
     # the terminal and its attempt ended: a restart from the latest checkpoint, and the same stall
     # twice ends the run. The process group's timeout (run.collective_timeout_s) is a backstop
-    # behind the watchdogs. 600 s: over 30x the longest stall a paper-dims checkpoint caused
-    # (18.6 s with the upload in the step loop, docs/faults.md); a hang costs minutes, not the night.
+    # behind the watchdogs. 600 s: far above the longest stall a paper-dims checkpoint causes
+    # (docs/faults.md, "Stalls"); a hang costs minutes, not the night.
     stall_timeout_s: float = setting(600.0, ge=10)
     # The process group's timeout: a collective that waits longer fails (gloo raises; on NCCL its
     # own watchdog aborts the communicators and the next collective raises; both are named as a

@@ -293,7 +293,6 @@ def _lines_of(name: str) -> int:
     return len(next(ROOT.joinpath("raymcn").rglob(name)).read_text().splitlines())
 
 
-CHECKPOINT_ASYNC = r"\*\*stall, upload in Ray's thread \(`async`, raymcn's\)\*\* \| \*\*([\d.]+) s\*\*"
 CHECKPOINT_SYNC = r"\| stall, upload in the step loop \(`sync`\) \| ([\d.]+) s:"
 SWEEP = ROOT / "sweeps" / "stage_order_bohb.yaml"
 
@@ -328,14 +327,8 @@ FIGURES = [
         ("README.md", r"as fp16 \(([\d.]+)× the bytes of fp32"),
         ("README.md", r"fp16 features \(([\d.]+)× the bytes\)"),
         ("docs/data.md", r"for ([\d.]+)× the bytes")]),
-    ("a paper-dims checkpoint's stall, upload in Ray's thread (docs/faults.md's table)",
-     lambda: _cell("docs/faults.md", CHECKPOINT_ASYNC), [
-        ("raymcn/config.py", r"a paper-dims checkpoint stalled the steps ([\d.]+) s"),
-        ("docs/settings.md", r"a paper-dims checkpoint stalled the steps ([\d.]+) s")]),
     ("a paper-dims checkpoint's stall, upload in the step loop (docs/faults.md's table)",
      lambda: _cell("docs/faults.md", CHECKPOINT_SYNC), [
-        ("raymcn/config.py", r"\(([\d.]+) s with the upload in the step loop"),
-        ("docs/settings.md", r"\(([\d.]+) s with the upload in the step loop"),
         ("docs/faults.md", r"a paper-dims checkpoint caused, ([\d.]+) s with the upload in the step loop")]),
     ("activations of a paper share, bf16 and fp32 (the preflight's estimate)",
      lambda: f"{_gib(_estimate()['activations'])} {_gib(_estimate(use_gpu=False)['activations'])}", [

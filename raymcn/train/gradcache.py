@@ -1,49 +1,16 @@
 """Exact gradient caching for one training step ("GradCache", Gao et al. 2021). No Ray.
 
 A worker's activation memory is that of one chunk of its share, while the objective still sees
-every embedding of the global batch. One step over a share of b clips in chunks of n clips
-(whole videos; ``scale.grad_cache_clips``):
-
-1. **embed**: each chunk's forward without autograd, on the bare module (``MCN.embed``: the
-   reconstruction heads are not run), fills the share's embeddings, (b, D) per active modality.
-2. **loss**: the objective once, on those embeddings as leaves (its queue push and k-means refit
-   happen here, once per step); its backward leaves d total / d embedding, (b, D) per modality:
-   the cached gradients. The leaves are then freed; the gradients are held to the end.
-3. **re-forward**: each chunk's forward again, with autograd and through the DDP wrapper, then one
-   ``torch.autograd.backward`` of [the chunk's embeddings ..., its reconstruction term] with
-   [their rows of the cached gradients ..., 1].
-
-The reconstruction term is per clip (the mean over the share of Σ_m mse_m), so it is not cached:
-step 3 computes each chunk's part, weighted by n_c / b (and by the objective's share weight
-b·N/B when the ranks' shares are unequal), with the heads inside the chunk's graph;
-its gradient reaches the encoders through the heads and, targets not detached, through the
-pooled audio and text activations, as in the plain step. Caching it instead would hold the
-share's predictions and targets and their gradients: at paper size more than the embeddings'
-cache itself (b × 18 432 floats of gradients alone).
-
-What is exact, and how (tests/test_gradcache.py in one process; tests/test_dist_losses.py on 2
-gloo ranks with DDP; all to 1e-5):
-
-* **Loss terms, parameter gradients, queue, centroids** equal those of the plain step on the
-  same share *whose forward runs chunk by chunk* (one autograd graph over the chunks). That is
-  the plain step itself whenever a clip's forward does not depend on the other clips of its
-  batch: with one chunk (n ≥ b), or with BatchNorm in eval mode. MCN's only such dependency is
-  DAVEnet's BatchNorm in training mode, which normalises with the statistics of the batch it
-  sees: with caching, one chunk's, the same in both passes (so the cached gradient is exact for
-  that forward). The effect of chunk instead of share statistics is measured in docs/memory.md.
-* **BatchNorm running statistics** are updated once per step, not once per chunk and pass:
-  both passes run with the layers' own update off; pass 1 pools each layer's input statistics
-  over the chunks (Chan et al.'s parallel mean/variance, float64), and the step ends with one
-  momentum update by the share's mean and unbiased variance. With one chunk that is PyTorch's
-  own update. ``model.sync_batchnorm`` is refused (its statistics are a collective per forward).
-* **RNG**: each chunk's re-forward replays the generator state its first forward started from
-  (CPU and the model's CUDA device), and the step leaves the generators as pass 1 left them.
-  MCN draws no random numbers in its forward (no dropout): insurance, tested with a model that does.
-* **DDP**: every chunk's re-forward and backward but the last's run under ``no_sync()``: the
-  gradients accumulate locally and are all-reduced once, in the last chunk's backward. Pass 1
-  bypasses the wrapper (no collective, no reducer bookkeeping), so DDP's buffer broadcast runs
-  once per step, before the first re-forward, as in the plain step before its forward; the
-  running-statistics update comes after it, as in the plain step.
+every embedding of the global batch. A share of b clips in chunks of n (whole videos,
+``scale.grad_cache_clips``) takes three passes: (1) each chunk embedded without autograd; (2) the
+objective once on those embeddings as leaves, whose backward leaves the cached gradients
+d total / d embedding; (3) each chunk re-forwarded with autograd (its pass-1 RNG state replayed,
+through the DDP wrapper) and its rows of the cached gradients pushed through it, with its part of
+the reconstruction term, which is per clip and so not cached (the objective weights it:
+``MCNObjective.recon_term``). BatchNorm's running statistics are updated once per step
+(:class:`ChunkedBatchNorm`). Terms, gradients, queue and centroids equal the plain step's to 1e-5
+(tests/test_gradcache.py, tests/test_dist_losses.py); what is exact and why: docs/memory.md,
+"Gradient caching: what is exact".
 """
 
 from __future__ import annotations
