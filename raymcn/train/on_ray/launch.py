@@ -150,11 +150,13 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
 
 
 def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan | None = None,
-        callbacks: list | None = None, label: str = "", env: Environment = Environment()) -> RunResult:
+        callbacks: list | None = None, label: str = "", env: Environment | None = None) -> RunResult:
     """Run training to completion in ``run_dir`` (default: :func:`new_run_dir`), or resume it if
     it already has checkpoints. ``plan``: the run's plan when the caller made it (its preflight
-    did); otherwise it is made here, once. ``env``: the calling process's settings, read at its
-    start, handed to the workers."""
+    did); otherwise it is made here, once. ``env``: the driver's settings, read at its start (the
+    command line's), handed to the workers; None: a program calling this as its entry, whose
+    variables are read here."""
+    env = Environment.read() if env is None else env
     run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
     if plan is None:
         timeline.mark("trial: plan started")
@@ -203,7 +205,7 @@ def saved_config(run_dir: str, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
-def resume(run_dir: str | os.PathLike, overrides: list[str] | None = None, env: Environment = Environment()) -> RunResult:
+def resume(run_dir: str | os.PathLike, overrides: list[str] | None = None, env: Environment | None = None) -> RunResult:
     """Continue the run in ``run_dir`` (a path or URI) from its latest checkpoint, with its own
     saved config (``env``: as :func:`fit`'s)."""
     run_dir = storage.normalize(str(run_dir))
