@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import shards_of
 
 from raymcn.data import synthetic
 from raymcn.data.formats import features
@@ -23,15 +24,8 @@ SETTINGS = synthetic.SynthSettings(videos=10, eval_clips=2, topics=3, word_dim=8
                                    filler_words=6, video_seconds=(6.0, 8.0))
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
-    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
-
-
 def convert(corpus, out, caption_pickle=None, **kw) -> dict:
-    kw = {"videos_per_shard": 4, "progress": False, "log": lambda msg: None, **kw}
-    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, caption_pickle or corpus.captions,
-                                     corpus.video_csv, corpus.word_vectors, out, **kw)
+    return shards_of(corpus, out, captions=caption_pickle or corpus.captions, **{"videos_per_shard": 4, **kw})
 
 
 def with_other_videos(corpus, path, extra: int) -> dict:

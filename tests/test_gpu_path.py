@@ -8,7 +8,6 @@ context on GPU 0."""
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import last_json
 from cuda_stand_in import CudaRecorder, fake_nvml
 
 from raymcn.cli import preset_path
@@ -204,7 +204,7 @@ def _python(script: str, timeout: float = 600) -> dict:
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 @pytest.mark.gpu

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import linear_mcn
-from runs import run_of
+from conftest import linear_mcn, run_of
 
 import raymcn
 from raymcn.config import load_config

@@ -97,14 +97,14 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
 
 
 def test_the_loop_reports_each_phase_with_its_step():
-    from runs import run_of
-    from test_gradcache import _cfg, _linear_batch, linear_mcn, objective_for
+    from conftest import config, linear_mcn, objective_for, run_of
+    from test_gradcache import BASE, _linear_batch
 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
     from raymcn.train.loop import Hooks, LoopState, train_one_epoch
 
-    cfg = _cfg(**{"optim.warmup_steps": 0})
+    cfg = config(BASE, **{"optim.warmup_steps": 0})
     seen: list[tuple[str, int]] = []
     hooks = Hooks(after_step=[lambda run, values, batch: None], watch=lambda phase, step: seen.append((phase, step)))
     run = run_of(cfg, linear_mcn(12, 32), objective=objective_for(cfg), state=LoopState(step=5), hooks=hooks)
