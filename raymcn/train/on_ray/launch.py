@@ -94,6 +94,9 @@ class FailFastOnPermanentErrors(UserCallback):
             raise PermanentRunError(repeated)
 
 
+NO_SETTINGS = Environment()  # no RAYMCN_* setting handed on
+
+
 def worker_env(env: Environment) -> dict[str, str]:
     """What the workers' environment gets from the driver: its ``RAYMCN_*`` settings ``env`` (cache
     and results folders, fault injection, the trace and the timeline), which a worker reads at its
@@ -111,7 +114,7 @@ def controller_env(cfg: Config) -> dict[str, str]:
 
 def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None, label: str = "",
                   train_func: Callable[[dict], dict] = train_func_per_worker,
-                  env: Environment = Environment()) -> TorchTrainer:
+                  env: Environment = NO_SETTINGS) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
     ``plan`` (made on the driver, inputs and video index included) and, in its runtime
     environment, the driver's settings ``env``. ``label`` names the run's in-epoch progress lines
