@@ -112,3 +112,20 @@ class LocalStream:
             stats.add_step(info, self._log)
             yield to_tensors(batch)
         stats.summarise(self._log)
+
+
+def random_eval_set(clips: int, video_dim: int, mel_bins: int, frames: int, words: int, word_dim: int, *,
+                    seed: int = 0, least_frames: int | None = None, queries: int | None = None):
+    """An eval set of ``clips`` random clips in the layout ``EvalSet`` gives ``evaluate`` (video
+    fp32, audio fp16 spectrograms of ``frames`` frames, text fp32 word vectors): every clip's
+    audio full, or with ``least_frames`` a random length from it to ``frames``; ``queries`` the
+    query count (default ``clips``; more counts the absent ones as misses, as MSR-VTT's)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    video = rng.standard_normal((clips, video_dim)).astype(np.float32)
+    audio = rng.standard_normal((clips, mel_bins, frames)).astype(np.float16)
+    nframes = np.full(clips, frames) if least_frames is None else rng.integers(least_frames, frames + 1, clips)
+    return SimpleNamespace(video=video, audio=audio, nframes=nframes.astype(np.int32),
+                           text=rng.standard_normal((clips, words, word_dim)).astype(np.float32),
+                           num_queries_total=clips if queries is None else queries)

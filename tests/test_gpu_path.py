@@ -277,13 +277,10 @@ RANK_STEPS = 6  # per epoch; the staged order switches to all three modalities a
 
 
 def _eval_set(cfg, clips: int = 40):
-    g = torch.Generator().manual_seed(5)
+    from bench.readers import random_eval_set
+
     m, d = cfg.model, cfg.data
-    return types.SimpleNamespace(video=torch.rand(clips, m.video_dim, generator=g).numpy(),
-                                 audio=torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half().numpy(),
-                                 nframes=torch.full((clips,), d.audio_frames, dtype=torch.int32).numpy(),
-                                 text=torch.randn(clips, d.max_words, m.word_dim, generator=g).numpy(),
-                                 num_queries_total=clips)
+    return random_eval_set(clips, m.video_dim, m.mel_bins, d.audio_frames, d.max_words, m.word_dim, seed=5)
 
 
 def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> dict:
