@@ -53,7 +53,7 @@ def full_run(cfg):
     """A run at ``cfg``'s dims with every part of its state present: Adam's moments (one step on
     zero gradients), a full queue and centroids."""
     from raymcn.train.build import assemble
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=torch.device("cpu"))
     for p in run.model.parameters():
@@ -137,7 +137,7 @@ def measure_load(cfg, directory: Path, cache) -> dict:
     """Cold-cache ``checkpoint.load`` of ``directory`` and ``restore`` into a fresh run."""
     from raymcn.train.build import assemble
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=torch.device("cpu"))
     cache.drop()

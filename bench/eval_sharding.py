@@ -18,16 +18,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from bench import harness
 from bench.gloo import gloo_ranks
+from bench.readers import random_eval_set
+from raymcn.collectives import Collectives
 from raymcn.config import ModelConfig
-from raymcn.losses import Collectives
 from raymcn.model import MCN
 from raymcn.results.render import render_table
 from raymcn.train.loop import evaluate
@@ -35,20 +34,12 @@ from raymcn.train.loop import evaluate
 TINY = ModelConfig(embed_dim=128, audio_channels=(16, 16, 32, 32, 64), recon_hidden=64)
 
 
-def _eval_set(clips: int, model: ModelConfig, frames: int, words: int = 20) -> SimpleNamespace:
-    rng = np.random.default_rng(0)
-    return SimpleNamespace(video=rng.standard_normal((clips, model.video_dim)).astype(np.float32),
-                           audio=rng.standard_normal((clips, model.mel_bins, frames)).astype(np.float16),
-                           nframes=np.full(clips, frames, dtype=np.int32),
-                           text=rng.standard_normal((clips, words, model.word_dim)).astype(np.float32),
-                           num_queries_total=clips)
-
-
 def _worker(rank: int, world: int, args: dict) -> dict:
     model_cfg = TINY if args["quick"] else ModelConfig()
     torch.manual_seed(0)
     model = MCN(model_cfg)
-    eval_set = _eval_set(args["clips"], model_cfg, 128 if args["quick"] else 1000)
+    eval_set = random_eval_set(args["clips"], model_cfg.video_dim, model_cfg.mel_bins, 128 if args["quick"] else 1000,
+                               20, model_cfg.word_dim)
     device, comm = torch.device("cpu"), Collectives(rank, world)
     times = {"every rank, whole set (before)": [], "sharded, scored once (now)": []}
     metrics = {}

@@ -69,7 +69,7 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
 
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = step_config(clips, chunk, smoke)
     cpu = torch.device("cpu")
@@ -79,8 +79,7 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
         run.objective.queue.push(torch.randn(run.objective.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
-            return train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, [batch], cfg=cfg,
-                                   state=run.state, device=cpu, switch=0)
+            return train_one_epoch(run, [batch])
 
         one_step()  # warm-up: global step 0 (k-means refit, Adam state allocated)
         window = (time.time_ns(), None)
@@ -130,7 +129,7 @@ def step_table(rows: list[dict]) -> str:
 
 def slopes(rows: list[dict]) -> dict:
     """Per-clip growth of the measured peak, with and without caching (least squares over the clips)."""
-    from raymcn.train.preflight import meters
+    from bench import meters
 
     out = {}
     for label, sel in (("off", [r for r in rows if not r["chunk"]]), ("cached", [r for r in rows if r["chunk"]])):
@@ -156,15 +155,15 @@ def bn_effect(clips: int, chunks: list[int], smoke: bool = False) -> dict:
     """One step's loss terms and gradients, plain vs cached with each chunk size (fresh model each)."""
     import copy
 
-    from raymcn.data import synthetic
+    from bench.readers import train_videos
     from raymcn.model import MCN
     from raymcn.train.build import build_objective
     from raymcn.train.gradcache import cached_step
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
     from raymcn.train.stages import ALL
 
     cfg = step_config(clips, smoke=smoke).replace(SMOKE_CORPUS if smoke else {})
-    videos = synthetic.train_videos(cfg)
+    videos = train_videos(cfg)
     batch = next(videos.batches(cfg, 0, 0, 1, 1))
     torch.manual_seed(cfg.run.seed)
     base = MCN(cfg.model).train()

@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from bench import harness
 from bench.gloo import gloo_ranks
-from raymcn.losses import Collectives, cosine_kmeans
+from raymcn.collectives import Collectives
+from raymcn.losses import cosine_kmeans
 
 PAPER = {"rows": 40960 + 4096, "dim": 6144, "k": 256}
 QUICK = {"rows": 4000, "dim": 256, "k": 32}

@@ -36,7 +36,7 @@ Both sides create their inputs inside the measured region (the DataParallel side
 of each output, a raymcn rank its b rows), so the peak includes them; persistent state (the
 feature queue, centroids) exists before and is excluded (it is listed in the second table).
 
-How: :func:`raymcn.train.preflight.meters.peak_allocated_bytes` runs the step under ``torch.profiler``
+How: :func:`bench.meters.peak_allocated_bytes` runs the step under ``torch.profiler``
 with ``profile_memory=True`` and replays every allocation and free of torch's CPU allocator in time
 order; the peak is the high-water mark of live bytes. This is an allocator-level measurement
 (temporaries inside kernels count; glibc fragmentation does not), so it is what a CUDA caching
@@ -79,13 +79,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench import harness
+from bench import harness, meters
+from raymcn.collectives import Collectives
 from raymcn.config import Config, ModelConfig
-from raymcn.losses import Collectives, FeatureQueue, cosine_kmeans
+from raymcn.losses import FeatureQueue, cosine_kmeans
 from raymcn.results.render import render_table
 from raymcn.train.build import build_objective
-from raymcn.train.plan import make_plan
-from raymcn.train.preflight import footprint, meters
+from raymcn.train.preflight import footprint
+from raymcn.train.run_plan import make_plan
 
 MIB = 1 << 20
 EMBED_DIM = ModelConfig().embed_dim  # 6144
@@ -231,7 +232,7 @@ def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = Tr
     cfg = loss_config(clips, world)
     model = ModelConfig(embed_dim=dim, recon=recon)
     f, f_live = footprint.recon_dims(model, cfg.loss.detach_recon_targets)
-    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring, largest_share=clips // world,
+    est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring,
                                 queued_fraction=cfg.queue_clips_per_video / cfg.data.clips_per_video)
     est["total"] = sum(est.values())
     return est

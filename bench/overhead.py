@@ -14,14 +14,15 @@ clips and bytes in every arm), the same number of torch threads per rank (``scal
 every rank records ``torch.get_num_threads()``, ``OMP_NUM_THREADS`` and its niceness):
 
 1. ``torchrun``: bare DDP, ``python -m torch.distributed.run --standalone`` (the reference); the
-   rank builds its batches in its own process (``stream.LocalStream``, on the prefetch thread).
+   rank builds its batches in its own process (``bench.readers.LocalStream``, on the prefetch thread).
 2. ``ray-ddp``: the same rank function as 1, in one Ray actor per rank on a fresh local Ray
    instance (``scale.cpus_per_worker`` each), forming its own gloo group: how Ray's release
    benchmark (``air_benchmarks/workloads/torch_benchmark.py``) launches its "vanilla" baseline.
    1 -> 2 is Ray's runtime: worker processes, their niceness, Ray's daemons beside the ranks.
 3. ``train-local``: ``TorchTrainer`` running raymcn's own worker (``train/on_ray/worker.py``:
    evaluation, checkpoint and report every epoch, progress, watchdog), its batches built in-process
-   as in 1 and 2 (``on_ray/launch.build_trainer(reader="local")``). 2 -> 3 is the Train layer.
+   as in 1 and 2 (:func:`local_reader_worker`: ``on_ray/worker.run_rank`` with
+   ``bench.readers.LocalStream``). 2 -> 3 is the Train layer.
 4. ``train-raydata``: raymcn as it runs: ``TorchTrainer``, each rank's batches from its own Ray Data
    stream (``datasource.RankStream``: read tasks build the step rows). 3 -> 4 is the data path.
 
@@ -95,12 +96,13 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from bench.readers import LocalStream
+    from raymcn.collectives import Collectives
     from raymcn.config import Config
-    from raymcn.data.read.stream import LocalStream
-    from raymcn.losses import Collectives
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.loop import Hooks, apply_precision
 
-    os.environ[TRACE] = spec["trace"]
+    timeline.start(spec["trace"])
     cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
     threads = cfg.scale.torch_threads
     torch.set_num_threads(threads)
@@ -112,15 +114,17 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
         stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
                              steps_per_epoch=plan.steps_per_epoch, log=None)
         unused = cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters
-        run = assemble(cfg, plan, comm=comm, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
-            net, find_unused_parameters=unused, gradient_as_bucket_view=True))
 
         def record(run, metrics: dict) -> None:
             if rank == 0:
                 with open(spec["records"], "a") as f:
                     f.write(json.dumps({**metrics, "reported": time.time()}) + "\n")
 
-        run_epochs(run, EpochHooks(batches=stream.epoch, after_epoch=record))
+        apply_precision(cfg)  # a rank's start
+        hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start), after_epoch=[record])
+        run = assemble(cfg, plan, comm=comm, hooks=hooks, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
+            net, find_unused_parameters=unused, gradient_as_bucket_view=True))
+        run_epochs(run)
     except BaseException:
         dist.destroy_process_group()  # no barrier: the other rank may be gone
         raise
@@ -152,18 +156,37 @@ def run_ray_ddp(spec: dict, cfg) -> None:
         ray.kill(a)
 
 
-def run_train(cfg, plan, reader: str, records: Path, storage: Path) -> None:
+def local_stream(cfg, plan, rank: int, world: int):
+    """A rank's batches built in its own process (arm 3)."""
+    from bench.readers import LocalStream
+
+    return LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
+
+
+def local_reader_worker(loop_config: dict) -> dict:
+    """raymcn's worker with :func:`local_stream` in place of its Ray Data stream (arm 3)."""
+    from raymcn.train.on_ray.worker import run_rank
+
+    return run_rank(loop_config, local_stream)
+
+
+def run_train(cfg, plan, reader: str, records: Path, trace: Path, storage: Path) -> None:
     from ray.train.v2.api.callback import UserCallback
 
+    from raymcn.environment import Environment
     from raymcn.train.on_ray import launch
+    from raymcn.train.on_ray.cluster import scoped_env
 
     class Record(UserCallback):  # runs in the Train controller: rank 0's epoch metrics
         def after_report(self, run_context, metrics, checkpoint):
             with open(records, "a") as f:
                 f.write(json.dumps({**metrics[0], "reported": time.time()}) + "\n")
 
-    launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
-                         reader=reader).fit()
+    variant = {"train_func": local_reader_worker} if reader == "local" else {}
+    trainer = launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
+                                   env=Environment(timeline=str(trace)), **variant)
+    with scoped_env(launch.controller_env(cfg)):
+        trainer.fit()
 
 
 # --- one arm, measured ----------------------------------------------------------------------------------
@@ -171,7 +194,8 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
     records, trace_file = where / f"{arm}.jsonl", where / f"{arm}.timeline"
     # the plan holds its inputs and the shards' video index (pickled, as Ray hands it to the workers)
     spec = {"config": cfg.to_dict(), "plan": plan, "records": str(records), "trace": str(trace_file)}
-    os.environ[TRACE] = str(trace_file)  # Ray's workers inherit it (launch passes RAYMCN_* on)
+    os.environ[TRACE] = str(trace_file)  # the ray-ddp arm's actors inherit it (a local instance started here)
+    timeline.start(str(trace_file))  # this driver's own marks
     load_before = procstat.load()
     t0 = time.time()
     from raymcn.train.monitor.console import Console
@@ -192,9 +216,10 @@ def run_arm(arm: str, cfg, plan, where: Path, sampler: procstat.ProcessSampler, 
                     else:
                         if arm == NOPREFETCH:
                             cfg = cfg.replace({"data.prefetch_batches": 0})
-                        run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, where / "results")
+                        run_train(cfg, plan, "local" if arm == "train-local" else "ray", records, trace_file, where / "results")
     finally:
         del os.environ[TRACE]
+        timeline.start("")
     wall = time.time() - t0
     return summarise(arm, read_jsonl(records), read_jsonl(trace_file), sampler, cfg, wall, load_before)
 
@@ -285,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.epochs < 2:
         p.error("--epochs must be >= 2 (the first is warm-up)")
     from raymcn.train.inputs import resolve_inputs
-    from raymcn.train.plan import plan_of
+    from raymcn.train.run_plan import plan_of
 
     cfg = make_config(args.workers, args.epochs, args.overrides)
     plan = plan_of(cfg, resolve_inputs(cfg))  # the synthetic shards are generated once, before any timing

@@ -78,20 +78,20 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     from raymcn.config import PRIMARY_METRIC, load_config
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.loop import NonFiniteLossError
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)
     cfg = load_config(preset_path(), {**(corpus or {}), "scale.num_workers": 0, "schedule.epochs": epochs,
                                       "schedule.stage1_fraction": STAGE1_FRACTION, **config, **arm})
     videos, eval_set = trial_data(cfg)
     plan = make_plan(cfg, videos=len(videos.records))
-    run = assemble(cfg, plan, device="cpu")
     curve: list[float] = []
-    t0 = time.perf_counter()
     hooks = local_hooks(cfg, plan, videos, eval_set, after_epoch=lambda r, m: curve.append(float(m[PRIMARY_METRIC])))
+    run = assemble(cfg, plan, device="cpu", hooks=hooks)
+    t0 = time.perf_counter()
     diverged = False
     try:
-        run_epochs(run, hooks)
+        run_epochs(run)
     except NonFiniteLossError:
         diverged = True
     return {"curve": curve, "diverged": diverged, "warmup_steps": plan.warmup_steps,

@@ -207,7 +207,7 @@ from raymcn.data.formats.manifest import load_manifest
 from raymcn.data.read.order import rank_steps
 from raymcn.data.read.stream import step_jobs
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.plan import plan_of
+from raymcn.train.run_plan import plan_of
 cfg = Config().replace({{"data.shards": {str(where)!r}, "data.batch_size": {batch}, "scale.num_workers": {world},
                         "data.eval_set": "youcook:/nonexistent.pkl"}})
 t = time.perf_counter(); load_manifest({str(where)!r}); load = time.perf_counter() - t

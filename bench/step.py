@@ -85,11 +85,11 @@ import time
 
 import torch
 
-from bench import harness
+from bench import harness, meters
 from bench.procstat import status_bytes
 from raymcn.config import Config
 from raymcn.results.render import render_table
-from raymcn.train.preflight import footprint, meters
+from raymcn.train.preflight import footprint
 
 MB = 1e6
 GB = 1e9
@@ -161,7 +161,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
     from raymcn.losses.objective import KMEANS_REFIT
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     rss_start = status_bytes("VmRSS")
     cfg = step_config(clips, smoke=smoke)
@@ -186,8 +186,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         def one_step() -> dict:
             if zero_grad_late:
                 return zero_grad_late_step(model, objective, optimizer, scheduler, batch, cfg=cfg, state=state)
-            return train_one_epoch(model, objective, optimizer, scheduler, [batch], cfg=cfg, state=state,
-                                   device=cpu, switch=0)
+            return train_one_epoch(run, [batch])
 
         one_step()  # 2. warm-up: global step 0 (k-means refit, Adam state allocated)
         rss_before = status_bytes("VmRSS")

@@ -78,14 +78,14 @@ _CACHE: dict[tuple, Any] = {}  # per trial process: the corpus and eval set, loa
 # --- one tiny run in this process (a trial here; bench.rung_correlation's runs) -----------------------
 def trial_data(cfg):
     """The synthetic corpus's training videos and eval set for ``cfg``, loaded once per process."""
-    from raymcn.data import synthetic
+    from bench.readers import train_videos
     from raymcn.train.inputs import eval_set_of
 
     d = cfg.data
     key = (d.cache_dir, d.synthetic_videos, d.synthetic_eval_clips, d.synthetic_topics, d.max_words, d.eval_set,
            d.eval_audio_frames)
     if key not in _CACHE:
-        _CACHE[key] = (synthetic.train_videos(cfg),
+        _CACHE[key] = (train_videos(cfg),
                        eval_set_of(cfg))
     return _CACHE[key]
 
@@ -93,12 +93,10 @@ def trial_data(cfg):
 def local_hooks(cfg, plan, videos, eval_set, after_epoch):
     """The epoch loop's hooks of a one-process run: in-memory batches, R@10 on the eval set after
     every epoch, then ``after_epoch(run, metrics)``."""
-    from raymcn.train.build import EpochHooks
-    from raymcn.train.loop import evaluate
+    from raymcn.train.loop import Hooks, evaluate
 
-    return EpochHooks(batches=lambda epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start),
-                                                    None),
-                      evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=after_epoch)
+    return Hooks(batches=lambda r, epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start), None),
+                 evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=[after_epoch])
 
 
 # --- the trial (runs in a Tune actor) ---------------------------------------------------------------
@@ -110,21 +108,15 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
     from ray import tune
 
     from raymcn.config import PRIMARY_METRIC, Config
-    from raymcn.sweep.space import plain
+    from raymcn.sweep.search_space import plain
     from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.loop import NonFiniteLossError
-    from raymcn.train.plan import make_plan
+    from raymcn.train.loop import NonFiniteLossError, apply_precision
+    from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)
     cfg = Config.from_dict(base).replace(plain(config))  # BOHB hands out np.int64 / np.str_
     videos, eval_set = trial_data(cfg)
-    # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
-    run = assemble(cfg, make_plan(cfg, videos=len(videos.records)), device="cpu")
-    ckpt = tune.get_checkpoint()
-    if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo
-        with ckpt.as_directory() as d:
-            checkpoint.restore(checkpoint.load(d), **run.parts())
     started = [time.perf_counter()]
 
     def report(run, metrics: dict) -> None:
@@ -136,8 +128,17 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(d))
         started[0] = time.perf_counter()
 
+    # The run as the Ray worker assembles it (one process: no wrap), its epochs through the same loop.
+    plan = make_plan(cfg, videos=len(videos.records))
+    apply_precision(cfg)  # the trial's process: its rank's start
+    run = assemble(cfg, plan, device="cpu", hooks=local_hooks(cfg, plan, videos, eval_set, after_epoch=report))
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:  # resumed after a HyperBand pause (or a restart): continue, don't redo
+        with ckpt.as_directory() as d:
+            checkpoint.restore(checkpoint.load(d), **run.parts())
+    started[0] = time.perf_counter()
     try:
-        run_epochs(run, local_hooks(cfg, run.plan, videos, eval_set, after_epoch=report))
+        run_epochs(run)
     except NonFiniteLossError:
         return  # a diverged config ends its trial; its reported epochs stay counted
 
@@ -196,7 +197,7 @@ def run_one(algorithm: str, seed: int, args: argparse.Namespace, storage: str) -
     from ray import tune
 
     from raymcn.config import PRIMARY_METRIC, PRIMARY_MODE
-    from raymcn.sweep.space import param_space
+    from raymcn.sweep.search_space import param_space
     from raymcn.sweep.tuner import build_search
 
     cfg = base_config(algorithm, seed, args)

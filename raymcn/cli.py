@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, SWEEP_CONFIG_FILE, Config, ConfigError, load_config
+from raymcn.environment import Environment
 from raymcn.train.monitor.console import Console
 from raymcn.train.preflight import checks as preflight
 
@@ -173,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 if started and not args.resume:
                     _check_cluster(cfg)
                 with _resource_waits_named(cfg, console) if cfg.scale.max_workers > 0 else contextlib.nullcontext():
-                    result = launch.fit(cfg, run_dir, plan=plan)
+                    result = launch.fit(cfg, run_dir, plan=plan, env=args.env)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
@@ -338,13 +339,13 @@ def _sweep_summary(experiment_dir: str) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """``raymcn doctor``: every node checked for the config (``doctor.py``); status 1 when a check fails."""
-    from raymcn import doctor
+    """``raymcn doctor``: every node checked for the config (``doctor/checkup.py``); status 1 when a check fails."""
+    from raymcn.doctor import checkup as doctor
 
     cfg = load_config(args.config or preset_path(), args.overrides)
     with ray_session(args.address):
         report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
-                                 trial_overhead_s=args.trial_overhead)
+                                 trial_overhead_s=args.trial_overhead, venv=args.env.venv)
         if args.rehearse:
             _rehearse(cfg, report, args.verbose)
     print(doctor.render(report, cfg.scale.use_gpu))
@@ -469,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", metavar="EXPERIMENT_DIR", help="mark a sweep as stopped on purpose: a boot of the "
                    "cluster (raymcn boot) never continues it; 'latest': the newest sweep neither finished nor stopped")
     p.set_defaults(func=cmd_sweep)
-    from raymcn import doctor
+    from raymcn.doctor import checkup as doctor
 
     p = sub.add_parser("doctor", help="check every node of the Ray cluster for a config before a sweep, and "
                        "estimate the sweep's duration")
@@ -538,6 +539,10 @@ def _add_data_and_results_commands(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.env = Environment.read()  # the process's RAYMCN_* settings, read once here and passed down
+    from raymcn.train.monitor import timeline
+
+    timeline.start(args.env.timeline)
     if getattr(args, "resume", None) and getattr(args, "init_from", None):
         print(f"raymcn {args.command}: --init-from starts a new run; --resume continues one from its own "
               "checkpoint. Use one of them.", file=sys.stderr)

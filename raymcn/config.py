@@ -37,7 +37,7 @@ CONFIRM_DIR = "confirm"  # in a sweep's folder: the confirmation phase's own Tun
 CONFIRM_PLAN_FILE = "confirm_plan.yaml"  # in CONFIRM_DIR: what is confirmed and why, written before its first trial
 TRIAL_ERRORS_DIR = "raymcn_trial_errors"  # in a sweep's folder: <trial id>.txt for a trial ended by a permanent error
 CONSOLE_LOG_FILE = "raymcn_console.log"  # in a run's or sweep's folder: everything Ray printed (train/monitor/console.py)
-PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/progress.py)
+PROGRESS_FILE = "raymcn_progress.json"  # in a run's folder: rank 0's latest in-epoch progress (train/monitor/in_epoch.py)
 METRICS_FILE = "metrics.csv"  # in a run's folder: one row per epoch of every reported metric (train/monitor/history.py)
 # In a sweep's folder, written by raymcn, never by Tune: a ".json" name there would be replaced by
 # the driver's older copy when a restored sweep's Tune uploads what it synced down at the restore.
@@ -77,17 +77,21 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
+class NodeInputError(Exception):
+    """An error about what a node reads or runs with (its shards, samples, eval set, config), one
+    ``raymcn doctor`` checks on every node before a sweep (:func:`doctor_hint`)."""
+
+
 def doctor_hint(cause: BaseException) -> str:
     """A pointer to ``raymcn doctor`` when ``cause`` is one it checks on every node before a sweep
     (a missing or unreadable file or mount, another node's software); "" otherwise."""
-    if isinstance(cause, (OSError, ImportError)) or type(cause).__name__ in ("EvalSetError", "ShardError",
-                                                                                "SampleError", "ConfigError"):
+    if isinstance(cause, (OSError, ImportError, NodeInputError)):
         return ("`raymcn doctor --config ...` checks every node's shards, eval set, word vectors, storage and "
                 "versions before a sweep")
     return ""
 
 
-class ConfigError(ValueError, PermanentError):
+class ConfigError(ValueError, PermanentError, NodeInputError):
     """A configuration problem; the message lists every problem found, one per line."""
 
     def __init__(self, problems: list[str]):
@@ -295,7 +299,7 @@ class RunSection:
     # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
     # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
     # servers rebooted about an hour into runs: a reboot then costs at most this much training.
-    # 30m: a paper-dims checkpoint stalled the steps 12.5 s (docs/faults.md), under 1 % of 30 min.
+    # 30m keeps the steps' stall at a paper-dims checkpoint under 1 % of training (docs/faults.md).
     checkpoint_every: str = setting("30m", check=_interval_ok,
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
     log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
@@ -303,8 +307,8 @@ class RunSection:
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
     # the terminal and its attempt ended: a restart from the latest checkpoint, and the same stall
     # twice ends the run. The process group's timeout (run.collective_timeout_s) is a backstop
-    # behind the watchdogs. 600 s: over 30x the longest stall a paper-dims checkpoint caused
-    # (18.6 s with the upload in the step loop, docs/faults.md); a hang costs minutes, not the night.
+    # behind the watchdogs. 600 s: far above the longest stall a paper-dims checkpoint causes
+    # (docs/faults.md, "Stalls"); a hang costs minutes, not the night.
     stall_timeout_s: float = setting(600.0, ge=10)
     # The process group's timeout: a collective that waits longer fails (gloo raises; on NCCL its
     # own watchdog aborts the communicators and the next collective raises; both are named as a

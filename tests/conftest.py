@@ -115,7 +115,7 @@ def event_log_callback(path):
 def objective_for(cfg, device="cpu", comm=None):
     """The run's objective for ``cfg`` as the run assembly builds it (a one-step plan, no shards)."""
     from raymcn.train.build import build_objective
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     return build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), device, comm)
 
@@ -224,3 +224,71 @@ def steps_as_run(where) -> dict[int, dict]:
                      "inputs": {k: sum(x["inputs"][k] for x in rows) for k in row["inputs"]},
                      **{t: sum(x[t] for x in rows) / world for t in LOSS_TERMS}}
     return out
+
+
+# ---- Configs, runs, corpora and command output shared by the tests
+
+# A tiny MCN: small enough for exactness checks that run many steps.
+TINY_MODEL = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
+              "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}
+
+
+def config(*bases: dict, **overrides):
+    """``Config()`` with the dotted-key settings of ``bases`` (a test's own defaults), then
+    ``overrides`` (the case's), applied."""
+    from raymcn.config import Config
+
+    merged = {}
+    for base in bases:
+        merged.update(base)
+    return Config().replace({**merged, **overrides})
+
+
+def preset(*overrides):
+    """The embedded default preset with ``overrides``: dotted ``key=value`` strings, or one dict."""
+    from raymcn.cli import preset_path
+    from raymcn.config import load_config
+
+    return load_config(preset_path(), overrides[0] if len(overrides) == 1 and isinstance(overrides[0], dict)
+                       else list(overrides))
+
+
+def run_of(cfg, model, *, objective=None, state=None, comm=None, hooks=None):
+    """A :class:`raymcn.train.loop.Run` from a test's own model (a stand-in for MCN, a DDP wrapper),
+    as ``raymcn.train.build.assemble`` would hold it: the config's one-step plan (the plan
+    :func:`objective_for` builds the objective from), Adam, the LR curve over 100 steps."""
+    import torch
+
+    from raymcn.collectives import Collectives
+    from raymcn.train.loop import Hooks, LoopState, Run, build_optimizer, build_scheduler
+    from raymcn.train.run_plan import make_plan
+
+    optimizer = build_optimizer(model, cfg)
+    return Run(cfg=cfg, plan=make_plan(cfg, videos=cfg.data.batch_size), comm=comm or Collectives(),
+               device=torch.device("cpu"), model=model, net=getattr(model, "module", model), optimizer=optimizer,
+               scheduler=build_scheduler(optimizer, cfg, 100), objective=objective or objective_for(cfg, comm=comm),
+               state=state or LoopState(), hooks=hooks or Hooks())
+
+
+@pytest.fixture(scope="module")
+def corpus(request, tmp_path_factory):
+    """The synthetic corpus of the test module's ``SETTINGS`` (``SynthSettings``), written once per module."""
+    from raymcn.data import synthetic
+
+    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), request.module.SETTINGS)
+
+
+def shards_of(corpus, out, **kw) -> dict:
+    """Shards of ``corpus`` written to ``out`` (``shards_from_layout``, quiet); returns the manifest."""
+    from raymcn.data.write import shards
+
+    kw = {"progress": False, "log": lambda msg: None, **kw}
+    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, kw.pop("captions", corpus.captions),
+                                     corpus.video_csv, corpus.word_vectors, out, **kw)
+
+
+def last_json(text: str) -> dict:
+    """The JSON object a command printed last (``--json``): its output's last line that starts with ``{``."""
+    import json
+
+    return json.loads(next(line for line in reversed(text.strip().splitlines()) if line.startswith("{")))

@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import last_json
 
 from bench import (
     checkpoint,
@@ -68,7 +69,7 @@ def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
         results.save(runs={})
         results.finish({"runs": {}})
     assert json.loads(out.read_text())["runs"] == {} and not Path(f"{out}.partial").exists()
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["machine"]
+    assert last_json(capsys.readouterr().out)["machine"]
 
 
 # --- no Ray ----------------------------------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def test_overhead(ray_local, tmp_path, capsys):
                                    "settings": {k: figures[k] for k in ("workers", "epochs", "repeats", "overrides")}}))
     capsys.readouterr()
     assert overhead.main(["--from", str(partial), "--json"]) == 0
-    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    again = last_json(capsys.readouterr().out)
     assert again["steady_samples_per_s"] == figures["steady_samples_per_s"]
     assert again["attribution"] == figures["attribution"]
 

@@ -22,16 +22,16 @@ import math
 import pytest
 import torch
 
+from bench.readers import train_videos
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.data import synthetic
 from raymcn.losses.cluster import assign_clusters
 from raymcn.train import loop
 from raymcn.train.build import assemble
 from raymcn.train.gradcache import cached_step
 from raymcn.train.inputs import eval_set_of
-from raymcn.train.loop import evaluate, train_one_epoch
-from raymcn.train.plan import make_plan
+from raymcn.train.loop import apply_precision, evaluate, train_one_epoch
+from raymcn.train.run_plan import make_plan
 
 ALL = frozenset({"video", "audio", "text"})
 EPOCHS = 3  # of the embedded default's 4: retrieval well above chance
@@ -58,14 +58,12 @@ def bf16_autocast(device):
 def trained(tmp_path_factory):
     """(cfg, run, a batch of the next epoch, the eval set): the tiny MCN after EPOCHS fp32 epochs."""
     cfg = load_config(preset_path(), ["scale.num_workers=0", "data.prefetch_batches=0"])
-    videos = synthetic.train_videos(cfg)
+    videos = train_videos(cfg)
     plan = make_plan(cfg, len(videos.records))
     run = assemble(cfg, plan)
     for epoch in range(EPOCHS):
         run.state.epoch = epoch
-        train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler,
-                        videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch), cfg=cfg, state=run.state,
-                        device=run.device, switch=plan.switch_step)
+        train_one_epoch(run, videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch))
     batch = next(videos.batches(cfg, EPOCHS, 0, 1, plan.steps_per_epoch))
     eval_set = eval_set_of(cfg)
     return cfg, run, batch, eval_set
@@ -153,13 +151,18 @@ def restored_precision_flags():
 
 
 @pytest.mark.parametrize("precision", ["highest", "high"])
-def test_the_run_assembly_sets_the_precision_policy(restored_precision_flags, precision):
-    """``scale.matmul_precision`` reaches torch in every process that assembles a run (each Ray
-    worker): "highest" = fp32 matmuls and convolutions without TF32 (the default), "high" = TF32."""
+def test_the_rank_start_sets_the_precision_policy_and_the_assembly_none(restored_precision_flags, precision):
+    """``scale.matmul_precision`` reaches torch once, where a rank starts (``apply_precision``):
+    "highest" = fp32 matmuls and convolutions without TF32 (the default), "high" = TF32. Assembling
+    a run sets no process-wide flag."""
     cfg = load_config(preset_path(), ["scale.num_workers=0", f"scale.matmul_precision={precision}"])
-    torch.set_float32_matmul_precision("medium")
-    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = precision == "highest", False
+    flags = ("medium", precision == "highest", False)
+    torch.set_float32_matmul_precision(flags[0])
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags[1], flags[2]
     assemble(cfg, make_plan(cfg, cfg.data.batch_size))
+    assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark) == flags
+    apply_precision(cfg)
     assert torch.get_float32_matmul_precision() == precision
     assert torch.backends.cudnn.allow_tf32 is (precision != "highest")
     assert torch.backends.cudnn.benchmark is True

@@ -10,12 +10,13 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import shards_of
 
 from raymcn.data import synthetic
 from raymcn.data.formats import features
 from raymcn.data.formats.features import FeatureFileError, load_captions, read_video_paths, video_id_of
 from raymcn.data.formats.manifest import ShardError
-from raymcn.data.write import captions, shards, space, writer
+from raymcn.data.write import captions, disk_space, shards, writer
 from raymcn.data.write.captions import CaptionsChanged
 from raymcn.data.write.sources import layout_sources
 
@@ -23,15 +24,8 @@ SETTINGS = synthetic.SynthSettings(videos=10, eval_clips=2, topics=3, word_dim=8
                                    filler_words=6, video_seconds=(6.0, 8.0))
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
-    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
-
-
 def convert(corpus, out, caption_pickle=None, **kw) -> dict:
-    kw = {"videos_per_shard": 4, "progress": False, "log": lambda msg: None, **kw}
-    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, caption_pickle or corpus.captions,
-                                     corpus.video_csv, corpus.word_vectors, out, **kw)
+    return shards_of(corpus, out, captions=caption_pickle or corpus.captions, **{"videos_per_shard": 4, **kw})
 
 
 def with_other_videos(corpus, path, extra: int) -> dict:
@@ -167,7 +161,7 @@ def test_too_little_memory_for_the_caption_table_is_refused_naming_both_figures(
     monkeypatch.setattr(captions, "available_memory", lambda: 1000)
     needed = captions.unpickle_bytes(corpus.captions)
     for attempt in (lambda: convert(corpus, tmp_path / "o"),
-                    lambda: space.plan_space(layout_sources(corpus.features_root, corpus.audio_root,
+                    lambda: disk_space.plan_space(layout_sources(corpus.features_root, corpus.audio_root,
                                                                    corpus.captions, corpus.video_csv,
                                                                    corpus.word_vectors), tmp_path / "o",
                                              progress=False)):
@@ -178,7 +172,7 @@ def test_too_little_memory_for_the_caption_table_is_refused_naming_both_figures(
 
 
 def test_the_dry_run_says_the_memory_the_conversion_needs(corpus, tmp_path):
-    plan = space.plan_space(layout_sources(corpus.features_root, corpus.audio_root, corpus.captions,
+    plan = disk_space.plan_space(layout_sources(corpus.features_root, corpus.audio_root, corpus.captions,
                                                   corpus.video_csv, corpus.word_vectors), tmp_path / "o",
                             progress=False)
     assert plan.memory_needed == captions.unpickle_bytes(corpus.captions) > 0

@@ -152,7 +152,7 @@ def test_a_whole_run_checkpoint_round_trips_with_weights_only():
 
     from raymcn.config import load_config
     from raymcn.train.build import assemble
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.yaml")
     run = assemble(cfg, make_plan(cfg, 256))

@@ -55,7 +55,7 @@ def run_stand_in_sweep(tmp_path, algorithm, epochs, fraction, samples=4, extra=(
 
     from raymcn.cli import preset_path
     from raymcn.sweep.tuner import build_search, search_space
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), [
         f"schedule.epochs={epochs}", f"schedule.stage1_fraction={fraction}", f"sweep.algorithm={algorithm}",

@@ -92,7 +92,7 @@ def progress(tmp_path):
     pytest.importorskip("ray")
     from raymcn.cli import preset_path
     from raymcn.config import load_config
-    from raymcn.sweep.progress import SweepProgress
+    from raymcn.sweep.trial_lines import SweepProgress
 
     console = FakeConsole()
     return SweepProgress(console, load_config(preset_path()), str(tmp_path), status_every=0), console

@@ -6,16 +6,17 @@ rows), and with an early stop by the tolerance (every rank stops at the same ite
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import last_json
 
 from bench.gloo import gloo_ranks
-from raymcn.losses import Collectives, cosine_kmeans
+from raymcn.collectives import Collectives
+from raymcn.losses import cosine_kmeans
 
 pytestmark = pytest.mark.dist
 
@@ -79,6 +80,6 @@ def test_the_benchmark_reports_the_same_centroids_on_two_ranks():
     proc = subprocess.run([sys.executable, "-m", "bench.kmeans", "--smoke", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    rows = last_json(proc.stdout)["rows"]
     assert [r["world"] for r in rows] == [1, 2]
     assert rows[1]["max_centroid_diff"] <= 1e-5 and rows[0]["max_centroid_diff"] == 0

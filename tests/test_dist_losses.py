@@ -23,14 +23,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import linear_mcn, objective_for
+from conftest import config, linear_mcn, objective_for, run_of
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.gloo import gloo_ranks
-from raymcn.config import Config
-from raymcn.losses import Collectives
+from raymcn.collectives import Collectives
 from raymcn.train.gradcache import cached_step
-from raymcn.train.plan import share
+from raymcn.train.run_plan import share
 
 pytestmark = pytest.mark.dist
 
@@ -47,13 +46,10 @@ PLAIN = (0, True, False)
 VARIANTS = [PLAIN, (CLIPS, True, False), (2 * CLIPS, False, False), (0, True, True), (2 * CLIPS, True, True)]
 
 
-def _cfg(cluster_on: str, ring: bool = False) -> Config:
-    return Config().replace({"scale.ring_contrastive": ring,
-        "data.batch_size": VIDEOS, "data.clips_per_video": CLIPS, "scale.num_workers": 3,
+BASE = {"data.batch_size": VIDEOS, "data.clips_per_video": CLIPS, "scale.num_workers": 3,
         "loss.num_clusters": 3, "loss.refresh_every": 2, "loss.queue_steps": 2, "loss.queue_clip_fraction": 0.5,
-        "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.margin": 0.1, "loss.cluster_on": cluster_on,
-        "loss.cluster_weight": 0.7, "loss.recon_weight": 2.0, "run.seed": 3, "model.embed_dim": DIM,
-    })
+        "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.margin": 0.1, "loss.cluster_weight": 0.7,
+        "loss.recon_weight": 2.0, "run.seed": 3, "model.embed_dim": DIM}
 
 
 def _counting_allreduce(calls: list, bucket):
@@ -72,7 +68,8 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: 
     records, end = [], {}
     for cluster_on in ("modalities", "fused"):
         net = linear_mcn(IN_DIM, DIM, recon=recon)
-        objective = objective_for(_cfg(cluster_on, ring), comm=Collectives(rank, world))
+        cfg = config(BASE, **{"loss.cluster_on": cluster_on, "scale.ring_contrastive": ring})
+        objective = objective_for(cfg, comm=Collectives(rank, world))
         if state is not None:
             net.load_state_dict(state[cluster_on]["model"])
             objective.load_state_dict(state[cluster_on]["objective"])
@@ -200,9 +197,9 @@ def test_resized_between_steps_equals_single_process(tmp_path):
 
 def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
     """The training loop itself on ``world`` gloo ranks with the rotating unequal shares."""
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
 
-    cfg = _cfg("fused").replace({"scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
+    cfg = config(BASE, **{"loss.cluster_on": "fused", "scale.grad_cache_clips": cache_clips, "optim.warmup_steps": 0})
     comm = Collectives(rank, world)
     net = linear_mcn(IN_DIM, DIM)
     # A buffer, as DAVEnet's BatchNorm has: DDP broadcasts buffers before a synced forward, so
@@ -210,7 +207,6 @@ def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
     # then the re-forward) call their collectives in different orders.
     net.register_buffer("running_like", torch.zeros(1))
     model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
-    optimizer = build_optimizer(model, cfg)
     batches = []
     for step in range(4):
         shares = [share(VIDEOS, r, world, step) for r in range(world)]
@@ -218,9 +214,7 @@ def _loop_worker(rank: int, world: int, cache_clips: int) -> dict:
         g = torch.Generator().manual_seed(100 + step)
         inputs = {m: torch.randn(VIDEOS * CLIPS, IN_DIM, generator=g) for m in ("video", "audio", "text")}
         batches.append({m: x[start:start + shares[rank] * CLIPS] for m, x in inputs.items()})
-    metrics = train_one_epoch(model, objective_for(cfg, comm=comm), optimizer, build_scheduler(optimizer, cfg, 100),
-                              batches, cfg=cfg, state=LoopState(), device=torch.device("cpu"), switch=0,
-                              comm=comm)
+    metrics = train_one_epoch(run_of(cfg, model, comm=comm), batches)
     return {"metrics": metrics, "params": {n: p.detach().clone() for n, p in net.named_parameters()}}
 
 

@@ -16,7 +16,7 @@ from conftest import TINY
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.doctor import as_json, failed, render, request_of
+from raymcn.doctor.checkup import as_json, failed, render, request_of
 from raymcn.doctor.estimate import estimate, rung_epochs
 from raymcn.doctor.probe import probe
 from raymcn.doctor.verdicts import judge

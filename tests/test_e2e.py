@@ -4,15 +4,13 @@ import json
 
 import pytest
 import torch
+from conftest import last_json
 
 from raymcn.cli import main
 from raymcn.train.checkpoints import payload as checkpoint
 
 pytestmark = pytest.mark.ray
 
-
-def last_json(capsys):
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
@@ -31,7 +29,7 @@ def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
     assert main(["train", "--num-workers", "1", "--json", "--set", f"data.shards={shards}",
                  "--set", f"data.eval_set={youcook}", "--set", "data.batch_size=16", "--set", "schedule.epochs=2",
                  "--set", "scale.cpus_per_worker=1", "--set", f"run.storage_path={tmp_path}/runs"]) == 0
-    trained = last_json(capsys)
+    trained = last_json(capsys.readouterr().out)
     assert trained["epochs"] == 2 and trained["eval_size"] == 64
 
     latest = checkpoint.list_checkpoints(trained["run_dir"])[-1]
@@ -42,7 +40,7 @@ def test_synth_shards_train_eval(ray_local, tmp_path, capsys):
         assert main(["eval", "--checkpoint", str(latest), "--eval-set", youcook, "--device", "cpu", "--json"]) == 0
     finally:
         torch.set_num_threads(threads)
-    evaluated = last_json(capsys)
+    evaluated = last_json(capsys.readouterr().out)
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_R@10", "text_to_video_MedR"):
         assert evaluated[key] == pytest.approx(trained[key]), key  # the same weights, the same set
     assert set(trained) == set(evaluated)  # same JSON keys as train --json

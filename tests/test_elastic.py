@@ -29,14 +29,12 @@ from conftest import (
     event_log_callback,
     in_background,
     multinode_cluster,
+    preset,
     read_events,
     steps_as_run,
     train_worker_nodes,
     wait_for,
 )
-
-from raymcn.cli import preset_path
-from raymcn.config import load_config
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -56,11 +54,8 @@ def cluster():
             yield c
 
 
-def _cfg(tmp_path: Path, name: str):
-    return load_config(preset_path(), [
-        *TINY, f"schedule.epochs={EPOCHS}", "scale.num_workers=1-2", "scale.cpus_per_worker=2",
-        "scale.elastic_resize_interval_s=2", "model.sync_batchnorm=true",
-        f"run.storage_path={tmp_path}", f"run.name={name}"])
+ELASTIC = [*TINY, f"schedule.epochs={EPOCHS}", "scale.num_workers=1-2", "scale.cpus_per_worker=2",
+           "scale.elastic_resize_interval_s=2", "model.sync_batchnorm=true"]
 
 
 def _epochs(log: Path) -> list[dict]:
@@ -73,7 +68,8 @@ def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_resu
     steady_log, log = tmp_path / "steady.jsonl", tmp_path / "elastic.jsonl"
     started = time.time()
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-steady"))
-    steady = launch.fit(_cfg(tmp_path, "steady"), callbacks=[event_log_callback(steady_log)])
+    steady = launch.fit(preset(*ELASTIC, f"run.storage_path={tmp_path}", "run.name=steady"),
+                        callbacks=[event_log_callback(steady_log)])
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-elastic"))
     assert {e["workers"] for e in _epochs(steady_log)} == {2}  # both servers up: the whole group
 
@@ -84,7 +80,8 @@ def test_an_elastic_group_shrinks_on_a_lost_server_grows_back_and_keeps_its_resu
     hold.touch()
     monkeypatch.setenv("RAYMCN_FAULT", "hold_after_epoch=3")
     monkeypatch.setenv("RAYMCN_FAULT_DIR", str(hold.parent))
-    thread, out = in_background(launch.fit, _cfg(tmp_path, "elastic"), callbacks=[event_log_callback(log)])
+    thread, out = in_background(launch.fit, preset(*ELASTIC, f"run.storage_path={tmp_path}", "run.name=elastic"),
+                                callbacks=[event_log_callback(log)])
     wait_for("the first checkpoint", lambda: _epochs(log))
     busy = set(wait_for("two Train workers", lambda: (n := train_worker_nodes()) and len(n) == 2 and n).values())
     victim = next(n for n in cluster.worker_nodes if n.node_id in busy)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from bench.gloo import gloo_ranks
+from bench.readers import random_eval_set
+from raymcn.collectives import Collectives
 from raymcn.config import RETRIEVAL_METRICS, ModelConfig
-from raymcn.losses import Collectives
 from raymcn.model import MCN
 from raymcn.train.loop import evaluate
 
@@ -28,12 +28,9 @@ MODEL = ModelConfig(video_dim=16, word_dim=12, embed_dim=24, audio_channels=(4, 
 
 
 def _eval_set() -> SimpleNamespace:
-    rng = np.random.default_rng(5)
-    return SimpleNamespace(video=rng.standard_normal((CLIPS, MODEL.video_dim)).astype(np.float32),
-                           audio=rng.standard_normal((CLIPS, MODEL.mel_bins, FRAMES)).astype(np.float16),
-                           nframes=rng.integers(8, FRAMES + 1, CLIPS).astype(np.int32),
-                           text=rng.standard_normal((CLIPS, WORDS, MODEL.word_dim)).astype(np.float32),
-                           num_queries_total=CLIPS + 2)  # two absent clips count as misses, as MSR-VTT's
+    # two absent clips count as misses, as MSR-VTT's
+    return random_eval_set(CLIPS, MODEL.video_dim, MODEL.mel_bins, FRAMES, WORDS, MODEL.word_dim, seed=5,
+                           least_frames=8, queries=CLIPS + 2)
 
 
 def _model() -> MCN:

@@ -16,9 +16,9 @@ from raymcn import cli
 from raymcn.config import load_config
 from raymcn.data import synthetic
 from raymcn.train import inputs as inputs_module
-from raymcn.train import plan as plan_module
+from raymcn.train import run_plan as plan_module
 
-GENERATORS = ("write_corpus", "ensure_corpus", "ensure_synthetic_shards", "ensure_settings", "train_videos")
+GENERATORS = ("write_corpus", "ensure_corpus", "ensure_synthetic_shards", "ensure_settings")
 
 
 def count_calls(monkeypatch, module, name: str, counts: Counter, after=None) -> None:

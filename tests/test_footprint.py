@@ -10,18 +10,12 @@ import sys
 
 import pytest
 import torch
-from conftest import objective_for
+from conftest import TINY_MODEL, config, last_json, objective_for, run_of
 
+from bench import meters
 from raymcn.config import Config, ModelConfig
-from raymcn.train.preflight import footprint, meters, model_size
+from raymcn.train.preflight import footprint, model_size
 from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
-
-TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
-        "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}
-
-
-def _cfg(**overrides) -> Config:
-    return Config().replace(overrides)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +40,8 @@ def test_analytic_parameter_count_equals_the_model(overrides):
 
 # --- scaling ------------------------------------------------------------------------------------------
 def test_parameter_terms_do_not_depend_on_the_batch(paper_params):
-    small = estimate_worker_memory(_cfg(**{"data.batch_size": 8}), params=paper_params)
-    large = estimate_worker_memory(_cfg(**{"data.batch_size": 256}), params=paper_params)
+    small = estimate_worker_memory(config(**{"data.batch_size": 8}), params=paper_params)
+    large = estimate_worker_memory(config(**{"data.batch_size": 256}), params=paper_params)
     for key in ("params", "adam_moments", "optimizer_workspace"):
         assert small[key] == large[key] > 0
     counters = 8 * footprint.batchnorm_layers(ModelConfig())  # BN's int64 batch counters: no gradient
@@ -59,7 +53,7 @@ def test_parameter_terms_do_not_depend_on_the_batch(paper_params):
 
 @pytest.mark.parametrize("batch,workers", [(8, 1), (16, 2), (64, 4), (128, 4), (128, 2)])
 def test_slab_term_is_proportional_to_local_times_global_clips(paper_params, batch, workers):
-    cfg = _cfg(**{"data.batch_size": batch, "scale.num_workers": workers})
+    cfg = config(**{"data.batch_size": batch, "scale.num_workers": workers})
     b, big_b = batch // workers * cfg.data.clips_per_video, cfg.clips_per_step
     slabs = estimate_worker_memory(cfg, params=paper_params)["loss_slabs"]
     # (2 per pair x 3 pairs + 3 transient) b x B fp32 slabs, whatever the split
@@ -67,8 +61,8 @@ def test_slab_term_is_proportional_to_local_times_global_clips(paper_params, bat
 
 
 def test_gathered_embeddings_only_with_several_workers(paper_params):
-    one = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
-    four = estimate_worker_memory(_cfg(**{"scale.num_workers": 4}), params=paper_params)
+    one = estimate_worker_memory(config(**{"scale.num_workers": 1}), params=paper_params)
+    four = estimate_worker_memory(config(**{"scale.num_workers": 4}), params=paper_params)
     assert one["gathered_embeddings"] == 0 and one["ddp_buckets"] == 0
     # v, a, t detached (no gradient copy), the fused rows and the queue's half of them
     assert four["gathered_embeddings"] == (3 + 1 + 0.5) * 4096 * 6144 * 4
@@ -77,8 +71,8 @@ def test_gathered_embeddings_only_with_several_workers(paper_params):
 
 @pytest.mark.parametrize("workers", [2, 4, 8])
 def test_ring_keeps_two_shares_or_the_fused_rows_not_three_gathered_modalities(paper_params, workers):
-    gathered = estimate_worker_memory(_cfg(**{"scale.num_workers": workers}), params=paper_params)
-    ring = estimate_worker_memory(_cfg(**{"scale.num_workers": workers, "scale.ring_contrastive": True}),
+    gathered = estimate_worker_memory(config(**{"scale.num_workers": workers}), params=paper_params)
+    ring = estimate_worker_memory(config(**{"scale.num_workers": workers, "scale.ring_contrastive": True}),
                                   params=paper_params)
     b = 4096 // workers
     blocks = min(workers - 1, 2) * b * 3 * 6144 * 4  # the block in use and the one arriving
@@ -90,8 +84,8 @@ def test_ring_keeps_two_shares_or_the_fused_rows_not_three_gathered_modalities(p
 
 @pytest.mark.parametrize("steps", [1, 5, 20])
 def test_queue_term_is_rows_times_dim_times_dtype(paper_params, steps):
-    f32 = _cfg(**{"loss.queue_steps": steps})
-    bf16 = _cfg(**{"loss.queue_steps": steps, "loss.queue_dtype": "bfloat16"})
+    f32 = config(**{"loss.queue_steps": steps})
+    bf16 = config(**{"loss.queue_steps": steps, "loss.queue_dtype": "bfloat16"})
     q32 = estimate_worker_memory(f32, params=paper_params)["queue"]
     q16 = estimate_worker_memory(bf16, params=paper_params)["queue"]
     assert q32 == f32.queue_rows * 6144 * 4
@@ -99,15 +93,15 @@ def test_queue_term_is_rows_times_dim_times_dtype(paper_params, steps):
 
 
 def test_gpu_estimate_uses_bf16_activations_and_autocast_copies(paper_params):
-    cpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 4}), params=paper_params)
-    gpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 4, "scale.use_gpu": True}), params=paper_params)
+    cpu = estimate_worker_memory(config(**{"scale.num_workers": 4}), params=paper_params)
+    gpu = estimate_worker_memory(config(**{"scale.num_workers": 4, "scale.use_gpu": True}), params=paper_params)
     bn = footprint.batchnorm_saved_bytes(ModelConfig())  # BatchNorm's statistics stay fp32 under autocast
     assert (gpu["activations"] - bn) * 2 == cpu["activations"] - bn
     assert cpu["autocast_weights"] == 0 and gpu["autocast_weights"] == 2 * footprint.count_parameters(ModelConfig())
 
 
 def test_total_is_persistent_plus_the_larger_phase(paper_params):
-    est = estimate_worker_memory(_cfg(), params=paper_params)
+    est = estimate_worker_memory(config(), params=paper_params)
     persistent = sum(est[k] for k in footprint.PERSISTENT)
     step = sum(est[k] for k in footprint.STEP_PHASE)
     assert est["total"] == persistent + max(step, est["batch"] + est["optimizer_workspace"])
@@ -121,7 +115,7 @@ def test_paper_defaults_match_the_spec(paper_params):
     assert n - bn_stats == 223_776_768  # "223.8 M"
     assert largest == 6144 * 6144  # GU_text's linear layers
     assert footprint.count_parameters(ModelConfig(recon=False)) < 193.5e6  # "193.4 M without the heads"
-    est = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
+    est = estimate_worker_memory(config(**{"scale.num_workers": 1}), params=paper_params)
     assert 3.5e9 < est["params"] + est["grads"] + est["ddp_buckets"] + est["adam_moments"] < 3.7e9  # "≈ 3.6 GB"
     assert est["queue"] == 40960 * 6144 * 4 and abs(est["queue"] / GIB - 0.94) < 0.005  # "0.94 GiB fp32"
     x_bytes = 45056 * 6144 * 4  # X (1.03 GiB), built in place, plus the Lloyd workspace
@@ -131,7 +125,7 @@ def test_paper_defaults_match_the_spec(paper_params):
     assert 44e9 < est["activations"] < 48e9  # "≈ 46 GB fp32 for 4096 clips"
     davenet = footprint.activation_elements_per_clip(ModelConfig(), 1000)["audio"] * 4
     assert 0.9 < davenet / per_clip < 0.95  # "DAVEnet ≈ 92 %"
-    gpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 1, "scale.use_gpu": True}), params=paper_params)
+    gpu = estimate_worker_memory(config(**{"scale.num_workers": 1, "scale.use_gpu": True}), params=paper_params)
     assert 22e9 < gpu["activations"] < 30e9  # "≈ 23–30 GB in bf16" (ours: exactly half of fp32)
     # the paper-scale estimate: activations 23–30 GB + ≈3.6 GB parameters and Adam + ≈2–3 GB queue and
     # k-means, so "one 80 GB H100 should hold the original batch in bf16".
@@ -141,12 +135,13 @@ def test_paper_defaults_match_the_spec(paper_params):
 
 # --- fits ---------------------------------------------------------------------------------------------
 def test_fits_accepts_a_large_device():
-    ok, msg, over = fits(_cfg(**{"scale.num_workers": 4, "scale.use_gpu": True}), 80 * GIB)
+    ok, msg, over = fits(config(**{"scale.num_workers": 4, "scale.use_gpu": True}), 80 * GIB)
     assert ok and over == {} and msg.startswith("fits")
 
 
 def _paper_on_one_gpu() -> Config:
-    return _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True})  # the paper's 128 videos x 32 clips (docs/memory.md)
+    # the paper's 128 videos x 32 clips (docs/memory.md)
+    return config(**{"scale.num_workers": 1, "scale.use_gpu": True})
 
 
 @pytest.mark.parametrize("device", [24 * 10**9, 40 * 10**9, 24 * GIB], ids=["24GB", "40GB-A100", "24GiB"])
@@ -176,12 +171,12 @@ def test_the_papers_batch_fits_one_gpu_with_gradient_caching(device):
 def test_caching_makes_the_activations_a_chunks_whatever_the_batch(paper_params):
     """Activations and conv workspace are O(chunk); what grows with the share is the cache (its
     embeddings) and the batch itself; the reconstruction gradients are one chunk's too."""
-    ests = [estimate_worker_memory(_cfg(**{"scale.num_workers": 1, "data.batch_size": v,
+    ests = [estimate_worker_memory(config(**{"scale.num_workers": 1, "data.batch_size": v,
                                            "scale.grad_cache_clips": 256}), params=paper_params) for v in (16, 64, 128)]
     for key in ("activations", "conv_workspace", "recon_grads", "grad_accumulation"):
         assert ests[0][key] == ests[1][key] == ests[2][key] > 0, key
     assert ests[2]["grad_cache"] == 8 * ests[0]["grad_cache"] == 128 * 32 * 3 * 6144 * 4
-    plain = estimate_worker_memory(_cfg(**{"scale.num_workers": 1}), params=paper_params)
+    plain = estimate_worker_memory(config(**{"scale.num_workers": 1}), params=paper_params)
     assert plain["grad_cache"] == plain["recon_grads"] == plain["grad_accumulation"] == 0
     assert ests[2]["activations"] * 16 - 15 * footprint.batchnorm_saved_bytes(ModelConfig()) == plain["activations"]
     # with caching the loss phase and the chunk phase never overlap
@@ -193,9 +188,9 @@ def test_caching_makes_the_activations_a_chunks_whatever_the_batch(paper_params)
 
 
 def test_a_chunk_as_large_as_the_share_is_the_plain_step(paper_params):
-    plain = estimate_worker_memory(_cfg(**{"scale.num_workers": 2}), params=paper_params)
+    plain = estimate_worker_memory(config(**{"scale.num_workers": 2}), params=paper_params)
     for n in (2048, 4096):  # rank 0's share is 2048 clips: the loop takes the plain step
-        cfg = _cfg(**{"scale.num_workers": 2, "scale.grad_cache_clips": n})
+        cfg = config(**{"scale.num_workers": 2, "scale.grad_cache_clips": n})
         assert footprint.cached_chunk(cfg) == 0 and estimate_worker_memory(cfg, params=paper_params) == plain
 
 
@@ -219,18 +214,18 @@ def _device_between(low: Config, high: Config) -> int:
 
 def test_ring_is_offered_first_when_it_alone_fits():
     """With several workers the ring (no second forward) comes before gradient caching."""
-    cfg = _cfg(**{"scale.num_workers": 4, "scale.use_gpu": True})
+    cfg = config(**{"scale.num_workers": 4, "scale.use_gpu": True})
     ok, msg, over = fits(cfg, _device_between(cfg.replace({"scale.ring_contrastive": True}), cfg))
     assert not ok and over == {"scale.ring_contrastive": True}
     assert "Try scale.ring_contrastive=true (the same objective" in msg
-    single = _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True})  # one worker: nothing to pass around
+    single = config(**{"scale.num_workers": 1, "scale.use_gpu": True})  # one worker: nothing to pass around
     assert "scale.ring_contrastive" not in fits(single, 24 * GIB)[2]
 
 
 def test_ring_with_caching_before_fewer_clips():
     """When not even one video per chunk fits with the gathered loss but does with the ring, the
     advice is both (the objective unchanged), not fewer clips."""
-    cfg = _cfg(**{"scale.num_workers": 2, "scale.use_gpu": True})
+    cfg = config(**{"scale.num_workers": 2, "scale.use_gpu": True})
     one_video = {"scale.grad_cache_clips": 32}
     device = _device_between(cfg.replace({**one_video, "scale.ring_contrastive": True}), cfg.replace(one_video))
     ok, msg, over = fits(cfg, device)
@@ -240,14 +235,14 @@ def test_ring_with_caching_before_fewer_clips():
 
 
 def test_fits_says_so_when_nothing_helps():
-    ok, msg, over = fits(_cfg(**{"scale.num_workers": 1}), 2 * GIB)  # the parameters alone need 3.6 GB
+    ok, msg, over = fits(config(**{"scale.num_workers": 1}), 2 * GIB)  # the parameters alone need 3.6 GB
     assert not ok and over is None
     assert "No smaller data.clips_per_video fits either" in msg
 
 
 def test_fits_never_suggests_fewer_clips_than_clusters():
     # batch 16 videos, K = 256: clips_per_video must stay >= 16 for k-means' first refit.
-    cfg = _cfg(**{"scale.num_workers": 1, "scale.use_gpu": True, "data.batch_size": 16})
+    cfg = config(**{"scale.num_workers": 1, "scale.use_gpu": True, "data.batch_size": 16})
     ok, _, over = fits(cfg, 4 * GIB)
     assert not ok and (over is None or over.get("data.clips_per_video", 32) >= 16)
 
@@ -266,7 +261,7 @@ def _tiny_batch(cfg: Config, clips: int) -> dict:
 def test_activation_formula_equals_the_saved_tensors(active):
     from raymcn.model import MCN
 
-    cfg = _cfg(**TINY)
+    cfg = config(**TINY_MODEL)
     torch.manual_seed(0)
     model = MCN(cfg.model)
     clips = 6
@@ -288,7 +283,7 @@ def test_global_batchnorm_extra_bounds_its_saved_tensors():
     from raymcn.model import MCN
     from raymcn.model.syncbn import global_batchnorm
 
-    cfg = _cfg(**TINY)
+    cfg = config(**TINY_MODEL)
     clips, batch = 6, _tiny_batch(cfg, 6)
     inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
     saved = []
@@ -323,21 +318,17 @@ def _measured_tiny_step(grad_cache_clips: int = 0) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from raymcn.model import MCN
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
 
-    cfg = _cfg(**TINY, **{"data.batch_size": 4, "data.clips_per_video": 8, "loss.num_clusters": 8,
+    cfg = config(**TINY_MODEL, **{"data.batch_size": 4, "data.clips_per_video": 8, "loss.num_clusters": 8,
                           "scale.num_workers": 0, "scale.grad_cache_clips": grad_cache_clips})
-    cpu = torch.device("cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model = MCN(cfg.model)
         batch = _tiny_batch(cfg, 32)
-        opt = build_optimizer(model, cfg)
-        objective = objective_for(cfg)
-        state = LoopState()
+        run = run_of(cfg, model)
         for _ in range(2):
-            train_one_epoch(model, objective, opt, build_scheduler(opt, cfg, 100), [batch], cfg=cfg, state=state,
-                            device=cpu, switch=0)
+            train_one_epoch(run, [batch])
     live = peak = 0
     for _, nbytes in meters.memory_timeline(prof):
         live += nbytes
@@ -354,7 +345,7 @@ def _under_isa_cap(cap: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "DNNL_MAX_CPU_ISA"} | {"ONEDNN_MAX_CPU_ISA": cap}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 def _assert_bounds(m: dict, conv_within: float = 3) -> None:
@@ -455,7 +446,7 @@ def test_unmodelled_paths_get_the_larger_margin_and_say_so():
     grow = (footprint.conv_workspace_bytes(m, frames, clips + 1, footprint.ONEDNN_AVX2, threads=2)
             - footprint.conv_workspace_bytes(m, frames, clips, footprint.ONEDNN_AVX2, threads=2))
     assert grow == 4 * (8 * 40 * frames + 128 * frames)  # padded input + its output, blocked
-    ok, msg, _ = fits(_cfg(**{"scale.num_workers": 4, "scale.use_gpu": True}), 80 * GIB)
+    ok, msg, _ = fits(config(**{"scale.num_workers": 4, "scale.use_gpu": True}), 80 * GIB)
     assert ok and "conv workspace (cudnn): not known in advance" in msg
 
 
@@ -472,7 +463,7 @@ def _no_sync_grads_worker(rank: int, world: int) -> dict:
     from conftest import linear_mcn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from raymcn.losses import Collectives
+    from raymcn.collectives import Collectives
     from raymcn.train.gradcache import cached_step
 
     net = linear_mcn(5, 8)
@@ -514,8 +505,8 @@ def test_cached_ddp_steps_hold_the_gradients_outside_the_buckets_and_the_estimat
     assert seen["buckets"] >= 1 and seen["outside"], seen
     assert max(seen["outside"]) == seen["params"]  # every parameter's gradient, outside the buckets
 
-    plain = _cfg(**{"scale.num_workers": 4})
-    cached = _cfg(**{"scale.num_workers": 4, "scale.grad_cache_clips": 64})
+    plain = config(**{"scale.num_workers": 4})
+    cached = config(**{"scale.num_workers": 4, "scale.grad_cache_clips": 64})
     p = footprint.parameter_stats(plain.model)[0]
     assert estimate_worker_memory(plain)["grads"] == 0  # the plain DDP step: gradients are bucket views
     assert estimate_worker_memory(cached)["grads"] == p * 4
@@ -525,9 +516,10 @@ def test_gpu_workers_count_a_cuda_context_and_nccls_buffers_outside_the_allocato
     """The paper's step on 4 GPUs (the lab's servers): every worker holds its CUDA context, and
     with other workers NCCL's buffers; neither is in torch's allocator (the estimate's allocator
     part is what a GPU's peak statistics are compared with). Estimates from published figures."""
-    cpu = estimate_worker_memory(_cfg(**{"scale.num_workers": 4}), params=paper_params)
+    cpu = estimate_worker_memory(config(**{"scale.num_workers": 4}), params=paper_params)
     assert cpu["cuda_context"] == cpu["nccl_buffers"] == 0 and footprint.allocator_total(cpu) == cpu["total"]
-    by_world = {w: estimate_worker_memory(_cfg(**{"scale.num_workers": w, "scale.use_gpu": True}), params=paper_params)
+    by_world = {w: estimate_worker_memory(config(**{"scale.num_workers": w, "scale.use_gpu": True}),
+                                          params=paper_params)
                 for w in (1, 2, 4)}
     assert all(e["cuda_context"] == footprint.CUDA_CONTEXT_BYTES == 512 << 20 for e in by_world.values())
     assert [by_world[w]["nccl_buffers"] for w in (1, 2, 4)] == [0, 544 * 10**6, 688 * 10**6]
@@ -548,7 +540,7 @@ def test_a_workers_own_check_does_not_count_its_context_twice(monkeypatch):
 
     from raymcn.train.preflight import checks
 
-    cfg = _cfg(**{"scale.num_workers": 4, "scale.use_gpu": True})
+    cfg = config(**{"scale.num_workers": 4, "scale.use_gpu": True})
     est = estimate_worker_memory(cfg)
     free = int((est["total"] - est["cuda_context"] // 2) / 0.9)  # below the whole, above all but the context
     assert not fits(cfg, free)[0]

@@ -8,7 +8,6 @@ context on GPU 0."""
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import last_json
 from cuda_stand_in import CudaRecorder, fake_nvml
 
 from raymcn.cli import preset_path
@@ -173,7 +173,7 @@ def test_the_doctors_step_runs_in_a_process_of_its_own(monkeypatch):
     worker process keeps the memory."""
     import ray
 
-    from raymcn import doctor
+    from raymcn.doctor import checkup
     from raymcn.doctor.verdicts import Row
 
     declared: list[dict] = []
@@ -186,11 +186,11 @@ def test_the_doctors_step_runs_in_a_process_of_its_own(monkeypatch):
         return wrap(*fn) if fn else wrap
 
     monkeypatch.setattr(ray, "remote", remote)
-    monkeypatch.setattr(doctor, "_get", lambda ref, timeout: "no answer")
-    monkeypatch.setattr(doctor, "step_rows", lambda got, req, column, why="": [Row("one training step", False, why)])
+    monkeypatch.setattr(checkup, "_get", lambda ref, timeout: "no answer")
+    monkeypatch.setattr(checkup, "step_rows", lambda got, req, column, why="": [Row("one training step", False, why)])
     cfg = load_config(preset_path(), ["scale.use_gpu=true"])
     inputs = types.SimpleNamespace(eval_set="synthetic", eval_audio_frames=0, word_vectors="", shards_dir="")
-    doctor._steps(cfg, None, inputs, {"node": None}, 1.0, {"node": "head"})
+    checkup._steps(cfg, None, inputs, {"node": None}, 1.0, {"node": "head"})
     assert declared == [{"max_calls": 1}]
 
 
@@ -204,7 +204,7 @@ def _python(script: str, timeout: float = 600) -> dict:
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 @pytest.mark.gpu
@@ -277,13 +277,10 @@ RANK_STEPS = 6  # per epoch; the staged order switches to all three modalities a
 
 
 def _eval_set(cfg, clips: int = 40):
-    g = torch.Generator().manual_seed(5)
+    from bench.readers import random_eval_set
+
     m, d = cfg.model, cfg.data
-    return types.SimpleNamespace(video=torch.rand(clips, m.video_dim, generator=g).numpy(),
-                                 audio=torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half().numpy(),
-                                 nframes=torch.full((clips,), d.audio_frames, dtype=torch.int32).numpy(),
-                                 text=torch.randn(clips, d.max_words, m.word_dim, generator=g).numpy(),
-                                 num_queries_total=clips)
+    return random_eval_set(clips, m.video_dim, m.mel_bins, d.audio_frames, d.max_words, m.word_dim, seed=5)
 
 
 def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> dict:
@@ -291,13 +288,13 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     (DDP with unused parameters found, ``model.sync_batchnorm``, a staged order, the prefetcher,
     evaluation, a checkpoint after epoch 1); then epoch 2 again from that checkpoint in a freshly
     assembled run. Returns what the test compares."""
+    from raymcn.collectives import Collectives
     from raymcn.data.read.order import rank_slots
-    from raymcn.losses import Collectives
-    from raymcn.train.build import EpochHooks, assemble, run_epochs
+    from raymcn.train.build import assemble, run_epochs
     from raymcn.train.checkpoints import payload
-    from raymcn.train.loop import evaluate
-    from raymcn.train.plan import make_plan
+    from raymcn.train.loop import Hooks, apply_precision, evaluate
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cuda = device.type == "cuda"
     cfg = load_config(preset_path(), [f"scale.num_workers={world}", f"scale.use_gpu={cuda}", "data.batch_size=15",
@@ -311,7 +308,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
         return torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=[device.index] if cuda else None,
                                                          find_unused_parameters=True, gradient_as_bucket_view=True)
 
-    def batches(epoch: int, start: int):
+    def batches(run, epoch: int, start: int):
         out = []
         for step in range(epoch * RANK_STEPS + start, (epoch + 1) * RANK_STEPS):
             lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
@@ -327,16 +324,19 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
                 payload.save(f"{where}/ckpt", **run.parts())
             torch.distributed.barrier()
 
-    def assembled():
-        return assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap)
+    hooks = Hooks(batches=batches, evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                  after_epoch=[after_epoch])
 
-    hooks = EpochHooks(batches=batches, evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                       after_epoch=after_epoch)
-    run_epochs(assembled(), hooks)
+    apply_precision(cfg)  # the rank's start, as the Ray worker's
+
+    def assembled():
+        return assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=wrap, hooks=hooks)
+
+    run_epochs(assembled())
     again = assembled()
     payload.restore(payload.load(f"{where}/ckpt"), **again.parts())
     results["restored"] = True
-    run_epochs(again, hooks)
+    run_epochs(again)
     results.update(centroids=again.objective.centroids.cpu(), held=_gpus_holding_this_process())
     return results
 
@@ -345,15 +345,15 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     """Two steps of the paper's model and batch (128 videos x 32 clips over ``world`` ranks, the
     first a k-means refit) on this rank's GPU, as a worker runs them: its allocator's peak and the
     preflight's estimate of it."""
+    from raymcn.collectives import Collectives
     from raymcn.config import Config
     from raymcn.data.read.order import rank_slots
-    from raymcn.losses import Collectives
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
-    from raymcn.train.loop import train_one_epoch
-    from raymcn.train.plan import make_plan
+    from raymcn.train.loop import apply_precision, train_one_epoch
     from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cfg = Config().replace({"scale.num_workers": world, "scale.use_gpu": True, "optim.warmup_steps": 1})
     plan = make_plan(cfg, cfg.data.batch_size * 2)
@@ -367,12 +367,12 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
         batches.append({k: v[lo:hi] for k, v in host_batch(cfg, seed=step).items()})
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)  # before the model: the estimate counts it
+    apply_precision(cfg)  # the rank's start, as the Ray worker's
     run = assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=lambda net: (
         torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=[device.index],
                                                   gradient_as_bucket_view=True)))
     feed = Prefetcher(batches, device, depth=cfg.data.prefetch_batches)
-    metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=cfg,
-                              state=run.state, device=device, switch=plan.switch_step, comm=run.comm)
+    metrics = train_one_epoch(run, feed)
     return {"peak": torch.cuda.max_memory_allocated(device) - base, "estimate": estimate,
             "total_loss": metrics["total_loss"]}
 
@@ -485,18 +485,19 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     from raymcn.config import MODALITIES
     from raymcn.train.build import assemble
     from raymcn.train.feed import to_device
-    from raymcn.train.loop import forward_backward
-    from raymcn.train.plan import make_plan
+    from raymcn.train.loop import apply_precision, forward_backward
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), ["scale.num_workers=1", f"scale.use_gpu={device.type == 'cuda'}"])
     plan = make_plan(cfg, cfg.data.batch_size)
     out = []
     for chunk in (0, 2 * cfg.data.clips_per_video):
+        apply_precision(cfg)  # a rank's start, as the Ray worker's
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
-        terms = forward_backward(run.model, run.objective, to_device(host_batch(cfg), device), frozenset(MODALITIES),
-                                 0, chunk_clips=chunk, device=device, lap=lambda phase: None)
+        terms = forward_backward(run, to_device(host_batch(cfg), device), frozenset(MODALITIES), chunk,
+                                 lap=lambda phase: None)
         grads = torch.cat([p.grad.flatten().double() for p in run.net.parameters() if p.grad is not None])
         out.append(({k: v.item() for k, v in terms.items()}, grads.cpu()))
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import last_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def _smoke(tmp_path: Path, *args: str) -> dict:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == report
+    assert last_json(proc.stdout) == report
     return report
 
 

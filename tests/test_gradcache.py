@@ -20,25 +20,22 @@ import copy
 
 import pytest
 import torch
-from conftest import linear_mcn, objective_for
+from conftest import TINY_MODEL, config, linear_mcn, objective_for, run_of
 
 from raymcn.config import STAGE_ORDERS, Config, ConfigError
+from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.train import gradcache
 from raymcn.train.gradcache import cached_step, chunk_bounds, slice_batch
 from raymcn.train.stages import ALL, first_stage
 
-TINY = {"model.embed_dim": 32, "model.audio_channels": [4, 4, 8, 8, 16], "model.recon_hidden": 16,
-        "model.video_dim": 24, "model.word_dim": 12, "data.audio_frames": 160}
 VIDEOS, CPV = 6, 2
 CLIPS = VIDEOS * CPV  # 12 clips: chunks of 2 (one video), 8 (8 + 4) and 12 (one chunk)
 
 
-def _cfg(recon: bool = True, **extra) -> Config:
-    return Config().replace({
-        **TINY, "model.recon": recon, "data.batch_size": VIDEOS, "data.clips_per_video": CPV,
+BASE = {**TINY_MODEL, "model.recon": True, "data.batch_size": VIDEOS, "data.clips_per_video": CPV,
         "scale.num_workers": 0, "loss.num_clusters": 4, "loss.refresh_every": 2, "loss.queue_steps": 2,
-        "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.recon_weight": 2.0, "run.seed": 3, **extra})
+        "loss.kmeans_iters": 30, "loss.kmeans_tol": 1e-8, "loss.recon_weight": 2.0, "run.seed": 3}
 
 
 def _batch(cfg: Config, step: int) -> dict:
@@ -165,7 +162,7 @@ def tiny_mcn(cfg: Config) -> MCN:
 def test_cached_step_equals_the_plain_step(order, recon, chunk):
     """BatchNorm in eval mode: a clip's forward does not depend on its chunk, so the cached step
     must equal the plain step itself."""
-    cfg = _cfg(recon)
+    cfg = config(BASE, **{"model.recon": recon})
     model = tiny_mcn(cfg)
     ref = run(model, cfg, order, plain, bn_eval=True)
     got = run(model, cfg, order, cached(chunk), bn_eval=True)
@@ -178,7 +175,7 @@ def test_cached_step_equals_the_plain_step(order, recon, chunk):
 def test_training_batchnorm_equals_the_chunkwise_step(order, chunk):
     """BatchNorm in training mode: equal to the plain step over the chunk-by-chunk forward, and
     the running statistics updated once per step with the whole share's statistics."""
-    cfg = _cfg()
+    cfg = config(BASE)
     model = tiny_mcn(cfg)
     got = run(model, cfg, order, cached(chunk))
     assert_same(got, run(model, cfg, order, chunkwise_graph(chunk)))
@@ -190,7 +187,7 @@ def test_training_batchnorm_equals_the_chunkwise_step(order, chunk):
 @pytest.mark.parametrize("recon", [True, False], ids=["recon", "no-recon"])
 def test_one_chunk_with_training_batchnorm_is_the_plain_step(recon):
     """One chunk: the step and PyTorch's own running-statistics update, exactly."""
-    cfg = _cfg(recon)
+    cfg = config(BASE, **{"model.recon": recon})
     model = tiny_mcn(cfg)
     assert_same(run(model, cfg, "joint", cached(CLIPS)), run(model, cfg, "joint", plain))
 
@@ -198,7 +195,7 @@ def test_one_chunk_with_training_batchnorm_is_the_plain_step(recon):
 def test_chunk_statistics_do_change_the_gradient():
     """The reason for the chunkwise reference: with training-mode BN, chunks of two videos are
     not the plain step (if this ever passed, the test above would be vacuous)."""
-    cfg = _cfg()
+    cfg = config(BASE)
     model = tiny_mcn(cfg)
     with pytest.raises(AssertionError):
         assert_same(run(model, cfg, "joint", cached(4)), run(model, cfg, "joint", plain))
@@ -208,7 +205,7 @@ def test_chunk_statistics_do_change_the_gradient():
 def test_dropout_is_replayed_in_the_reforward(chunk):
     """A forward that draws random numbers: the re-forward sees the masks of the first pass, and
     the step leaves the generator where the chunk-by-chunk forward would."""
-    cfg = _cfg()
+    cfg = config(BASE)
     model = linear_mcn(12, 32, dropout=0.3)
     ref = run(model, cfg, "joint", chunkwise_graph(chunk), seed=7, batch_fn=_linear_batch)
     got = run(model, cfg, "joint", cached(chunk), seed=7, batch_fn=_linear_batch)
@@ -220,15 +217,16 @@ def test_dropout_is_replayed_in_the_reforward(chunk):
 
 @pytest.mark.parametrize("sabotage", ["no-rng-replay", "recon-weighted-twice", "bn-updated-per-chunk"])
 def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
-    cfg = _cfg()
+    cfg = config(BASE)
     if sabotage == "no-rng-replay":
         model, seed = linear_mcn(12, 32, dropout=0.3), 7
         monkeypatch.setattr(gradcache, "_set_rng_state", lambda state, device: None)
         reference = chunkwise_graph(CPV)
     elif sabotage == "recon-weighted-twice":
         model, seed = linear_mcn(12, 32), None
-        real = gradcache.recon_loss
-        monkeypatch.setattr(gradcache, "recon_loss", lambda pairs, detach: 2 * real(pairs, detach))
+        real = MCNObjective.recon_term  # a chunk's part (fraction < 1) weighted twice; the whole share's as before
+        monkeypatch.setattr(MCNObjective, "recon_term",
+                            lambda self, pairs, fraction=1.0: real(self, pairs, fraction) * (2 if fraction < 1 else 1))
         reference = plain
     else:
         model, seed = tiny_mcn(cfg), None
@@ -242,22 +240,24 @@ def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
 
 
 # --- through the training loop ----------------------------------------------------------------------------------
-def _loop(cfg: Config, steps: int = 3) -> tuple[dict, dict]:
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+def _loop(cfg: Config, steps: int = 3, fault: str = "") -> tuple[dict, dict]:
+    """``steps`` steps of the training loop on the linear stand-in, with ``RAYMCN_FAULT=fault``
+    installed as a rank installs it at its start."""
+    from raymcn.environment import Environment
+    from raymcn.train import faults
+    from raymcn.train.loop import train_one_epoch
 
     model = linear_mcn(12, 32)
-    optimizer = build_optimizer(model, cfg)
-    objective = objective_for(cfg)
-    batches = [_linear_batch(cfg, s) for s in range(steps)]
-    metrics = train_one_epoch(model, objective, optimizer, build_scheduler(optimizer, cfg, 100), batches, cfg=cfg,
-                              state=LoopState(), device=torch.device("cpu"), switch=0)
+    run = run_of(cfg, model)
+    faults.install(run, Environment(fault=fault))
+    metrics = train_one_epoch(run, [_linear_batch(cfg, s) for s in range(steps)])
     return metrics, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def test_the_loop_with_caching_trains_as_without():
     base = {"optim.warmup_steps": 0, "optim.lr": 1e-2, "optim.grad_clip": 1.0}
-    ref_metrics, ref_params = _loop(_cfg(**base))
-    metrics, params = _loop(_cfg(**base, **{"scale.grad_cache_clips": 4}))
+    ref_metrics, ref_params = _loop(config(BASE, base))
+    metrics, params = _loop(config(BASE, base, **{"scale.grad_cache_clips": 4}))
     for name, value in ref_params.items():
         torch.testing.assert_close(params[name], value, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
     for key in [k for k in ref_metrics if k.endswith("_loss")]:
@@ -265,17 +265,17 @@ def test_the_loop_with_caching_trains_as_without():
     assert metrics["time_reforward_s"] > 0 and ref_metrics["time_reforward_s"] == 0
 
 
-def test_a_nonfinite_cached_step_is_skipped(monkeypatch):
-    monkeypatch.setenv("RAYMCN_FAULT", "nan_at_step=1")
-    metrics, _ = _loop(_cfg(**{"scale.grad_cache_clips": 4, "optim.max_nonfinite_steps": 1}))
+def test_a_nonfinite_cached_step_is_skipped():
+    cfg = config(BASE, **{"scale.grad_cache_clips": 4, "optim.max_nonfinite_steps": 1})
+    metrics, _ = _loop(cfg, fault="nan_at_step=1")
     assert metrics["skipped_steps"] == 1
 
 
 def test_chunks_must_be_whole_videos():
     with pytest.raises(ConfigError, match=r"scale.grad_cache_clips=3 is not a multiple of data.clips_per_video=2"):
-        _cfg(**{"scale.grad_cache_clips": 3})
+        config(BASE, **{"scale.grad_cache_clips": 3})
     with pytest.raises(ConfigError, match=r"scale.grad_cache_clips=-2: must be >= 0"):
-        _cfg(**{"scale.grad_cache_clips": -2})
-    cfg = _cfg()
+        config(BASE, **{"scale.grad_cache_clips": -2})
+    cfg = config(BASE)
     with pytest.raises(ValueError, match="whole videos of 2 clips"):
         cached_step(tiny_mcn(cfg), objective_for(cfg), _batch(cfg, 0), ALL, 0, 3)

@@ -51,9 +51,9 @@ class SyncCounter:
 
 def tiny_run(overrides: list[str], world: int = 1, rank: int = 0):
     """The embedded default's tiny MCN assembled as a rank of ``world`` runs it (DDP on several)."""
-    from raymcn.losses import Collectives
+    from raymcn.collectives import Collectives
     from raymcn.train.build import assemble
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), [f"scale.num_workers={world}", "optim.warmup_steps=1", *overrides])
     plan = make_plan(cfg, cfg.data.batch_size * STEPS)
@@ -80,7 +80,7 @@ def rank_batches(cfg, plan, rank: int, world: int) -> list[dict]:
 def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, int]:
     """Host syncs counted from each step's start to its end (``train_one_epoch``'s ``watch`` and
     ``after_step``); the epoch's closing metrics come after the last step and are not a step's."""
-    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.loop import Hooks, train_one_epoch
 
     start: dict[int, int] = {}
     per_step: dict[int, int] = {}
@@ -89,12 +89,11 @@ def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, i
         if phase == "step":
             start[step] = counter.count
 
-    def after_step(state) -> None:
-        per_step[state.step - 1] = counter.count - start[state.step - 1]
+    def after_step(run, values, batch) -> None:
+        per_step[run.state.step - 1] = counter.count - start[run.state.step - 1]
 
-    train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, batches, cfg=cfg, state=run.state,
-                    device=torch.device("cpu"), switch=plan.switch_step, comm=run.comm, watch=watch,
-                    after_step=after_step, log=lambda line: None)
+    run.hooks = Hooks(watch=watch, after_step=[after_step], log=lambda line: None)
+    train_one_epoch(run, batches)
     return per_step
 
 
@@ -167,4 +166,4 @@ def test_ranks_with_unequal_shares_exchange_no_row_counts():
     for result in gloo_ranks(_ranks_worker, 2):
         cfg = load_config(preset_path(), [])
         assert_at_most_one_per_step(result["per_step"], cfg, result["where"])
-        assert not any("gather.py" in w for w in result["where"]), result["where"]
+        assert not any("collectives.py" in w for w in result["where"]), result["where"]

@@ -8,11 +8,10 @@ names directly, so it does not reuse raymcn's name table or model code.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import yaml
+from conftest import last_json
 from original_ref import SMALL, Dims, OriginalReference, original_shapes, original_state_dict, save_original
 
 from raymcn.cli import main
@@ -243,7 +242,7 @@ def test_config_file_keeps_run_settings_and_weights_decide_the_model(tmp_path, s
     assert main(["import-original", str(src), "--out", str(tmp_path / "out"), "--config", str(tmp_path / "run.yaml"),
                  "--set", "data.batch_size=32", "--json"]) == 0
     out = capsys.readouterr().out
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_json(out)
     assert summary["model"]["embed_dim"] == 32 and summary["form"] == "state_dict"
     assert "model.embed_dim: the config says 64, the weights say 32; the weights decide" in out
     cfg = load_config(tmp_path / "out" / RUN_CONFIG_FILE)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import stop_shared_ray
+from conftest import last_json, stop_shared_ray
 from tune_dirs import result_rows, trial_statuses
 
 from raymcn.servers import sweeps
@@ -179,9 +179,6 @@ def _ray(*args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([RAY, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def _last_json(text: str) -> dict:
-    return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
-
 
 def _tmux_sessions() -> set[str]:
     listed = subprocess.run(["tmux", "ls", "-F", "#{session_name}"], capture_output=True, text=True)
@@ -263,7 +260,7 @@ def test_a_killed_sweep_resumed_by_hand(cluster):
     before = result_rows(interrupted)
     resumed = _ray("submit", str(config), "sweep.py", "--", "--resume", "latest", "--json")
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
-    assert _last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
+    assert last_json(resumed.stdout)["experiment_dir"] == str(interrupted)
     after = result_rows(interrupted)
     assert set(trial_statuses(interrupted).values()) == {"TERMINATED"} and len(after) == 2
     for t in finished:

@@ -1,7 +1,8 @@
 """The package layering, checked over every module of raymcn: what each may import, and no
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
-Layers, left to right: config, storage -> data -> model -> losses -> train -> sweep -> results;
+Layers, left to right: environment (the process's RAYMCN_* variables) -> config, storage -> data -> model -> losses -> train -> sweep -> results;
+collectives (the ranks' collectives, torch only) sits under the losses and serves them and train/;
 cli, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
 never the reverse. The rules are per folder (a file
 moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
@@ -10,7 +11,7 @@ at its root) and the checkpoints/, monitor/ and preflight/ rooms never import on
 folder of train/ that imports Ray. Two data modules import Ray, each the Ray side of its room:
 read/datasource (Ray Data) and write/ray_writers (Ray actors); the rest of data/ imports without
 Ray. Other deviations: sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
-uses numpy, scipy and yaml (statistics, the sweep file), monitor/trackers logs a run to
+uses numpy, scipy, statsmodels and yaml (statistics, the sweep file), monitor/trackers logs a run to
 MLflow and W&B (optional extras, imported when asked for), and preflight/gpus reads the GPUs'
 free memory through NVML (nvidia-ml-py), which opens no CUDA context.
 """
@@ -65,8 +66,12 @@ def folder(module: str) -> str:
 def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     """(raymcn names it may import, raymcn names it may not, third-party packages it may import)."""
     where = folder(module)
+    if module == "raymcn.environment":  # the process's RAYMCN_* variables: stdlib only, below everything
+        return set(), set(), set()
     if module == "raymcn.config":
-        return set(), set(), {"yaml"}
+        return {"raymcn.environment"}, set(), {"yaml"}
+    if module == "raymcn.collectives":  # the ranks' collectives: torch only, under the losses
+        return set(), set(), {"torch"}
     if module == "raymcn.storage":
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
@@ -86,20 +91,25 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     if where == "raymcn.model":
         return {"raymcn.config.ModelConfig", "raymcn.config.MODALITIES", "raymcn.model"}, set(), {"torch"}
     if where == "raymcn.losses":
-        return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.losses"}, set(), {"torch"}
+        return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.collectives", "raymcn.losses"}, set(), {
+            "torch"}
     if where == "raymcn.train.on_ray":
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+                 "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 {"raymcn.data.write.ray_writers"}, {"torch", "numpy", "yaml", "ray"})
     if where == "raymcn.train" or where in TRAIN_ROOMS:
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.model", "raymcn.losses", "raymcn.train"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+                 "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
                     {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()) | (
                     {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
     if where == "raymcn.sweep":
-        return ({"raymcn.config", "raymcn.storage", "raymcn.data", "raymcn.train", "raymcn.sweep"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.train",
+                 "raymcn.sweep"},
                 {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})
     if where == "raymcn.results":
-        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "yaml"}
+        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "statsmodels",
+                                                             "yaml"}
     raise AssertionError(f"{module}: no layer")
 
 
@@ -132,6 +142,7 @@ def test_the_checker_can_fail():
     assert problems_of("raymcn.data.write.shards", {"raymcn.data.read.datasource.rank_dataset"})
     assert problems_of("raymcn.data.formats.sample", {"raymcn.data.write.shards"})  # formats come first
     assert problems_of("raymcn.train.monitor.console", {"raymcn.train.on_ray.launch"})
+    assert problems_of("raymcn.collectives", {"raymcn.losses.MCNObjective"})  # below the losses
     assert not problems_of("raymcn.train.on_ray.worker", {"raymcn.data.read.datasource.RankStream", "ray.train"})
 
 

@@ -8,28 +8,22 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import objective_for
+from conftest import config, objective_for
 
-from raymcn.config import Config
+from raymcn.collectives import Collectives, world_info
 from raymcn.losses import (
-    Collectives,
     FeatureQueue,
     assign_clusters,
     cluster_ce,
     cosine_kmeans,
     mms_loss,
     recon_loss,
-    world_info,
 )
 from raymcn.losses.ring import ring_mms_loss
 
-
-def _cfg(**overrides) -> Config:
-    base = {"data.batch_size": 4, "data.clips_per_video": 6, "loss.num_clusters": 3, "loss.queue_steps": 3,
-            "loss.queue_clip_fraction": 0.5, "loss.refresh_every": 2, "loss.kmeans_iters": 20,
-            "scale.num_workers": 0, "model.embed_dim": 8}
-    base.update(overrides)
-    return Config().replace(base)
+BASE = {"data.batch_size": 4, "data.clips_per_video": 6, "loss.num_clusters": 3, "loss.queue_steps": 3,
+        "loss.queue_clip_fraction": 0.5, "loss.refresh_every": 2, "loss.kmeans_iters": 20,
+        "scale.num_workers": 0, "model.embed_dim": 8}
 
 
 # --- MMS ------------------------------------------------------------------------------------------
@@ -138,7 +132,7 @@ def test_objective_with_ring_equals_gathered_in_one_process():
     rows = {m: torch.randn(24, 8, generator=g) for m in ("video", "audio", "text")}
     results = []
     for ring in (False, True):
-        objective = objective_for(_cfg(**{"scale.ring_contrastive": ring}))
+        objective = objective_for(config(BASE, **{"scale.ring_contrastive": ring}))
         assert objective.ring is ring
         out = {m: r.clone().requires_grad_() for m, r in rows.items()}
         terms = objective(out, frozenset(rows), step=0)
@@ -303,7 +297,7 @@ def test_world_info_without_process_group():
 
 
 def test_objective_terms_inactive_modality_and_weighted_total():
-    cfg = _cfg(**{"loss.cluster_weight": 0.5, "loss.recon_weight": 3.0})
+    cfg = config(BASE, **{"loss.cluster_weight": 0.5, "loss.recon_weight": 3.0})
     obj = objective_for(cfg)
     out = _out(24, 8, 0)
     terms = obj(out, frozenset({"video", "audio"}), step=0)
@@ -325,7 +319,7 @@ def test_objective_terms_inactive_modality_and_weighted_total():
 
 def test_objective_all_pairs_and_cluster_variants():
     out = _out(24, 8, 1, recon=False)
-    cfg = _cfg()
+    cfg = config(BASE)
     terms = objective_for(cfg)(out, frozenset({"video", "audio", "text"}), 0)
     assert set(terms) == {"tv_contrastive_loss", "at_contrastive_loss", "av_contrastive_loss", "contrastive_loss",
                           "cluster_loss", "total_loss"}
@@ -341,14 +335,14 @@ def test_objective_all_pairs_and_cluster_variants():
     expected = (cluster_ce(out["video"], obj.centroids, labels, cfg.loss.margin)
                 + cluster_ce(out["text"], obj.centroids, labels, cfg.loss.margin)) / 2
     torch.testing.assert_close(terms["cluster_loss"], expected)
-    cfg_f = _cfg(**{"loss.cluster_on": "fused"})
+    cfg_f = config(BASE, **{"loss.cluster_on": "fused"})
     obj = objective_for(cfg_f)
     terms = obj(out, frozenset({"video", "text"}), 0)
     torch.testing.assert_close(terms["cluster_loss"], cluster_ce(fused, obj.centroids, labels, cfg.loss.margin))
 
 
 def test_objective_queue_slice_from_config_refresh_and_stage_switch():
-    cfg = _cfg()  # 4 videos × 6 clips, fraction 0.5 -> 3 clips per video -> 12 rows per step
+    cfg = config(BASE)  # 4 videos × 6 clips, fraction 0.5 -> 3 clips per video -> 12 rows per step
     assert cfg.queue_clips_per_video == 3 and cfg.queue_rows == 3 * 4 * 3
     obj = objective_for(cfg)
     active = frozenset({"video", "audio"})
@@ -382,14 +376,14 @@ def test_objective_queue_slice_from_config_refresh_and_stage_switch():
 
 
 def test_objective_bf16_queue_and_other_batch_shape():
-    cfg = _cfg(**{"loss.queue_dtype": "bfloat16", "data.clips_per_video": 4, "loss.queue_clip_fraction": 0.25})
+    cfg = config(BASE, **{"loss.queue_dtype": "bfloat16", "data.clips_per_video": 4, "loss.queue_clip_fraction": 0.25})
     obj = objective_for(cfg)
     obj(_out(16, 8, 0, recon=False), frozenset({"audio", "text"}), 0)
     assert obj.queue._buf.dtype == torch.bfloat16 and len(obj.queue) == 4  # 4 videos × 1 clip
 
 
 def test_objective_rejects_missing_modality_and_partial_videos():
-    obj = objective_for(_cfg())
+    obj = objective_for(config(BASE))
     with pytest.raises(KeyError):
         obj(_out(24, 8, 0, modalities=("video",)), frozenset({"video", "audio"}), 0)
     with pytest.raises(ValueError):

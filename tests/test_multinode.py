@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 from conftest import (
@@ -18,14 +17,13 @@ from conftest import (
     TINY,
     event_log_callback,
     in_background,
+    last_json,
     multinode_cluster,
+    preset,
     read_events,
     train_worker_nodes,
     wait_for,
 )
-
-from raymcn.cli import preset_path
-from raymcn.config import load_config
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
@@ -38,11 +36,9 @@ def cluster():
         yield c
 
 
-def _cfg(tmp_path: Path, *extra: str):
-    # Each worker reserves a whole CPU of a 1-CPU node: the two workers land on two nodes; their
-    # read tasks (no CPU reserved) run beside them.
-    return load_config(preset_path(), [*TINY, "scale.num_workers=2", "scale.cpus_per_worker=1",
-                                       f"run.storage_path={tmp_path}", *extra])
+# Each worker reserves a whole CPU of a 1-CPU node: the two workers land on two nodes; their
+# read tasks (no CPU reserved) run beside them.
+TWO_NODES = [*TINY, "scale.num_workers=2", "scale.cpus_per_worker=1"]
 
 
 def lose_a_worker_node(cluster, back_after: float = 5.0) -> str:
@@ -62,7 +58,7 @@ def test_workers_on_two_nodes_read_on_their_own_nodes_and_a_lost_node_costs_one_
     from raymcn.train.on_ray import launch
 
     epochs = 6
-    cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "run.name=lost-node")
+    cfg = preset(*TWO_NODES, f"run.storage_path={tmp_path}", f"schedule.epochs={epochs}", "run.name=lost-node")
     log = tmp_path / "events.jsonl"
     thread, out = in_background(launch.fit, cfg, callbacks=[event_log_callback(log)])
 
@@ -96,9 +92,9 @@ def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path
     from raymcn.train.checkpoints import payload as checkpoint
 
     epochs = 6
-    cfg = _cfg(tmp_path, f"schedule.epochs={epochs}", "schedule.stage_order=VT_A", "schedule.stage1_fraction=0.5",
-               "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.max_concurrent=1", "sweep.repeats=1",
-               "sweep.space={schedule.stage_order: {grid: [VT_A]}}", "run.name=sweep")
+    cfg = preset(*TWO_NODES, f"run.storage_path={tmp_path}", f"schedule.epochs={epochs}", "schedule.stage_order=VT_A",
+                 "schedule.stage1_fraction=0.5", "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.max_concurrent=1",
+                 "sweep.repeats=1", "sweep.space={schedule.stage_order: {grid: [VT_A]}}", "run.name=sweep")
     thread, out = in_background(tuner.run_sweep, cfg)
 
     def stage2_checkpoint():
@@ -135,12 +131,12 @@ def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path,
 
     base = [*TINY, f"run.storage_path={tmp_path / 'results'}", "scale.cpus_per_worker=1"]
     folder = tmp_path / "shards"
-    shutil.copytree(shard_folder(load_config(preset_path(), base)), folder)
+    shutil.copytree(shard_folder(preset(*base)), folder)
     for extra in ([], [f"data.shards={folder}"]):
         argv = ["doctor", "--step", "--json", *sum((["--set", s] for s in [*base, *extra]), [])]
         assert main(argv) == 0, capsys.readouterr().out[-3000:]
         out = capsys.readouterr().out
-        report = json.loads(out.strip().splitlines()[-1])
+        report = last_json(out)
         assert len(report["columns"]) == 4 and sum("(head)" in c for c in report["columns"].values()) == 1
         for node, rows in report["rows"].items():
             assert all(r["ok"] in (True, None) for r in rows), (node, [r for r in rows if r["ok"] is False])
@@ -165,7 +161,7 @@ def test_the_doctor_rehearses_the_lab_sweep_on_the_cluster(cluster, tmp_path, ca
     argv = ["doctor", "--rehearse", "--json", "--config", "sweeps/stage_order_bohb.yaml", *lab_inputs(),
             "--set", f"run.storage_path={tmp_path / 'results'}"]
     assert main(argv) == 0, capsys.readouterr().out[-4000:]
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = last_json(capsys.readouterr().out)
     rows = rehearsal_rows(report)
     assert len(rows) >= 7 and all(r["ok"] for r in rows.values()), rows
 

@@ -36,7 +36,7 @@ def test_an_elastic_group_is_judged_by_its_maximum():
 
 def test_the_trainer_carries_the_strategy(monkeypatch, tmp_path):
     from raymcn.train.on_ray.launch import build_trainer
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     cfg = _cfg("scale.num_workers=2", "scale.cpus_per_worker=1")
     monkeypatch.setattr(cluster, "node_resources", lambda: [{"CPU": 2.0}])

@@ -1,14 +1,15 @@
-"""In-epoch progress (train/monitor/progress.py): the terminal line's figures, its cadence, the marker
+"""In-epoch progress (train/monitor/in_epoch.py): the terminal line's figures, its cadence, the marker
 beside the run and the resume line's replayed steps, with an injected clock (no Ray)."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace as Plan  # the three figures Progress reads from a run's plan
 
 import pytest
 
 from raymcn.config import PROGRESS_FILE
-from raymcn.train.monitor.progress import Progress, duration, progress_line, read_mark
+from raymcn.train.monitor.in_epoch import Progress, duration, progress_line, read_mark
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (61, "1m"), (3599, "59m"), (3600, "1h00m"),
@@ -33,7 +34,7 @@ def run_steps(progress: Progress, clock: Clock, steps: range, seconds_per_step: 
 
 def test_lines_every_interval_with_rate_and_etas(tmp_path):
     clock, said = Clock(), []
-    p = Progress(str(tmp_path), steps_per_epoch=100, epochs=3, clips_per_step=64, every_s=10, say=said.append,
+    p = Progress(str(tmp_path), Plan(steps_per_epoch=100, epochs=3, clips_per_step=64), every_s=10, say=said.append,
                  clock=clock)
     run_steps(p, clock, range(1, 41), 0.5)  # 2 steps/s, 20 s: a line at 10 s and at 20 s
     assert said == ["epoch 1/3  step 20/100  128 samples/s  epoch ETA 40s  run ETA 2m",
@@ -46,7 +47,7 @@ def test_lines_every_interval_with_rate_and_etas(tmp_path):
 
 def test_rate_follows_the_last_minutes_not_the_whole_run(tmp_path):
     clock = Clock()
-    p = Progress(None, steps_per_epoch=1000, epochs=1, clips_per_step=10, every_s=0, say=None, clock=clock)
+    p = Progress(None, Plan(steps_per_epoch=1000, epochs=1, clips_per_step=10), every_s=0, say=None, clock=clock)
     run_steps(p, clock, range(1, 201), 1.0)   # 1 step/s for 200 s
     run_steps(p, clock, range(201, 401), 0.25)  # then 4 steps/s for 50 s
     assert p.mark(400)["samples_per_s"] == pytest.approx(35.0)  # steps 190..400 over the last 60 s
@@ -55,14 +56,14 @@ def test_rate_follows_the_last_minutes_not_the_whole_run(tmp_path):
 
 
 def test_epoch_end_counts_as_the_last_step_of_its_epoch(tmp_path):
-    p = Progress(None, steps_per_epoch=10, epochs=2, clips_per_step=1, every_s=0, say=None, clock=Clock())
+    p = Progress(None, Plan(steps_per_epoch=10, epochs=2, clips_per_step=1), every_s=0, say=None, clock=Clock())
     assert (p.mark(10)["epoch"], p.mark(10)["in_epoch"]) == (0, 10)
     assert (p.mark(11)["epoch"], p.mark(11)["in_epoch"]) == (1, 1)
 
 
 def test_marker_written_in_the_background_and_read_back(tmp_path):
     clock = Clock()
-    p = Progress(str(tmp_path), steps_per_epoch=10, epochs=2, clips_per_step=4, every_s=0, say=None,
+    p = Progress(str(tmp_path), Plan(steps_per_epoch=10, epochs=2, clips_per_step=4), every_s=0, say=None,
                  write_every_s=5, clock=clock)
     run_steps(p, clock, range(1, 13), 1.0)  # writes due at 5 s and 10 s
     p.flush()

@@ -6,16 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_shards import SETTINGS, write
-
-from raymcn.data import synthetic
+from conftest import last_json
+from test_shards import write
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
-    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
 
 
 def shard_bytes(manifest: dict) -> list[tuple[str, list[str], str]]:
@@ -56,7 +50,7 @@ def test_ray_actors_write_the_local_writers_shards_and_resume_alike(ray_local, c
                  "--captions", str(corpus.captions), "--video-list", str(corpus.video_csv), "--word-vectors",
                  str(corpus.word_vectors), "--out", str(tmp_path / "ray"), "--dtype", "float32",
                  "--videos-per-shard", "5", "--ray", "--no-progress", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shards"] == 3
+    assert last_json(capsys.readouterr().out)["shards"] == 3
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ray").glob("*.tar") if p.name != lost} == kept
     again = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert shard_bytes(again) == shard_bytes(local)

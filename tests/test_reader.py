@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shards_of
 
 pytestmark = pytest.mark.ray
 
@@ -25,8 +26,7 @@ from raymcn.data.formats import tarfmt
 from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS  # noqa: E402
 from raymcn.data.read import datasource as reader
 from raymcn.data.read import order, stream
-from raymcn.data.write import shards
-from raymcn.train.plan import make_plan  # noqa: E402
+from raymcn.train.run_plan import make_plan  # noqa: E402
 
 VIDEOS, PER_SHARD = 24, 3
 SETTINGS = synthetic.SynthSettings(videos=VIDEOS, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
@@ -42,12 +42,9 @@ def ray_instance(ray_local):
 
 
 @pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory) -> Path:
-    corpus = synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
+def shard_dir(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
-                              corpus.word_vectors, out, videos_per_shard=PER_SHARD, progress=False,
-                              log=lambda m: None)
+    shards_of(corpus, out, videos_per_shard=PER_SHARD)
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from tune_dirs import metrics_for
 
 from raymcn.config import PRIMARY_METRIC, RETRIEVAL_METRICS
 from raymcn.results import ExperimentError, format_table, group_table, load_experiment, main_table
@@ -31,12 +32,6 @@ TRIALS = {
     "a0001_00005": ("VT_A", 2e-4, [], True),  # errored before its first report
 }
 NO_ROWS_DIR = "trial_fn_a0001_00005_5_lr=0.0002"  # its id can only come from the dir name
-
-
-def metrics_for(r10: float) -> dict[str, float]:
-    # R@1/R@5/MedR derived from R@10 so expected values are easy to recompute
-    return {"text_to_video_R@1": r10 / 10, "text_to_video_R@5": r10 / 2, R10: r10,
-            "text_to_video_MedR": 100 - 2 * r10}
 
 
 def make_row(tid: str, epoch: int, r10: float) -> dict:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LOSS_TERMS, TINY, event_log_callback, read_events, read_trace, steps_as_run, wait_for
+from conftest import LOSS_TERMS, TINY, event_log_callback, last_json, read_events, read_trace, steps_as_run, wait_for
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import lr_factor
 from raymcn.train.on_ray import launch
-from raymcn.train.plan import warmup_steps
+from raymcn.train.run_plan import warmup_steps
 
 pytestmark = pytest.mark.ray
 
@@ -223,7 +223,7 @@ def test_a_reboot_mid_epoch_then_resume_latest(reference, tmp_path):
                            "--set", f"run.storage_path={tmp_path}", "--json"],
                           env=dict(os.environ, RAY_ADDRESS="local"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = last_json(done.stdout)
     assert summary["global_step"] == STEPS and summary["epochs"] == 3
     run_dir = Path(summary["run_dir"])
     assert_same_model(final_model(run_dir), final_model(reference["dir"]))

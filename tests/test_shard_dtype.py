@@ -11,25 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shards_of
 
 from raymcn.data.commands import add_shards_arguments, run_shards
 from raymcn.data.formats import manifest as shard_manifest
 from raymcn.data.read.stream import iter_shard_records
-from raymcn.data.synthetic import CorpusPaths, SynthSettings, write_corpus
+from raymcn.data.synthetic import CorpusPaths, SynthSettings
 from raymcn.data.write import shards
 
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> CorpusPaths:
-    root = tmp_path_factory.mktemp("corpus")
-    write_corpus(root, SynthSettings(videos=24, eval_clips=8, full_precision=True))
-    return CorpusPaths(root)
+SETTINGS = SynthSettings(videos=24, eval_clips=8, full_precision=True)
 
 
 def _write(corpus: CorpusPaths, out: Path, dtype: str) -> dict:
-    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
-                                     corpus.word_vectors, out, videos_per_shard=8, feature_dtype=dtype,
-                                     progress=False, log=lambda m: None)
+    return shards_of(corpus, out, videos_per_shard=8, feature_dtype=dtype)
 
 
 def _records(out: Path, manifest: dict) -> dict:

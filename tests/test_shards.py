@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import last_json, shards_of
+from shard_scan import check_shard
 
 from raymcn.config import load_config
 from raymcn.data import commands, synthetic
@@ -22,7 +24,7 @@ from raymcn.data.formats.manifest import ShardError
 from raymcn.data.formats.sample import SampleError
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import stream
-from raymcn.data.write import shards, writer
+from raymcn.data.write import writer
 
 ARRAYS = ("feat_2d", "feat_3d", "spec", "starts", "ends", "token_ids", "token_offsets")
 V1 = Path(__file__).parent / "data" / "shards-v1"  # written by the FORMAT_VERSION 1 writer (make_shards_v1.py)
@@ -31,20 +33,12 @@ SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=1
 
 
 # --- fixtures ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
-    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
 
 
 def write(corpus, out, **kw) -> dict:
     # fp32 features: these tests pin the format's bytes (bit-exact round trip, the v1 fixture);
     # fp16 shards are tests/test_shard_dtype.py's
-    kw.setdefault("feature_dtype", "float32")
-    kw.setdefault("videos_per_shard", 5)
-    kw.setdefault("progress", False)
-    kw.setdefault("log", lambda msg: None)
-    return shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
-                                     corpus.word_vectors, out, **kw)
+    return shards_of(corpus, out, **{"feature_dtype": "float32", "videos_per_shard": 5, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +316,7 @@ def test_damaged_shard_costs_only_its_bad_samples(written, tmp_path, how, chunk)
     for vid, rec in good.items():  # the survivors are intact
         for name in ARRAYS:
             assert getattr(rec, name).tobytes() == getattr(reference[vid], name).tobytes()
-    whole = sample.check_shard(path.read_bytes(), s["videos"])
+    whole = check_shard(path.read_bytes(), s["videos"])
     assert sorted(k for k, _ in whole.bad) == sorted(bad)
 
 
@@ -404,7 +398,7 @@ def shards_args(corpus, out, **kw) -> argparse.Namespace:
 
 def test_shards_command(corpus, tmp_path, capsys):
     assert commands.run_shards(shards_args(corpus, tmp_path / "o")) == 0
-    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    last = last_json(capsys.readouterr().out)
     assert last["videos"] == 12 and last["shards"] == 3
 
 
@@ -427,7 +421,7 @@ def test_synth_command_writes_the_original_layout(tmp_path, capsys):
     args = parser.parse_args(["--out", str(tmp_path / "s"), "--videos", "2", "--eval-clips", "2",
                               "--word-dim", "8", "--json"])
     assert commands.run_synth(args) == 0
-    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    info = last_json(capsys.readouterr().out)
     rows = read_video_paths(info["video_list"])
     vid = video_id_of(rows[0])
     assert len(rows) == 2 and (Path(info["features"]) / rows[0] / f"{vid}_2d.npz").is_file()

@@ -7,12 +7,12 @@ sweep tests at the bottom are marked `ray` (and `slow` for the sweep).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import last_json
 from original_ref import SMALL, OriginalReference, original_state_dict, save_original
 
 import raymcn.cli as cli
@@ -33,9 +33,6 @@ from raymcn.train.preflight import checks as preflight
 RUN = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=1",
        "scale.num_workers=1", "scale.cpus_per_worker=1"]
 
-
-def last_json(capsys) -> dict:
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +64,7 @@ def test_eval_of_imported_weights_follows_the_msrvtt_protocol(original, imported
     assert main(["eval", "--checkpoint", str(imported), "--eval-set", spec, "--word-vectors",
                  str(corpus.word_vectors), "--device", "cpu", "--json"]) == 0
     out = capsys.readouterr().out
-    got = json.loads(out.strip().splitlines()[-1])
+    got = last_json(out)
     assert "R@K divides by 1000" in out and got["eval_size"] == 1000 and got["epochs"] == 0
 
     # Independently: the original's forward from the original tensors (with raymcn's ceil pooling
@@ -193,11 +190,11 @@ def test_import_eval_then_train_from_the_weights(ray_local, original, tmp_path, 
     assert main(["import-original", str(original[1]), "--out", str(out), "--config", str(preset_path()),
                  *sum((["--set", s] for s in RUN), [])]) == 0
     assert main(["eval", "--checkpoint", str(out), "--device", "cpu", "--json"]) == 0  # the synthetic eval split
-    assert last_json(capsys)["eval_size"] == 64
+    assert last_json(capsys.readouterr().out)["eval_size"] == 64
     # An lr so small that the weights cannot move measurably: what the run saved is what it started from.
     assert main(["train", "--config", str(out / RUN_CONFIG_FILE), "--init-from", str(out), "--json",
                  "--set", "optim.lr=1e-12", "--set", f"run.storage_path={tmp_path / 'runs'}"]) == 0
-    summary = last_json(capsys)
+    summary = last_json(capsys.readouterr().out)
     payload = checkpoint.load(checkpoint.list_checkpoints(summary["run_dir"])[-1])
     imported = checkpoint.load(out)["model"]
     for key, value in weights(imported).items():
@@ -215,7 +212,7 @@ def test_every_sweep_trial_starts_from_the_same_weights(ray_local, imported, tmp
                  "--set", "sweep.algorithm=grid", "--set", "sweep.num_samples=1", "--set", "sweep.repeats=1",
                  "--set", "sweep.space={optim.lr: {grid: [1.0e-12, 2.0e-12]}}", "--set", "sweep.confirm={}",
                  "--set", f"run.storage_path={tmp_path}"]) == 0
-    experiment = Path(last_json(capsys)["experiment_dir"])
+    experiment = Path(last_json(capsys.readouterr().out)["experiment_dir"])
     trials = sorted((experiment / "train").glob("train-*"))
     assert len(trials) == 2
     start = weights(checkpoint.load(imported)["model"])

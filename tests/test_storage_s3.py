@@ -8,10 +8,8 @@ Ray workers inherit from this process, as on a cluster they come from each node'
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import TINY
+from conftest import TINY, last_json
 
 from bench import services
 from raymcn.cli import main
@@ -37,9 +35,6 @@ def _keys(uri: str) -> list[str]:
     return sorted(i.path.removeprefix(path + "/") for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)))
 
 
-def _last_json(capsys) -> dict:
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-
 
 def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, monkeypatch, capsys):
     runs = f"{bucket}/runs"
@@ -55,7 +50,7 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
 
     assert main(["train", "--resume", "latest", "--set", f"run.storage_path={runs}", "--set", "scale.max_failures=3",
                  "--json"]) == 0
-    out = _last_json(capsys)
+    out = last_json(capsys.readouterr().out)
     assert out["run_dir"] == f"{runs}/{run}" and out["epochs"] == 3  # continued in the bucket, from epoch 2
 
 
@@ -71,7 +66,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     sweeps = f"{bucket}/sweeps"
     assert main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={sweeps}",
                  "--set", "schedule.epochs=2", "--set", "run.trackers=mlflow"]) == 0
-    out = _last_json(capsys)
+    out = last_json(capsys.readouterr().out)
     exp = out["experiment_dir"]
     assert exp.startswith(sweeps + "/")
     assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint") and PRIMARY_METRIC in out["best_metrics"]

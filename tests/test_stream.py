@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shards_of
 
+from bench.readers import LocalStream, TrainVideos
 from raymcn.config import load_config
 from raymcn.data import synthetic
 from raymcn.data.formats import manifest as shard_manifest
@@ -20,9 +22,7 @@ from raymcn.data.formats import tarfmt
 from raymcn.data.formats.sample import decode_sample_bytes
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import order, stream
-from raymcn.data.read.in_memory import TrainVideos
-from raymcn.data.write import shards
-from raymcn.train.plan import make_plan
+from raymcn.train.run_plan import make_plan
 
 SETTINGS = synthetic.SynthSettings(videos=12, eval_clips=2, topics=3, word_dim=16, meaning_words=60,
                                    filler_words=8, video_seconds=(6.0, 10.0))
@@ -30,15 +30,9 @@ DATA_DIR = Path(stream.__file__).parents[1]  # raymcn/data
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> synthetic.CorpusPaths:
-    return synthetic.write_corpus(tmp_path_factory.mktemp("corpus"), SETTINGS)
-
-
-@pytest.fixture(scope="module")
 def shard_dir(corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    shards.shards_from_layout(corpus.features_root, corpus.audio_root, corpus.captions, corpus.video_csv,
-                              corpus.word_vectors, out, videos_per_shard=5, progress=False, log=lambda m: None)
+    shards_of(corpus, out, videos_per_shard=5)
     return out
 
 
@@ -129,7 +123,7 @@ def test_in_memory_and_shard_paths_give_the_same_batches(corpus, shard_dir, cfg,
     assert len(in_memory) == steps - start
     assert_same_batches(from_shards, in_memory)
     # the in-process reader (bench/overhead.py's Ray-free arms) gives them too, with its counters
-    local, stats = stream.LocalStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps).epoch(epoch, start)
+    local, stats = LocalStream(shard_dir, index, cfg, rank, world, steps_per_epoch=steps).epoch(epoch, start)
     assert_same_batches(list(local), in_memory)
     assert stats.videos == sum(len(b["key"]) for b in in_memory) // cfg.data.clips_per_video
 
@@ -268,17 +262,17 @@ def test_a_step_without_a_readable_video_takes_the_previous_steps_or_fails_namin
 # tarfmt <- sample <- shards / order <- stream <- reader, synthetic -> shards; tarinput -> shards.
 ALLOWED = {
     "formats/tarfmt": set(),
-    "formats/sample": {"features", "tarfmt"},
+    "formats/sample": {"config", "features", "tarfmt"},
     "formats/manifest": {"config", "sample"},
     "read/order": {"tarfmt"},
     "write/tarinput": {"features"},
     "write/captions": {"features", "files", "manifest"},
     "write/writer": {"captions", "features", "files", "sample", "words"},
-    "write/shards": {"captions", "features", "files", "manifest", "plan", "sample", "sources", "space", "vocab",
-                     "words", "write", "writer"},
+    "write/shards": {"captions", "disk_space", "features", "files", "manifest", "sample", "shard_plan", "sources",
+                     "vocab", "words", "write", "writer"},
     "read/stream": {"config", "features", "order", "sample", "tarfmt", "words"},
     "read/datasource": {"config", "order", "stream"},
-    "synthetic": {"features", "files", "in_memory", "manifest", "shards", "words"},
+    "synthetic": {"features", "files", "manifest", "shards", "words"},
 }
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import preset
 
-from raymcn.cli import preset_path
-from raymcn.config import ConfigError, load_config
+from raymcn.config import ConfigError
 
 pytest.importorskip("ray")
 
@@ -80,9 +80,9 @@ def test_repeater_state_survives_save_and_restore(tmp_path):
 LR = {"optim.lr": {"loguniform": [1e-4, 1e-2]}}
 
 
-def _cfg(**sweep):
-    sweep = {"space": LR, "confirm": {}, **sweep}
-    return load_config(preset_path(), {f"sweep.{k}": v for k, v in sweep.items()})
+def _sweep(**sweep) -> dict:
+    """The dotted ``sweep.*`` settings of ``sweep`` (default: the LR space, no confirmation)."""
+    return {f"sweep.{k}": v for k, v in {"space": LR, "confirm": {}, **sweep}.items()}
 
 
 def test_grid_repeats_are_a_seed_axis_and_other_algorithms_wrap_their_searcher():
@@ -90,15 +90,16 @@ def test_grid_repeats_are_a_seed_axis_and_other_algorithms_wrap_their_searcher()
     from ray.tune.search.bohb import TuneBOHB
 
     orders = {"schedule.stage_order": {"grid": ["AV_T", "joint"]}}
-    grid = _cfg(algorithm="grid", repeats=3, num_samples=1, space=orders)
+    grid = preset(_sweep(algorithm="grid", repeats=3, num_samples=1, space=orders))
     assert search_space(grid)["run.seed"] == {"grid_search": [1, 2, 3]} and num_samples(grid) == 1
     assert isinstance(build_search(grid)[0], BasicVariantGenerator)
     for algorithm, inner in (("random", RandomSearcher), ("asha", RandomSearcher), ("bohb", TuneBOHB)):
-        cfg = _cfg(algorithm=algorithm, repeats=3, num_samples=4)
+        cfg = preset(_sweep(algorithm=algorithm, repeats=3, num_samples=4))
         search, _ = build_search(cfg)
         assert isinstance(search, SeedRepeater) and isinstance(search.searcher, inner)
         assert search.seed_values == [1, 2, 3] and num_samples(cfg) == 12 and "run.seed" not in search_space(cfg)
-    assert not isinstance(build_search(_cfg(algorithm="asha", repeats=1))[0], SeedRepeater)  # repeats: 1 is unchanged
+    # repeats: 1 is unchanged
+    assert not isinstance(build_search(preset(_sweep(algorithm="asha", repeats=1)))[0], SeedRepeater)
 
 
 @pytest.mark.parametrize("sweep, fragment", [
@@ -111,7 +112,7 @@ def test_grid_repeats_are_a_seed_axis_and_other_algorithms_wrap_their_searcher()
 ])
 def test_repeats_refused_where_they_would_not_repeat(sweep, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):
-        _cfg(**sweep)
+        preset(_sweep(**sweep))
 
 
 def test_random_searcher_draws_each_domain():

@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 import sys
+from types import SimpleNamespace as Plan  # the three figures Progress reads from a run's plan
 
 import pytest
 from tune_dirs import curve, write_sweep_yaml, write_trial
@@ -149,13 +150,13 @@ def test_cli_has_watch(exp):
 
 
 def test_running_trials_show_where_they_are_inside_the_epoch(exp):
-    """A running trial's run writes its progress mark (train/monitor/progress.py, the writer itself); watch
+    """A running trial's run writes its progress mark (train/monitor/in_epoch.py, the writer itself); watch
     shows that mark's line under the table, finished trials none, and the mark's age."""
-    from raymcn.train.monitor.progress import Progress
+    from raymcn.train.monitor.in_epoch import Progress
 
     now = [1000.0]
     run_dir = exp / "train" / "train-c0ffe_00004"
-    progress = Progress(str(run_dir), steps_per_epoch=9100, epochs=30, clips_per_step=4096, every_s=0, say=None,
+    progress = Progress(str(run_dir), Plan(steps_per_epoch=9100, epochs=30, clips_per_step=4096), every_s=0, say=None,
                         clock=lambda: now[0])
     progress.restart_clock(4 * 9100)
     for step in range(4 * 9100 + 1, 4 * 9100 + 4521):

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from raymcn.train.monitor import watchdog
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, TAG, _for_terminal
@@ -98,20 +97,18 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
 
 
 def test_the_loop_reports_each_phase_with_its_step():
-    from test_gradcache import _cfg, _linear_batch, linear_mcn, objective_for
+    from conftest import config, linear_mcn, objective_for, run_of
+    from test_gradcache import BASE, _linear_batch
 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
-    from raymcn.train.loop import LoopState, build_optimizer, build_scheduler, train_one_epoch
+    from raymcn.train.loop import Hooks, LoopState, train_one_epoch
 
-    cfg = _cfg(**{"optim.warmup_steps": 0})
-    model = linear_mcn(12, 32)
-    optimizer = build_optimizer(model, cfg)
+    cfg = config(BASE, **{"optim.warmup_steps": 0})
     seen: list[tuple[str, int]] = []
-    train_one_epoch(model, objective_for(cfg), optimizer, build_scheduler(optimizer, cfg, 100),
-                    [_linear_batch(cfg, s) for s in range(2)], cfg=cfg, state=LoopState(step=5),
-                    device=torch.device("cpu"), switch=0, after_step=lambda state: None,
-                    watch=lambda phase, step: seen.append((phase, step)))
+    hooks = Hooks(after_step=[lambda run, values, batch: None], watch=lambda phase, step: seen.append((phase, step)))
+    run = run_of(cfg, linear_mcn(12, 32), objective=objective_for(cfg), state=LoopState(step=5), hooks=hooks)
+    train_one_epoch(run, [_linear_batch(cfg, s) for s in range(2)])
     assert seen == [("data", 5), ("step", 5), ("checkpoint", 6), ("data", 6), ("step", 6), ("checkpoint", 7),
                     ("data", 7)]
     assert load_config(preset_path()).run.stall_timeout_s >= 60  # the default is never a hair trigger
@@ -191,7 +188,7 @@ def test_workers_abort_nccl_on_a_timeout_instead_of_ending_unnamed(monkeypatch, 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
     from raymcn.train.on_ray.launch import build_trainer
-    from raymcn.train.plan import make_plan
+    from raymcn.train.run_plan import make_plan
 
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     cfg = load_config(preset_path(), ["run.stall_timeout_s=100"])
@@ -203,6 +200,24 @@ def test_workers_abort_nccl_on_a_timeout_instead_of_ending_unnamed(monkeypatch, 
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
     assert trainer.run_config.worker_runtime_env["env_vars"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+
+
+def test_the_workers_get_the_settings_they_are_handed_not_the_drivers_variables(tmp_path, monkeypatch):
+    """The RAYMCN_* settings reach the workers as the driver's entry read and passed them
+    (``Environment``), through the runtime environment; building the trainer reads none itself."""
+    from raymcn.cli import preset_path
+    from raymcn.config import load_config
+    from raymcn.environment import Environment
+    from raymcn.train.on_ray.launch import build_trainer
+    from raymcn.train.run_plan import make_plan
+
+    monkeypatch.setenv("RAYMCN_FAULT", "kill_at_step=3")  # set after the entry read: not handed on
+    cfg = load_config(preset_path(), [])
+    env = Environment(fault="nan_at_step=1", trace=str(tmp_path / "trace"))
+    handed = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"), env=env).run_config.worker_runtime_env
+    assert {k: v for k, v in handed["env_vars"].items() if k.startswith("RAYMCN_")} == {
+        "RAYMCN_FAULT": "nan_at_step=1", "RAYMCN_TRACE": str(tmp_path / "trace")}
+    assert Environment.read(handed["env_vars"]) == env  # what a worker reads at its start
 
 
 def test_the_config_keeps_the_collective_timeout_behind_the_watchdogs():

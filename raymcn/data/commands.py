@@ -132,9 +132,9 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
     """``raymcn shards``; ``writer``: who writes the shards instead of local processes
     (``shards_from_layout``'s; the command line passes Ray's for ``--ray``)."""
     from raymcn.data.formats.manifest import MANIFEST, ShardError
+    from raymcn.data.write.disk_space import plan_space
     from raymcn.data.write.shards import shards_from_layout
     from raymcn.data.write.sources import layout_sources
-    from raymcn.data.write.space import plan_space
 
     if args.workers is not None and args.workers < 0:
         return command_error("shards", f"--workers={args.workers}: must be >= 0")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.config import PermanentError
+from raymcn.config import NodeInputError, PermanentError
 from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, l2_normalize
 from raymcn.data.formats.files import load_pickle
 from raymcn.data.formats.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
@@ -34,7 +34,7 @@ SYNTHETIC_FRAMES = 1024  # the synthetic clips last 6–12 s; a multiple of DAVE
 MSRVTT_TEST_QUERIES = 1000  # the 1k-A (JSFusion) test set
 
 
-class EvalSetError(ValueError, PermanentError):
+class EvalSetError(ValueError, PermanentError, NodeInputError):
     """A malformed evaluation pickle; the message names the file, the entry and the key."""
 
 

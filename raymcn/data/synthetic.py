@@ -52,7 +52,6 @@ from raymcn.data.formats.files import build_once
 from raymcn.data.formats.manifest import FORMAT_VERSION
 from raymcn.data.formats.manifest import MANIFEST as SHARD_MANIFEST
 from raymcn.data.formats.words import write_word2vec_bin
-from raymcn.data.read.in_memory import TrainVideos
 from raymcn.data.write.shards import DEFAULT_FEATURE_DTYPE, shards_from_layout
 
 GENERATOR_VERSION = 1  # bump whenever the generated data changes: it is part of the cache key
@@ -413,12 +412,6 @@ def ensure_corpus(cfg) -> Path:
     from raymcn.config import default_cache_dir
 
     return ensure_settings(default_cache_dir(cfg), settings_from_config(cfg))
-
-
-def train_videos(cfg) -> TrainVideos:
-    """The synthetic corpus of ``cfg``'s training videos in memory (``read/in_memory.py``), for the
-    benchmarks and tests that train without shards; the corpus is generated into the cache once."""
-    return TrainVideos.from_layout(CorpusPaths(ensure_corpus(cfg)), cfg.data.max_words)
 
 
 # --- the default shards: the cached corpus through the real writer ---------------------------------

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from raymcn.collectives import Collectives
 from raymcn.losses.contrastive import margin_cross_entropy
-from raymcn.losses.gather import Collectives
 
 _EPS = 1e-12
 

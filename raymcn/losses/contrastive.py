@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from raymcn.losses.gather import Collectives
+from raymcn.collectives import Collectives
 
 # (x, y, short name): L_con = MMS(t·vᵀ) + MMS(a·tᵀ) + MMS(a·vᵀ), the original's pairs and directions.
 PAIRS: tuple[tuple[str, str, str], ...] = (("text", "video", "tv"), ("audio", "text", "at"), ("audio", "video", "av"))

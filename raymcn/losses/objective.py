@@ -4,12 +4,12 @@ One :class:`MCNObjective` lives in every training worker for the whole run. It o
 clustering state (global feature queue, centroids, last active modality set), which is identical
 on every rank and is checkpointed by the trainer through :meth:`state_dict`.
 
-Distributed contract (see gather.py): every rank calls the objective every step with the same
+Distributed contract (see raymcn/collectives.py): every rank calls the objective every step with the same
 active set, the same step and the same local batch size b, and every rank runs ``backward()`` on
 ``total_loss``. Returned values are this rank's share; the DDP-averaged gradient equals the
 full-batch gradient and ``all_reduce_mean`` of a term equals its full-batch value. The objective
 gets only what it needs (its loss settings, the clip layout, the queue size, the seed, and its rank
-and world as a :class:`~raymcn.losses.gather.Collectives`); it never reads the run's whole config.
+and world as a :class:`~raymcn.collectives.Collectives`); it never reads the run's whole config.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from raymcn.collectives import Collectives
 from raymcn.config import MODALITIES, LossConfig
 from raymcn.losses.cluster import FeatureQueue, assign_clusters, cluster_ce, cosine_kmeans
 from raymcn.losses.contrastive import PAIRS, mms_loss
-from raymcn.losses.gather import Collectives
 from raymcn.losses.recon import recon_loss
 from raymcn.losses.ring import ring_mms_loss
 
@@ -30,8 +30,11 @@ _QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KMEANS_REFIT = "raymcn.kmeans_refit"  # profiler label of the refit (building X and Lloyd's iterations)
 
 
-class MCNObjective:
-    """Callable loss with clustering state.
+class MCNObjective(torch.nn.Module):
+    """The loss of a step, with clustering state: a module, so a caller may hook its calls as it
+    hooks any torch module's (``register_forward_hook``: fault injection makes a step's loss
+    non-finite that way, ``train/faults.py``). Its state is not in parameters or buffers: it
+    checkpoints through its own :meth:`state_dict`.
 
     Args:
         loss: the loss settings.
@@ -56,6 +59,7 @@ class MCNObjective:
                  queue_clips_per_video: int, seed: int, device: torch.device | str,
                  comm: Collectives | None = None, ring: bool = False,
                  shares: Callable[[int], Sequence[int]] | None = None):
+        super().__init__()
         self.loss = loss
         self.embed_dim = int(embed_dim)
         self.clips_per_video, self.queue_clips_per_video = int(clips_per_video), int(queue_clips_per_video)
@@ -75,7 +79,7 @@ class MCNObjective:
         self.queue.clear()
         self.centroids = None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict:  # the clustering state (torch's would be empty: no parameters)
         return {"queue": self.queue.state_dict(),
                 "centroids": None if self.centroids is None else self.centroids.detach().cpu().clone(),
                 "active": None if self.active is None else sorted(self.active)}
@@ -90,7 +94,7 @@ class MCNObjective:
         self.active = None if state.get("active") is None else frozenset(state["active"])
 
     # --- the loss -------------------------------------------------------------------------------
-    def __call__(self, out: dict, active: frozenset[str], step: int) -> dict[str, torch.Tensor]:
+    def forward(self, out: dict, active: frozenset[str], step: int) -> dict[str, torch.Tensor]:
         """Loss terms for one step.
 
         Args:
@@ -137,14 +141,24 @@ class MCNObjective:
             terms = self._gathered_contrastive(emb, gathered, pairs, offset, gather, weight, ref.device)
         terms["cluster_loss"] = weight * cluster
 
-        lc = self.loss
         recon_pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
-        total = terms["contrastive_loss"] + lc.cluster_weight * terms["cluster_loss"]
+        total = terms["contrastive_loss"] + self.loss.cluster_weight * terms["cluster_loss"]
         if recon_pairs:
-            terms["recon_loss"] = weight * recon_loss(recon_pairs, lc.detach_recon_targets)
-            total = total + lc.recon_weight * terms["recon_loss"]
+            terms["recon_loss"] = self.recon_term(recon_pairs)
+            total = total + self.in_total(terms["recon_loss"])
         terms["total_loss"] = total
         return terms
+
+    def recon_term(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], fraction: float = 1.0) -> torch.Tensor:
+        """``recon_loss`` of this rank's share from its ``pairs`` (modality -> (pred, target)),
+        weighted by the last call's share weight b·N/B as every term is; for a chunk holding
+        ``fraction`` of the share's clips (gradient caching), that chunk's part of it: the parts
+        sum to the share's term."""
+        return recon_loss(pairs, self.loss.detach_recon_targets) * (fraction * self.share_weight)
+
+    def in_total(self, recon: torch.Tensor) -> torch.Tensor:
+        """What a ``recon_loss`` term (or a chunk's part of it) adds to ``total_loss``."""
+        return self.loss.recon_weight * recon
 
     def _sizes(self, b: int, step: int, device: torch.device) -> list[int]:
         """Every rank's rows at ``step``: from ``shares`` when given (no exchange), else exchanged."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from raymcn.losses.gather import Collectives
+from raymcn.collectives import Collectives
 
 
 def _tile(x: torch.Tensor, y: torch.Tensor, margin: float, own: bool) -> torch.Tensor:

@@ -30,9 +30,9 @@ are provisional or cut short.
   noncentral t (noncentrality δ/SE) exceeds the critical t with probability 0.8. "No significant
   difference" with an ``mde`` of 3 R@10 points says only that the difference is likely below 3.
 
-Pure functions of DataFrames; scipy for the t distribution and the tests, imported on first use
-(scipy.stats costs about half a second, and every ``raymcn`` command imports the results layer
-to build its parser).
+Pure functions of DataFrames; scipy for the t distribution and the tests, statsmodels for Holm's
+adjustment, both imported on first use (scipy.stats costs about half a second, and every
+``raymcn`` command imports the results layer to build its parser).
 """
 
 from __future__ import annotations
@@ -71,17 +71,15 @@ def t_interval(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm's step-down adjusted p-values, same order as given; NaN stays NaN and is not counted.
-    Sorted ascending p_(1..m): adj_(i) = max_{j<=i} min(1, (m − j + 1) · p_(j))."""
+    """Holm's step-down adjusted p-values (statsmodels' ``multipletests(method="holm")``), in the
+    order given; NaN stays NaN and is not counted in the family."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(~np.isnan(p))
-    m = ok.size
-    order = ok[np.argsort(p[ok], kind="stable")]
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
+    ok = ~np.isnan(p)
+    if ok.any():
+        from statsmodels.stats.multitest import multipletests
+
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
 
 

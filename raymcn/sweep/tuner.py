@@ -40,16 +40,17 @@ from raymcn.config import (
     load_config_text,
     permanent_cause,
 )
+from raymcn.environment import Environment
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
-from raymcn.sweep.space import param_space, plain
+from raymcn.sweep.search_space import param_space, plain
 from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
 from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
 from raymcn.train.monitor.trackers import local_folder
 from raymcn.train.on_ray.launch import finished_metrics, fit
-from raymcn.train.plan import plan_of
+from raymcn.train.run_plan import plan_of
 
 BUDGET_ATTR = "budget_epoch"
 TRIAL_DRIVER_RESOURCES = {"cpu": 0.01}  # the trial only drives its Train run; 0 is rejected by Tune
@@ -96,6 +97,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
     # does not log a second time.
     cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
+    env = Environment.read()  # this trial driver's start: its RAYMCN_* settings, handed on to its workers
+    timeline.start(env.timeline)
     timeline.mark("trial: driver entered", trial=trial_id, process_started=timeline.process_started())
     try:
         timeline.mark("trial: plan started")
@@ -106,7 +109,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         if done is not None:  # its run ended before Tune saved that (restored after a reboot): say so again
             tune.report(done)
             return
-        fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id))
+        fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id),
+            env=env)
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:
@@ -283,7 +287,7 @@ def _optuna(seed: int):
 def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None) -> list:
     callbacks = []
     if console is not None:
-        from raymcn.sweep.progress import SweepProgress
+        from raymcn.sweep.trial_lines import SweepProgress
 
         callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
     trackers = cfg.run.trackers.split(",")
@@ -359,7 +363,7 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
               inputs: RunInputs | None = None, callbacks: tuple = ()) -> SweepResult:
     """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
     and return the best trial (by the primary metric). ``console``: where the per-trial lines go
-    (:class:`~raymcn.sweep.progress.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
+    (:class:`~raymcn.sweep.trial_lines.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
     them (its preflight did), else resolved here, once for every trial; ``callbacks``: Tune
     callbacks besides the console's and the trackers'."""
     problems = swept_input_problems(cfg)
@@ -415,7 +419,7 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
         # The restored RunConfig holds the interrupted driver's progress callback, pickled without
         # its console (a terminal is not picklable); Tuner.restore takes no callbacks, so the
         # restored list gets this driver's one instead.
-        from raymcn.sweep.progress import SweepProgress
+        from raymcn.sweep.trial_lines import SweepProgress
 
         run_config = tuner._local_tuner.get_run_config()
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]

@@ -1,65 +1,39 @@
 """The run assembly: the one place that builds what a training run is made of, and runs its epochs.
 
-``assemble`` makes the model (optionally wrapped, e.g. in DDP), optimizer, LR schedule, objective
-and loop state from the config and the :class:`~raymcn.train.plan.RunPlan`; ``run_epochs`` runs the
-epoch loop, with hooks for what differs between callers: where the batches come from, the
-evaluation, what happens after each epoch (checkpoint and report in the Ray worker; a Tune report
-in the sweep-efficiency trials) and the progress log. The Ray worker (``worker.py``) and every
-benchmark use these two functions, so a change to the real run is what they measure. No Ray.
+``assemble`` makes the :class:`~raymcn.train.loop.Run` (the model, optionally wrapped, e.g. in
+DDP, optimizer, LR schedule, objective, loop state and the caller's hooks) from the config and the
+:class:`~raymcn.train.run_plan.RunPlan`; ``run_epochs`` runs the epoch loop on it. What differs
+between callers is in the run's :class:`~raymcn.train.loop.Hooks`: where the batches come from,
+the evaluation, what happens after each step and epoch (checkpoint and report in the Ray worker; a
+Tune report in the sweep-efficiency trials) and the progress log. The Ray worker (``worker.py``)
+and every benchmark use these two functions, so a change to the real run is what they measure. No Ray.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import Collectives, MCNObjective
+from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import (
     EpochProgress,
+    Hooks,
     LoopState,
-    apply_precision,
+    Run,
     build_optimizer,
     build_scheduler,
     train_one_epoch,
 )
 from raymcn.train.monitor import timeline
-from raymcn.train.plan import RunPlan
-
-
-@dataclass
-class Run:
-    """One rank's training run, assembled (see the module doc).
-
-    Attributes:
-        model: what the loop trains (the DDP wrapper on several ranks); net: the bare MCN
-            (checkpoints and evaluation use it).
-        comm: this rank's collectives (rank and world): the objective's gathers and the metric means.
-    """
-
-    cfg: Config
-    plan: RunPlan
-    comm: Collectives
-    device: torch.device
-    model: nn.Module
-    net: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    objective: MCNObjective
-    state: LoopState
-
-    def parts(self) -> dict[str, Any]:
-        """What a checkpoint holds and restores, by name (``checkpoint.save/restore``)."""
-        return {"model": self.net, "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "objective": self.objective, "loop": self.state}
+from raymcn.train.run_plan import RunPlan
 
 
 def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
@@ -79,18 +53,20 @@ def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
 
 def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", comm: Collectives | None = None,
              wrap: Callable[[nn.Module], nn.Module] | None = None,
-             prepare: Callable[[nn.Module], None] | None = None) -> Run:
+             prepare: Callable[[nn.Module], None] | None = None, hooks: Hooks | None = None) -> Run:
     """Build one rank's run. The model is seeded with ``run.seed`` (every rank starts identical).
+    No process-wide flag is set here: the rank's start sets the precision policy once
+    (``loop.apply_precision``).
 
     Args:
         comm: this rank's collectives (default: one process).
         wrap: applied to the bare model (moved to its device) before the optimizer is built, e.g.
             Ray Train's ``prepare_model`` (DDP); default: the bare model on ``device``.
         prepare: called with the bare model before the wrap (e.g. loading ``run.init_from`` weights).
+        hooks: what the caller plugs into the run (default: none).
     """
     device = torch.device(device)
     comm = comm or Collectives()
-    apply_precision(cfg)
     torch.manual_seed(cfg.run.seed)
     net = MCN(cfg.model)
     if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size
@@ -102,59 +78,30 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     optimizer = build_optimizer(model, cfg)
     return Run(cfg=cfg, plan=plan, comm=comm, device=device, model=model, net=net, optimizer=optimizer,
                scheduler=build_scheduler(optimizer, cfg, plan.total_steps, plan.warmup_steps),
-               objective=build_objective(cfg, plan, device, comm), state=LoopState())
+               objective=build_objective(cfg, plan, device, comm), state=LoopState(), hooks=hooks or Hooks())
 
 
-@dataclass
-class EpochHooks:
-    """What a caller plugs into :func:`run_epochs`.
-
-    Attributes:
-        batches: (epoch, first in-epoch step) -> (this rank's batches of that epoch from that step
-            on, its data counters or None); the counters' ``as_metrics()`` (``bad_samples``,
-            ``videos_read``) are reported, summed over ranks.
-        evaluate: run -> retrieval metrics after each epoch (the Ray worker scores the eval set,
-            sharded over the ranks); its wall time is reported as ``time_eval_s``.
-        after_epoch: (run, the epoch's metrics) -> None: checkpoint and report, Tune report, faults.
-        after_step: run -> None after every step (mid-epoch checkpoints, progress lines).
-        log: progress lines (rank 0 passes print).
-        watch: (phase, global step) -> None at every phase start (``watchdog.Watchdog.at``).
-    """
-
-    batches: Callable[[int, int], tuple[Iterable[dict], Any]]
-    evaluate: Callable[[Run], dict[str, float]] | None = None
-    after_epoch: Callable[[Run, dict[str, float]], None] | None = None
-    after_step: Callable[[Run], None] | None = None
-    log: Callable[[str], None] | None = None
-    watch: Callable[[str, int], None] | None = None
-
-
-def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
+def run_epochs(run: Run) -> dict[str, float]:
     """Train from ``run.state`` (an epoch boundary, or inside an epoch after a mid-epoch
-    checkpoint) to the plan's last epoch; returns the last epoch's metrics.
+    checkpoint) to the plan's last epoch, with ``run.hooks``; returns the last epoch's metrics.
 
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
     ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the
     evaluation's metrics with ``time_eval_s``, ``epoch`` (completed), ``global_step`` and
     ``budget_epoch`` (the sweep schedulers' clock).
     """
-    plan, state = run.plan, run.state
+    plan, state, hooks = run.plan, run.state, run.hooks
     metrics: dict[str, float] = {}
-    after_step = (lambda _: hooks.after_step(run)) if hooks.after_step is not None else None
-    watch = hooks.watch or (lambda phase, step: None)
     for epoch in range(state.epoch, plan.epochs):
         state.epoch = epoch
         start = state.step_in_epoch(plan.steps_per_epoch)  # > 0 only when resumed inside this epoch
         timeline.mark("epoch: steps started", rank=run.comm.rank, epoch=epoch)
-        batches, stats = hooks.batches(epoch, start)
+        batches, stats = hooks.batches(run, epoch, start)
         # The next batches are fetched (and moved to the device) while the step runs.
         feed = Prefetcher(batches, run.device, depth=run.cfg.data.prefetch_batches,
                           stats=stats if hasattr(stats, "as_metrics") else None)
         try:
-            metrics = train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=run.cfg,
-                                      state=state, device=run.device, switch=plan.switch_step, log=hooks.log,
-                                      total_steps=plan.total_steps, comm=run.comm,
-                                      data_stats=feed.stats, after_step=after_step, watch=hooks.watch)
+            metrics = train_one_epoch(run, feed, feed.stats)
         finally:
             feed.close()
         timeline.mark("epoch: steps done", rank=run.comm.rank, epoch=epoch)
@@ -162,7 +109,7 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch
         if hooks.evaluate is not None:
-            watch("evaluation", state.step)
+            hooks.watch("evaluation", state.step)
             started = time.perf_counter()
             metrics.update(hooks.evaluate(run))
             metrics["time_eval_s"] = time.perf_counter() - started  # the epoch's evaluation, wall seconds
@@ -171,7 +118,8 @@ def run_epochs(run: Run, hooks: EpochHooks) -> dict[str, float]:
         if hooks.log:
             hooks.log(f"epoch {state.epoch}/{plan.epochs} " + " ".join(
                 f"{k}={v:.4g}" for k, v in metrics.items() if k.startswith("text_to_video") or k == "total_loss"))
-        if hooks.after_epoch is not None:
-            watch("report", state.step)
-            hooks.after_epoch(run, metrics)
+        if hooks.after_epoch:
+            hooks.watch("report", state.step)
+            for hook in hooks.after_epoch:
+                hook(run, metrics)
     return metrics

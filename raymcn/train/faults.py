@@ -1,20 +1,24 @@
-"""Fault injection for tests and the fault-tolerance table: ``RAYMCN_FAULT="kind=value[,kind=value]"``.
+"""Fault injection and the step trace, for tests and the fault-tolerance table: hooks a rank
+installs into its run at its start (:func:`install`), only for what its environment asks for.
 
-Kinds: ``raise_after_epoch=N`` (raise once epoch N is checkpointed), ``kill_at_step=S`` (SIGKILL
-this worker process at global step S; rank ``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S``
-(make the loss of step S non-finite), ``hold_after_epoch=N`` (after epoch N and every later one is
-reported, wait while the file ``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between
-epochs, e.g. until a node it added has joined), ``hold_at_step=S`` (the same, every rank, before
-global step S: a test kills the whole machine at a known step), ``stall_data_at_step=S`` (rank
-``RAYMCN_FAULT_RANK``'s batch of global step S never arrives: a reader that hangs) and
-``stall_at_step=S`` (that rank never reaches step S's collectives, in every attempt: the others
-wait in them, as with ranks that take different code paths). A fault fires once per run directory
-(except ``stall_at_step``): a marker file in ``RAYMCN_FAULT_DIR`` stops a restarted worker from
-failing again. Inert when the variable is unset.
+``RAYMCN_FAULT="kind=value[,kind=value]"``. Kinds: ``raise_after_epoch=N`` (raise once epoch N is
+checkpointed), ``kill_at_step=S`` (SIGKILL this worker process at global step S; rank
+``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S`` (make the loss of step S non-finite),
+``hold_after_epoch=N`` (after epoch N and every later one is reported, wait while the file
+``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between epochs, e.g. until a node it added
+has joined), ``hold_at_step=S`` (the same, every rank, before global step S: a test kills the
+whole machine at a known step), ``stall_data_at_step=S`` (rank ``RAYMCN_FAULT_RANK``'s batch of
+global step S never arrives: a reader that hangs) and ``stall_at_step=S`` (that rank never reaches
+step S's collectives, in every attempt: the others wait in them, as with ranks that take different
+code paths). A fault fires once per run directory (except ``stall_at_step``): a marker file in
+``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again.
 
 ``RAYMCN_TRACE=DIR`` (tests): every rank appends each step's loss terms and what its batch held to
 ``DIR/rank<r>.jsonl`` (``{"step": s, "total_loss": ..., "keys": [...], "inputs": {...}}``), so a test
 compares the per-step data and losses of two runs.
+
+The variables are read once, at the rank's start (``raymcn.environment``); a run started without
+them carries none of these hooks, and its step neither reads a variable nor checks for a fault.
 """
 
 from __future__ import annotations
@@ -23,16 +27,41 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from raymcn.environment import Environment
+from raymcn.train.loop import Run
+
+AT_STEP = ("hold_at_step", "kill_at_step", "stall_at_step")
+AFTER_EPOCH = ("raise_after_epoch", "hold_after_epoch")
 
 
 class InjectedFault(RuntimeError):
     """Raised by ``raise_after_epoch``: stands in for a crash of the whole run."""
 
 
-def _spec() -> dict[str, int]:
-    text = os.environ.get("RAYMCN_FAULT", "")
+def install(run: Run, env: Environment) -> None:
+    """The hooks ``env`` asks for, into ``run`` (nothing when it asks for none): the trace first
+    among the run's ``after_step`` hooks (a step is traced before it is checkpointed), the faults
+    where each strikes (before a step, in the objective's loss, after an epoch, in the batches)."""
+    if env.trace:
+        run.hooks.after_step.insert(0, Trace(Path(env.trace)))
+    faults = Faults.of(env)
+    if any(kind in faults.kinds for kind in AT_STEP):
+        run.hooks.before_step.append(faults.at_step)
+    if "nan_at_step" in faults.kinds:
+        run.objective.register_forward_hook(lambda objective, args, terms: faults.poison(run, terms))
+    if any(kind in faults.kinds for kind in AFTER_EPOCH):
+        run.hooks.after_epoch.append(faults.after_epoch)
+    if "stall_data_at_step" in faults.kinds and run.hooks.batches is not None:
+        run.hooks.batches = faults.stalling(run.hooks.batches)
+
+
+def parse(text: str) -> dict[str, int]:
+    """``"kind=value[,kind=value]"`` -> {kind: value}."""
     out = {}
     for part in filter(None, text.split(",")):
         kind, _, value = part.partition("=")
@@ -40,34 +69,73 @@ def _spec() -> dict[str, int]:
     return out
 
 
-def _first_time(kind: str) -> bool:
-    marker_dir = os.environ.get("RAYMCN_FAULT_DIR")
-    if not marker_dir:
+@dataclass(frozen=True)
+class Faults:
+    """The faults of ``RAYMCN_FAULT`` (:func:`parse`), where their markers go and which rank the
+    rank-specific ones hit; its methods are the hooks :func:`install` adds."""
+
+    kinds: dict[str, int]
+    marker_dir: str = ""  # "" = no markers: a fault fires every time its moment comes
+    rank: int = 1
+
+    @classmethod
+    def of(cls, env: Environment) -> Faults:
+        return cls(parse(env.fault), env.fault_dir, int(env.fault_rank or 1))
+
+    def at_step(self, run: Run) -> None:
+        """Before each step: hold every rank, kill or stall the faulty rank."""
+        step, rank = run.state.step, run.comm.rank
+        if self.kinds.get("hold_at_step") == step:
+            self._hold()
+        if self.kinds.get("kill_at_step") == step and rank == self.rank and self._first_time("kill_at_step"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kinds.get("stall_at_step") == step and rank == self.rank:
+            _forever()
+
+    def poison(self, run: Run, terms: dict) -> None:
+        """After the objective's call (its forward hook): step ``nan_at_step``'s loss, and so its
+        gradients, non-finite."""
+        if run.state.step == self.kinds["nan_at_step"]:
+            terms["total_loss"] = terms["total_loss"] * float("nan")
+
+    def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
+        epoch = run.state.epoch
+        if self.kinds.get("raise_after_epoch") == epoch and self._first_time("raise_after_epoch"):
+            raise InjectedFault(f"injected fault after epoch {epoch} (RAYMCN_FAULT)")
+        if "hold_after_epoch" in self.kinds and epoch >= self.kinds["hold_after_epoch"]:
+            self._hold()
+
+    def stalling(self, batches: Callable[[Run, int, int], tuple[Iterable[dict], Any]]):
+        """``batches`` (the run's hook), except that the faulty rank's batch of global step
+        ``stall_data_at_step`` never arrives (once per run)."""
+        def stalled(run: Run, epoch: int, start: int) -> tuple[Iterator, Any]:
+            rows, stats = batches(run, epoch, start)
+            if run.comm.rank != self.rank:
+                return rows, stats
+            return self._stall_in(rows, epoch * run.plan.steps_per_epoch + start), stats
+
+        return stalled
+
+    def _stall_in(self, batches: Iterable[dict], first_step: int) -> Iterator[dict]:
+        for step, batch in enumerate(batches, start=first_step):
+            if step == self.kinds["stall_data_at_step"] and self._first_time("stall_data_at_step"):
+                _forever()
+            yield batch
+
+    def _first_time(self, kind: str) -> bool:
+        if not self.marker_dir:
+            return True
+        marker = Path(self.marker_dir) / f"fired-{kind}"
+        if marker.exists():
+            return False
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
         return True
-    marker = Path(marker_dir) / f"fired-{kind}"
-    if marker.exists():
-        return False
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    return True
 
-
-def after_epoch(epoch: int) -> None:
-    spec = _spec()
-    if spec.get("raise_after_epoch") == epoch and _first_time("raise_after_epoch"):
-        raise InjectedFault(f"injected fault after epoch {epoch} (RAYMCN_FAULT)")
-    if "hold_after_epoch" in spec and epoch >= spec["hold_after_epoch"]:
-        _hold()
-
-
-def _hold() -> None:
-    hold = Path(os.environ.get("RAYMCN_FAULT_DIR", ".")) / "hold"
-    while hold.exists():
-        time.sleep(0.2)
-
-
-def _faulty_rank(rank: int) -> bool:
-    return rank == int(os.environ.get("RAYMCN_FAULT_RANK", "1"))
+    def _hold(self) -> None:
+        hold = Path(self.marker_dir or ".") / "hold"
+        while hold.exists():
+            time.sleep(0.2)
 
 
 def _forever() -> None:
@@ -75,45 +143,18 @@ def _forever() -> None:
         time.sleep(1.0)
 
 
-def at_step(step: int, rank: int) -> bool:
-    """Called before each step; kills this process, stalls it, or returns True when the loss must be made NaN."""
-    spec = _spec()
-    if spec.get("hold_at_step") == step:
-        _hold()
-    if spec.get("kill_at_step") == step and _faulty_rank(rank) and _first_time("kill_at_step"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    if spec.get("stall_at_step") == step and _faulty_rank(rank):
-        _forever()
-    return spec.get("nan_at_step") == step
+@dataclass(frozen=True)
+class Trace:
+    """An ``after_step`` hook: step s's loss terms to ``where/rank<rank>.jsonl``, with the number of
+    ranks that ran it (``world``) and what the rank's batch held: its clips' video ids (``keys``)
+    and the float64 sum of each input (``inputs``; sums add up over ranks, so a test compares a
+    step's data across world sizes)."""
 
+    where: Path
 
-def stalling(batches: Iterable, first_step: int, rank: int) -> Iterator:
-    """``batches`` (global steps ``first_step``, ``first_step + 1``, ...), except that with
-    ``stall_data_at_step=S`` the batch of step S never arrives on the faulty rank (once per run)."""
-    stall = _spec().get("stall_data_at_step")
-    if stall is None:
-        return iter(batches)
-    return _stalling(batches, first_step, rank, stall)
-
-
-def _stalling(batches: Iterable, first_step: int, rank: int, stall: int) -> Iterator:
-    for step, batch in enumerate(batches, start=first_step):
-        if step == stall and _faulty_rank(rank) and _first_time("stall_data_at_step"):
-            _forever()
-        yield batch
-
-
-def trace(step: int, rank: int, values: dict[str, float], batch: dict | None = None, world: int = 1) -> None:
-    """Append step ``step``'s loss terms to ``$RAYMCN_TRACE/rank<rank>.jsonl`` (when set), with
-    the number of ranks that ran it (``world``) and what the rank's batch held: its clips' video
-    ids (``keys``) and the float64 sum of each input (``inputs``; sums add up over ranks, so a test
-    compares a step's data across world sizes)."""
-    where = os.environ.get("RAYMCN_TRACE")
-    if where:
-        row = {"step": step, "world": world, **values}
-        if batch is not None:
-            row["keys"] = list(batch["key"])
-            row["inputs"] = {k: float(batch[k].double().sum()) for k in ("video", "audio", "text")}
-        Path(where).mkdir(parents=True, exist_ok=True)
-        with open(Path(where) / f"rank{rank}.jsonl", "a") as f:
+    def __call__(self, run: Run, values: dict[str, float], batch: dict) -> None:
+        row = {"step": run.state.step - 1, "world": run.comm.world, **values, "keys": list(batch["key"]),
+               "inputs": {k: float(batch[k].double().sum()) for k in ("video", "audio", "text")}}
+        self.where.mkdir(parents=True, exist_ok=True)
+        with open(self.where / f"rank{run.comm.rank}.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")

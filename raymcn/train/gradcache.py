@@ -1,49 +1,16 @@
 """Exact gradient caching for one training step ("GradCache", Gao et al. 2021). No Ray.
 
 A worker's activation memory is that of one chunk of its share, while the objective still sees
-every embedding of the global batch. One step over a share of b clips in chunks of n clips
-(whole videos; ``scale.grad_cache_clips``):
-
-1. **embed**: each chunk's forward without autograd, on the bare module (``MCN.embed``: the
-   reconstruction heads are not run), fills the share's embeddings, (b, D) per active modality.
-2. **loss**: the objective once, on those embeddings as leaves (its queue push and k-means refit
-   happen here, once per step); its backward leaves d total / d embedding, (b, D) per modality:
-   the cached gradients. The leaves are then freed; the gradients are held to the end.
-3. **re-forward**: each chunk's forward again, with autograd and through the DDP wrapper, then one
-   ``torch.autograd.backward`` of [the chunk's embeddings ..., its reconstruction term] with
-   [their rows of the cached gradients ..., 1].
-
-The reconstruction term is per clip (the mean over the share of Σ_m mse_m), so it is not cached:
-step 3 computes each chunk's part, weighted by n_c / b (and by the objective's share weight
-b·N/B when the ranks' shares are unequal), with the heads inside the chunk's graph;
-its gradient reaches the encoders through the heads and, targets not detached, through the
-pooled audio and text activations, as in the plain step. Caching it instead would hold the
-share's predictions and targets and their gradients: at paper size more than the embeddings'
-cache itself (b × 18 432 floats of gradients alone).
-
-What is exact, and how (tests/test_gradcache.py in one process; tests/test_dist_losses.py on 2
-gloo ranks with DDP; all to 1e-5):
-
-* **Loss terms, parameter gradients, queue, centroids** equal those of the plain step on the
-  same share *whose forward runs chunk by chunk* (one autograd graph over the chunks). That is
-  the plain step itself whenever a clip's forward does not depend on the other clips of its
-  batch: with one chunk (n ≥ b), or with BatchNorm in eval mode. MCN's only such dependency is
-  DAVEnet's BatchNorm in training mode, which normalises with the statistics of the batch it
-  sees: with caching, one chunk's, the same in both passes (so the cached gradient is exact for
-  that forward). The effect of chunk instead of share statistics is measured in docs/memory.md.
-* **BatchNorm running statistics** are updated once per step, not once per chunk and pass:
-  both passes run with the layers' own update off; pass 1 pools each layer's input statistics
-  over the chunks (Chan et al.'s parallel mean/variance, float64), and the step ends with one
-  momentum update by the share's mean and unbiased variance. With one chunk that is PyTorch's
-  own update. ``model.sync_batchnorm`` is refused (its statistics are a collective per forward).
-* **RNG**: each chunk's re-forward replays the generator state its first forward started from
-  (CPU and the model's CUDA device), and the step leaves the generators as pass 1 left them.
-  MCN draws no random numbers in its forward (no dropout): insurance, tested with a model that does.
-* **DDP**: every chunk's re-forward and backward but the last's run under ``no_sync()``: the
-  gradients accumulate locally and are all-reduced once, in the last chunk's backward. Pass 1
-  bypasses the wrapper (no collective, no reducer bookkeeping), so DDP's buffer broadcast runs
-  once per step, before the first re-forward, as in the plain step before its forward; the
-  running-statistics update comes after it, as in the plain step.
+every embedding of the global batch. A share of b clips in chunks of n (whole videos,
+``scale.grad_cache_clips``) takes three passes: (1) each chunk embedded without autograd; (2) the
+objective once on those embeddings as leaves, whose backward leaves the cached gradients
+d total / d embedding; (3) each chunk re-forwarded with autograd (its pass-1 RNG state replayed,
+through the DDP wrapper) and its rows of the cached gradients pushed through it, with its part of
+the reconstruction term, which is per clip and so not cached (the objective weights it:
+``MCNObjective.recon_term``). BatchNorm's running statistics are updated once per step
+(:class:`ChunkedBatchNorm`). Terms, gradients, queue and centroids equal the plain step's to 1e-5
+(tests/test_gradcache.py, tests/test_dist_losses.py); what is exact and why: docs/memory.md,
+"Gradient caching: what is exact".
 """
 
 from __future__ import annotations
@@ -56,7 +23,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymcn.config import MODALITIES
-from raymcn.losses.recon import recon_loss
+from raymcn.losses import MCNObjective
 from raymcn.model.syncbn import GlobalBatchNorm2d
 
 
@@ -161,9 +128,9 @@ def _embeddings(net: nn.Module, batch: dict, active: frozenset[str]) -> dict[str
     return {m: x for m, x in net(batch, active).items() if m in MODALITIES}  # a model without ``embed``
 
 
-def cached_step(model: nn.Module, objective: Callable, batch: dict, active: frozenset[str], step: int,
+def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: frozenset[str], step: int,
                 chunk_clips: int, *, forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                lap: Callable[[str], None] | None = None, poison: bool = False) -> dict[str, Tensor]:
+                lap: Callable[[str], None] | None = None) -> dict[str, Tensor]:
     """Forward, objective and backward of one step with gradient caching; returns the detached terms.
 
     Afterwards the parameters' ``.grad`` hold what ``objective(model(batch, active), active,
@@ -173,104 +140,109 @@ def cached_step(model: nn.Module, objective: Callable, batch: dict, active: froz
     Args:
         model: the trained module (a DDP wrapper or the bare model); ``model(batch, active)``
             returns ``{m: (c, D)}`` and ``{"recon_m": (pred (c, F_m), target (c, F_m))}`` for c clips.
-        objective: an :class:`~raymcn.losses.MCNObjective` (called once, on the whole share).
+        objective: the run's :class:`~raymcn.losses.MCNObjective` (called once, on the whole share;
+            it weights the reconstruction term, which runs chunk by chunk).
         batch: this rank's share, b clips, video-major (the batch contract of ``train_one_epoch``).
         chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.clips_per_video``).
         forward_context: entered around every forward (the loop's autocast).
         lap: called with a phase name as each phase ends: "forward" (pass 1), "loss",
             "backward" (the loss's backward, then each chunk's), "reforward" (each chunk's forward).
-        poison: make the loss and every gradient non-finite (the loop's fault injection).
 
     Returns:
         the objective's terms, detached, with ``recon_loss`` (when the model has heads) and
         ``total_loss`` including the reconstruction term as the objective composes it.
     """
     lap = lap or (lambda phase: None)
-    net = getattr(model, "module", model)
     b = share_clips(batch)
     cpv = getattr(objective, "clips_per_video", 1)
     if chunk_clips < 1 or chunk_clips % cpv:
         raise ValueError(f"scale.grad_cache_clips={chunk_clips}: chunks must be whole videos of {cpv} clips")
-    bounds = chunk_bounds(b, chunk_clips)
-    device = next(net.parameters()).device
-    bn = ChunkedBatchNorm(net)
+    chunks = _Chunks(model, batch, active, chunk_bounds(b, chunk_clips), forward_context)
+    bn = ChunkedBatchNorm(chunks.net)
     with bn.frozen():
-        cache, starts = _embed_chunks(net, batch, active, bounds, bn, forward_context, device)  # 1.
-        after_pass1 = _rng_state(device)
+        cache = chunks.embed(bn)  # 1.
+        after_pass1 = _rng_state(chunks.device)
         lap("forward")
-        terms, grads, share_weight = _objective_backward(objective, cache, active, step, poison, lap)  # 2.
+        terms, grads = _objective_backward(objective, cache, active, step, lap)  # 2.
         del cache
         lap("backward")
-        recon = _reforward_chunks(model, batch, active, bounds, starts, grads, objective, share_weight,  # 3.
-                                  forward_context, device, poison, lap)
-        _set_rng_state(after_pass1, device)
+        recon = chunks.reforward(grads, objective, lap)  # 3.
+        _set_rng_state(after_pass1, chunks.device)
     bn.commit()
     if recon is not None:
         terms["recon_loss"] = recon
-        terms["total_loss"] = terms["total_loss"] + objective.loss.recon_weight * recon
+        terms["total_loss"] = terms["total_loss"] + objective.in_total(recon)
     return terms
 
 
-def _embed_chunks(net: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
-                  bn: ChunkedBatchNorm, forward_context, device) -> tuple[dict[str, Tensor], list]:
-    """Pass 1: the share embedded chunk by chunk without autograd; only the embeddings are kept.
-    Returns ({m: (b, D)}, each chunk's RNG state before its forward, for the re-forward)."""
-    b = bounds[-1][1]
-    starts, cache = [], {}
-    with torch.no_grad(), bn.recording():
-        for s, e in bounds:
-            starts.append(_rng_state(device))
-            with forward_context():
-                out = _embeddings(net, slice_batch(batch, s, e), active)
-            for m, x in out.items():
-                if m not in cache:
-                    cache[m] = x.new_empty((b, *x.shape[1:]))
-                cache[m][s:e] = x
-            del out
-    return cache, starts
+class _Chunks:
+    """One step's share cut into chunks, for passes 1 and 3: the module, the share, its active
+    modalities, each chunk's (start, end) rows and the RNG state each chunk's first forward started
+    from (filled by pass 1, replayed by pass 3)."""
+
+    def __init__(self, model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+                 forward_context: Callable[[], contextlib.AbstractContextManager]):
+        self.model, self.batch, self.active, self.bounds = model, batch, active, bounds
+        self.forward_context = forward_context
+        self.net = getattr(model, "module", model)
+        self.device = next(self.net.parameters()).device
+        self.starts: list = []
+
+    @property
+    def clips(self) -> int:
+        return self.bounds[-1][1]
+
+    def embed(self, bn: ChunkedBatchNorm) -> dict[str, Tensor]:
+        """Pass 1: the share embedded chunk by chunk without autograd; only the embeddings are
+        kept. Returns {m: (b, D)}."""
+        cache: dict[str, Tensor] = {}
+        with torch.no_grad(), bn.recording():
+            for s, e in self.bounds:
+                self.starts.append(_rng_state(self.device))
+                with self.forward_context():
+                    out = _embeddings(self.net, slice_batch(self.batch, s, e), self.active)
+                for m, x in out.items():
+                    if m not in cache:
+                        cache[m] = x.new_empty((self.clips, *x.shape[1:]))
+                    cache[m][s:e] = x
+                del out
+        return cache
+
+    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, lap) -> Tensor | None:
+        """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its
+        rows of the cached gradients pushed through it, with its part of the reconstruction term
+        (weighted by the objective) and that part's own gradient; DDP syncs only the last chunk's
+        backward. Returns the reconstruction term of the share (None without heads)."""
+        recon_parts: list[Tensor] = []
+        no_sync = getattr(self.model, "no_sync", None)
+        for i, (s, e) in enumerate(self.bounds):
+            last = i == len(self.bounds) - 1
+            with contextlib.nullcontext() if last or no_sync is None else no_sync():
+                _set_rng_state(self.starts[i], self.device)
+                with self.forward_context():
+                    out = self.model(slice_batch(self.batch, s, e), self.active)
+                lap("reforward")
+                outputs = [out[m] for m in grads]
+                seeds = [g[s:e] for g in grads.values()]
+                pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in self.active and f"recon_{m}" in out}
+                if pairs:
+                    part = objective.recon_term(pairs, (e - s) / self.clips)
+                    recon_parts.append(part.detach())
+                    outputs.append(objective.in_total(part))
+                    seeds.append(torch.ones_like(outputs[-1]))
+                torch.autograd.backward(outputs, seeds)
+                del out, outputs, seeds, pairs
+            lap("backward")
+        return torch.stack(recon_parts).sum() if recon_parts else None
 
 
-def _objective_backward(objective: Callable, cache: dict[str, Tensor], active: frozenset[str], step: int,
-                        poison: bool, lap) -> tuple[dict[str, Tensor], dict[str, Tensor], float]:
+def _objective_backward(objective: MCNObjective, cache: dict[str, Tensor], active: frozenset[str], step: int,
+                        lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Pass 2: the objective once, on the whole share; its backward fills the cached embeddings'
-    gradients. Returns (the detached terms, {m: (b, D) gradient}, the share's weight b·N/B)."""
+    gradients. Returns (the detached terms, {m: (b, D) gradient})."""
     leaves = {m: x.requires_grad_() for m, x in cache.items()}
     terms = objective(leaves, active, step)
-    share_weight = objective.share_weight  # 1 unless the shares are unequal
-    if poison:
-        terms["total_loss"] = terms["total_loss"] * float("nan")
     lap("loss")
     terms["total_loss"].backward()
     grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}
-    return {k: v.detach() for k, v in terms.items()}, grads, share_weight  # detached: the leaves can go
-
-
-def _reforward_chunks(model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
-                      starts: list, grads: dict[str, Tensor], objective: Callable, share_weight: float,
-                      forward_context, device, poison: bool, lap) -> Tensor | None:
-    """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its rows of
-    the cached gradients pushed through it, with its reconstruction term's own gradient; DDP syncs
-    only the last chunk's backward. Returns the reconstruction loss of the share (None without heads)."""
-    b = bounds[-1][1]
-    weight, detach_targets = objective.loss.recon_weight, objective.loss.detach_recon_targets
-    recon_parts: list[Tensor] = []
-    no_sync = getattr(model, "no_sync", None)
-    for i, (s, e) in enumerate(bounds):
-        last = i == len(bounds) - 1
-        with contextlib.nullcontext() if last or no_sync is None else no_sync():
-            _set_rng_state(starts[i], device)
-            with forward_context():
-                out = model(slice_batch(batch, s, e), active)
-            lap("reforward")
-            outputs = [out[m] for m in grads]
-            seeds = [g[s:e] for g in grads.values()]
-            pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in active and f"recon_{m}" in out}
-            if pairs:
-                part = recon_loss(pairs, detach_targets) * ((e - s) / b * share_weight)
-                recon_parts.append(part.detach())
-                outputs.append(weight * part * float("nan") if poison else weight * part)
-                seeds.append(torch.ones_like(outputs[-1]))
-            torch.autograd.backward(outputs, seeds)
-            del out, outputs, seeds, pairs
-        lap("backward")
-    return torch.stack(recon_parts).sum() if recon_parts else None
+    return {k: v.detach() for k, v in terms.items()}, grads  # detached: the leaves can go

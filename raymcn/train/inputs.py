@@ -4,7 +4,7 @@
 once, on the driver, before anything else: the config's ``data.shards``, ``data.eval_set`` and
 ``data.word_vectors`` become absolute paths, and the embedded default (no ``data.shards``, the
 ``synthetic`` eval set) is generated into the cache here and named by its paths. From then on
-nothing distinguishes the default from the lab's data: the plan (``plan.py``), the preflight, the
+nothing distinguishes the default from the lab's data: the plan (``run_plan.py``), the preflight, the
 trainer, every sweep trial and every rank receive these paths and only read them. No other step
 writes data; ``tests/test_flow.py`` checks that.
 

@@ -1,7 +1,8 @@
-"""The training loop as plain functions: optimizer, LR schedule, one epoch, evaluation. No Ray.
+"""The training loop: the run (:class:`Run`, one object from its assembly to every step), what a
+caller plugs into it (:class:`Hooks`), optimizer, LR schedule, one epoch, the step, evaluation. No Ray.
 
 ``train_one_epoch`` and ``evaluate`` return ``dict[str, float]``; the Ray side (``worker.py``)
-only wires them to data, checkpoints and ``ray.train.report``.
+only wires the run's hooks to data, checkpoints and ``ray.train.report``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from raymcn.collectives import Collectives
 from raymcn.config import RETRIEVAL_METRICS, Config, PermanentError
-from raymcn.losses import Collectives
-from raymcn.train import faults
+from raymcn.losses import MCNObjective
 from raymcn.train.feed import to_device
 from raymcn.train.gradcache import cached_step
 from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
+from raymcn.train.run_plan import RunPlan
+from raymcn.train.run_plan import warmup_steps as planned_warmup
 from raymcn.train.stages import active_modalities, stage_of
 
 # "reforward": gradient caching's second forward of each chunk (scale.grad_cache_clips; 0 s when off);
@@ -128,7 +131,8 @@ def autocast(device: torch.device):
 
 
 def apply_precision(cfg: Config) -> None:
-    """The process's precision policy (process-wide torch flags; the worker sets them once).
+    """The process's precision policy: process-wide torch flags, set once at a rank's start (the
+    Ray worker, the step probe, a benchmark's rank), never by the run's assembly.
 
     * The model's forward runs under :func:`autocast` (bf16 on GPU); the losses, k-means and the
       retrieval scores compute in fp32 (they disable autocast themselves).
@@ -166,9 +170,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, total_steps: 
     """The LR schedule of a run: :func:`lr_factor` over the global step. ``warmup_steps`` is the
     run plan's (``plan.warmup_steps``); None derives it from ``cfg`` the same way."""
     if warmup_steps is None:
-        from raymcn.train.plan import warmup_steps as planned
-
-        warmup_steps = planned(cfg)
+        warmup_steps = planned_warmup(cfg)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, total_steps))
 
 
@@ -220,142 +222,201 @@ class PhaseTimer:
         self.pending = open_
 
 
-def train_one_epoch(model: nn.Module, objective: Callable, optimizer: torch.optim.Optimizer, scheduler,
-                    batches: Iterable[dict], *, cfg: Config, state: LoopState, device: torch.device,
-                    switch: int, log: Callable[[str], None] | None = None, total_steps: int | None = None,
-                    data_stats=None, after_step: Callable[[LoopState], None] | None = None,
-                    comm: Collectives | None = None,
-                    watch: Callable[[str, int], None] | None = None) -> dict[str, float]:
-    """Run the rest of the current epoch over ``batches``; returns the epoch's metrics over all its
-    steps (:func:`epoch_metrics`: per-step means of every ``*_loss`` term and phase time,
-    ``samples_per_s``, the data counters) and ``lr`` and ``stage`` after its last step.
+def _no_watch(phase: str, step: int) -> None:
+    pass
 
-    Everything accumulates in ``state.progress`` (:class:`EpochProgress`, checkpointed), so an
-    epoch resumed after its step k reports what the uninterrupted epoch reports.
+
+@dataclass
+class Hooks:
+    """What a caller plugs into a run: each hook is called with the run, and none is required but
+    ``batches`` (for :func:`raymcn.train.build.run_epochs`).
+
+    Attributes:
+        batches: (run, epoch, first in-epoch step) -> (this rank's batches of that epoch from that
+            step on, its data counters or None); the counters' ``as_metrics()`` (``bad_samples``,
+            ``videos_read``) are reported, summed over ranks.
+        evaluate: run -> retrieval metrics after each epoch (its wall time is ``time_eval_s``).
+        before_step: run -> None before each step's compute, in order (fault injection,
+            ``faults.install``, adds its hooks here only when a fault is asked for).
+        after_step: (run, the step's loss terms, its batch) -> None after each step, in order
+            (mid-epoch checkpoints, progress lines, the step trace); their time is the
+            ``checkpoint`` phase.
+        after_epoch: (run, the epoch's metrics) -> None after each epoch, in order (checkpoint
+            and report, a Tune report, fault injection).
+        log: progress lines (rank 0 passes print).
+        watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
+            batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (the ``after_step``
+            hooks), ``"evaluation"``, ``"report"`` (``watchdog.Watchdog.at``).
+    """
+
+    batches: Callable[[Run, int, int], tuple[Iterable[dict], Any]] | None = None
+    evaluate: Callable[[Run], dict[str, float]] | None = None
+    before_step: list[Callable[[Run], None]] = field(default_factory=list)
+    after_step: list[Callable[[Run, dict[str, float], dict], None]] = field(default_factory=list)
+    after_epoch: list[Callable[[Run, dict[str, float]], None]] = field(default_factory=list)
+    log: Callable[[str], None] | None = None
+    watch: Callable[[str, int], None] = _no_watch
+
+
+@dataclass
+class Run:
+    """One rank's training run: built once (``build.assemble``) and carried whole through the
+    epochs (``build.run_epochs``), the epoch (:func:`train_one_epoch`) and the step
+    (:func:`forward_backward`).
+
+    Attributes:
+        model: what the loop trains (the DDP wrapper on several ranks); net: the bare MCN
+            (checkpoints and evaluation use it).
+        comm: this rank's collectives (rank and world): the objective's gathers and the metric means.
+        state: what the loop has done (checkpointed).
+        hooks: what the caller plugged in (:class:`Hooks`).
+    """
+
+    cfg: Config
+    plan: RunPlan
+    comm: Collectives
+    device: torch.device
+    model: nn.Module
+    net: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    objective: MCNObjective
+    state: LoopState
+    hooks: Hooks = field(default_factory=Hooks)
+
+    def parts(self) -> dict[str, Any]:
+        """What a checkpoint holds and restores, by name (``checkpoint.save/restore``)."""
+        return {"model": self.net, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "objective": self.objective, "loop": self.state}
+
+
+def train_one_epoch(run: Run, batches: Iterable[dict], data_stats: Any = None) -> dict[str, float]:
+    """Run the rest of the current epoch (``run.state.epoch``) over ``batches``; returns the epoch's
+    metrics over all its steps (:func:`epoch_metrics`: per-step means of every ``*_loss`` term and
+    phase time, ``samples_per_s``, the data counters) and ``lr`` and ``stage`` after its last step.
+
+    Everything accumulates in ``run.state.progress`` (:class:`EpochProgress`, checkpointed), so an
+    epoch resumed after its step k reports what the uninterrupted epoch reports. The metrics are
+    combined over ``run.comm``'s ranks (a collective at the epoch's end).
 
     Args:
         batches: dicts following the batch contract (video (b,4096), audio (b,40,T), nframes (b,),
             text (b,W,300), key); b = local videos × clips per video, video-major.
-        switch: first global step of stage 2 (see ``stages.switch_step``).
-        log: called with a progress line every ``cfg.run.log_every`` steps (rank 0 passes print).
-        total_steps: the run's steps, for the progress line.
         data_stats: the epoch's data counters as they fill (``as_metrics()``), kept in
-            ``state.progress`` after every step so a mid-epoch checkpoint holds them.
-        after_step: called after every step with the updated state (mid-epoch checkpoints, progress);
-            its time is the ``checkpoint`` phase.
-        comm: the ranks' collectives: the metrics are combined over them (a collective at the
-            epoch's end; default one process). Its rank picks the rank of a fault injection.
-        watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
-            batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (``after_step``).
+            ``run.state.progress`` after every step so a mid-epoch checkpoint holds them.
 
     Raises:
         NonFiniteLossError: more than ``cfg.optim.max_nonfinite_steps`` non-finite steps in a row.
     """
-    model.train()
-    comm = comm or Collectives()
-    epoch = _Epoch(model, objective, optimizer, scheduler, cfg, state, device, switch, comm,
-                   log, total_steps, data_stats, watch or (lambda phase, step: None))
+    run.model.train()
+    epoch = _Epoch(run, data_stats)
+    watch, after_step = run.hooks.watch, run.hooks.after_step
     for batch in batches:
-        epoch.step(to_device(batch, device))
-        if after_step is not None:
-            epoch.watch("checkpoint", state.step)
-            after_step(state)
+        batch = to_device(batch, run.device)
+        values = epoch.step(batch)
+        if after_step:
+            watch("checkpoint", run.state.step)
+            for hook in after_step:
+                hook(run, values, batch)
             epoch.timer.lap("checkpoint")
-        epoch.watch("data", state.step)
+        watch("data", run.state.step)
     return epoch.finish()
 
 
 class _Epoch:
-    """One epoch's steps on one rank (:func:`train_one_epoch`): what stays fixed over the epoch,
-    and the step, the update and the bookkeeping as named pieces."""
+    """One epoch's steps on one rank (:func:`train_one_epoch`): the run, what the epoch adds to it
+    (its phase timer, the data counters already counted, the trained parameters and the step's
+    gradient-caching chunk), and the step, the update and the bookkeeping as named pieces."""
 
-    def __init__(self, model, objective, optimizer, scheduler, cfg: Config, state: LoopState, device: torch.device,
-                 switch: int, comm: Collectives, log, total_steps, data_stats, watch):
-        self.model, self.objective, self.optimizer, self.scheduler = model, objective, optimizer, scheduler
-        self.cfg, self.state, self.device, self.switch, self.comm = cfg, state, device, switch, comm
-        self.log, self.total_steps, self.data_stats, self.watch = log, total_steps, data_stats, watch
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.chunk_clips = cache_chunk(cfg, comm.world)
+    def __init__(self, run: Run, data_stats: Any):
+        self.run, self.data_stats = run, data_stats
+        self.params = [p for p in run.model.parameters() if p.requires_grad]
+        self.chunk_clips = cache_chunk(run.cfg, run.comm.world)
         self.counted: dict[str, float] = {}  # data counters already added to the progress in this attempt
-        p = state.progress
+        p = run.state.progress
         for phase in TIMING_PHASES:  # every phase on every rank (0 s when unused): ranks combine them by key
             p.add(f"time:{phase}", 0.0)
-        self.timer = PhaseTimer(p, device)
+        self.timer = PhaseTimer(p, run.device)
         self.waiting = time.perf_counter()  # host clock: the wait for the epoch's first batch
-        watch("data", state.step)
+        run.hooks.watch("data", run.state.step)
 
-    def step(self, batch: dict) -> None:
-        """One training step on ``batch``: forward, loss, backward, the update, the bookkeeping."""
-        state, p = self.state, self.state.progress
+    def step(self, batch: dict) -> dict[str, float]:
+        """One training step on ``batch``: forward, loss, backward, the update, the bookkeeping;
+        returns the step's loss terms."""
+        run, state = self.run, self.run.state
+        p = state.progress
         # Free last step's gradients before the forward: holding them through forward and loss
         # costs one copy of the parameters (0.9 GB at paper size; measured by bench/step.py).
-        self.optimizer.zero_grad(set_to_none=True)
-        active = active_modalities(self.cfg.schedule.stage_order, state.step, self.switch)
+        run.optimizer.zero_grad(set_to_none=True)
+        active = active_modalities(run.cfg.schedule.stage_order, state.step, run.plan.switch_step)
         self.timer.lap("data")
-        self.watch("step", state.step)
+        run.hooks.watch("step", state.step)
         if p.first_batch_s is None:  # the epoch's first batch: Ray Data starts the epoch (its own metric)
             p.first_batch_s = time.perf_counter() - self.waiting
-        terms = forward_backward(self.model, self.objective, batch, active, state.step, chunk_clips=self.chunk_clips,
-                                 device=self.device, lap=self.timer.lap,
-                                 poison=faults.at_step(state.step, self.comm.rank))
+        for hook in run.hooks.before_step:
+            hook(run)
+        terms = forward_backward(run, batch, active, self.chunk_clips, self.timer.lap)
         values = self.update(terms)
-        self.scheduler.step()
+        run.scheduler.step()
         state.step += 1
         self.timer.lap("optimizer")
         self.record(values, batch)
+        return values
 
     def update(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """The optimizer step, unless the gradients are non-finite (skipped and counted; too many in
         a row end the run). Gradients are all-reduced, so every rank sees the same norm and takes
         the same decision. Returns the loss terms' values, read with the norm in the step's one
         host sync (:func:`read_values`)."""
-        state = self.state
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip or float("inf"))
+        run, state = self.run, self.run.state
+        norm = torch.nn.utils.clip_grad_norm_(self.params, run.cfg.optim.grad_clip or float("inf"))
         values, norm_value = read_values(terms, norm)
         if math.isfinite(norm_value):
-            self.optimizer.step()
+            run.optimizer.step()
             state.nonfinite_streak = 0
             return values
         state.progress.skipped += 1
         state.skipped_steps += 1
         state.nonfinite_streak += 1
-        if self.log:
-            self.log(f"non-finite loss/gradient at step {state.step} (skipped; {state.nonfinite_streak} in a row)")
-        if state.nonfinite_streak > self.cfg.optim.max_nonfinite_steps:
+        if run.hooks.log:
+            run.hooks.log(f"non-finite loss/gradient at step {state.step} (skipped; {state.nonfinite_streak} in a row)")
+        limit = run.cfg.optim.max_nonfinite_steps
+        if state.nonfinite_streak > limit:
             raise NonFiniteLossError(
                 f"loss or gradients non-finite for {state.nonfinite_streak} consecutive steps "
                 f"(last at global step {state.step}, terms: {values}); optim.max_nonfinite_steps="
-                f"{self.cfg.optim.max_nonfinite_steps}. Lower optim.lr or check the input data.")
+                f"{limit}. Lower optim.lr or check the input data.")
         return values
 
     def record(self, values: dict[str, float], batch: dict) -> None:
         """The step's terms, clips and data counters into the epoch's progress, and the log line."""
-        state, p = self.state, self.state.progress
+        run, state = self.run, self.run.state
+        p = state.progress
         self.timer.settle()  # the phases whose events have completed (never waits)
-        faults.trace(state.step - 1, self.comm.rank, values, batch, world=self.comm.world)
         for k, v in values.items():  # every key on every rank: metrics are combined across ranks by key
             p.add(f"sum:{k}", v if math.isfinite(v) else 0.0)
         p.steps += 1
         p.add("clips", float(batch["video"].shape[0]))
         self.count_data()
-        if self.log and (state.step % self.cfg.run.log_every == 0):
-            self.log(_progress_line(state, self.total_steps, values, self.cfg.schedule.stage_order, self.switch))
+        if run.hooks.log and (state.step % run.cfg.run.log_every == 0):
+            run.hooks.log(_progress_line(run, values))
 
     def count_data(self) -> None:
         """The data counters' growth since the last call, into the progress."""
         for k, v in (self.data_stats.as_metrics() if self.data_stats is not None else {}).items():
-            self.state.progress.add(f"count:{k}", v - self.counted.get(k, 0.0))
+            self.run.state.progress.add(f"count:{k}", v - self.counted.get(k, 0.0))
             self.counted[k] = v
 
     def finish(self) -> dict[str, float]:
         """The epoch's metrics (a collective over the ranks)."""
+        run = self.run
         self.timer.settle(wait=True)
         self.count_data()  # the epoch's last counters (also when no step ran in this attempt)
-        p = self.state.progress
+        p = run.state.progress
         p.add("count:bad_samples", 0.0)  # reported even without data counters: never a silent drop
-        metrics = epoch_metrics(p, self.comm, self.device)
-        metrics.update(lr=float(self.optimizer.param_groups[0]["lr"]),
-                       stage=float(stage_of(self.cfg.schedule.stage_order, self.state.step - 1, self.switch)))
+        metrics = epoch_metrics(p, run.comm, run.device)
+        metrics.update(lr=float(run.optimizer.param_groups[0]["lr"]),
+                       stage=float(stage_of(run.cfg.schedule.stage_order, run.state.step - 1, run.plan.switch_step)))
         return metrics
 
 
@@ -377,36 +438,34 @@ def cache_chunk(cfg: Config, world: int) -> int:
     return cfg.scale.grad_cache_clips if 0 < cfg.scale.grad_cache_clips < largest else 0
 
 
-def forward_backward(model: nn.Module, objective: Callable, batch: dict, active: frozenset[str], step: int, *,
-                     chunk_clips: int, device: torch.device, lap: Callable[[str], None],
-                     poison: bool = False) -> dict[str, torch.Tensor]:
-    """Forward, objective and backward of one step; returns the loss terms. With ``chunk_clips``
-    > 0 the step runs with gradient caching in chunks of that many clips
-    (:func:`raymcn.train.gradcache.cached_step`: the same terms and gradients, the activation
-    memory of one chunk, a second forward per chunk timed as ``reforward``); with 0 in one piece.
-    ``poison`` makes the loss and the gradients non-finite (fault injection)."""
+def forward_backward(run: Run, batch: dict, active: frozenset[str], chunk_clips: int,
+                     lap: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """Forward, objective and backward of one step of ``run`` (at ``run.state.step``); returns
+    the loss terms. With ``chunk_clips`` > 0 the step runs with gradient caching in chunks of that
+    many clips (:func:`raymcn.train.gradcache.cached_step`: the same terms and gradients, the
+    activation memory of one chunk, a second forward per chunk timed as ``reforward``); with 0 in
+    one piece. ``lap`` is called with each phase's name as it ends."""
+    step = run.state.step
     if chunk_clips:
-        return cached_step(model, objective, batch, active, step, chunk_clips,
-                           forward_context=lambda: autocast(device), lap=lap, poison=poison)
-    with autocast(device):
-        out = model(batch, active)
+        return cached_step(run.model, run.objective, batch, active, step, chunk_clips,
+                           forward_context=lambda: autocast(run.device), lap=lap)
+    with autocast(run.device):
+        out = run.model(batch, active)
     lap("forward")
-    terms = objective(out, active, step)
+    terms = run.objective(out, active, step)
     del out  # the embeddings and reconstructions are freed by the backward, not held through Adam
-    if poison:
-        terms["total_loss"] = terms["total_loss"] * float("nan")
     lap("loss")
     terms["total_loss"].backward()  # DDP all-reduces gradients inside backward
     lap("backward")
     return terms
 
 
-def _progress_line(state: LoopState, total: int | None, values: dict[str, float], order: str, switch: int) -> str:
+def _progress_line(run: Run, values: dict[str, float]) -> str:
+    state, p = run.state, run.state.progress
     terms = " ".join(f"{k.removesuffix('_loss')}={v:.4g}" for k, v in values.items() if k != "total_loss")
-    of = f"/{total}" if total else ""
-    p = state.progress
     seconds = sum(v for k, v in p.live.items() if k.startswith("time:"))
-    return (f"epoch {state.epoch + 1} step {state.step}{of} stage {stage_of(order, state.step - 1, switch)} "
+    stage = stage_of(run.cfg.schedule.stage_order, state.step - 1, run.plan.switch_step)
+    return (f"epoch {state.epoch + 1} step {state.step}/{run.plan.total_steps} stage {stage} "
             f"loss={values['total_loss']:.4g} [{terms}] {p.live.get('clips', 0.0) / max(seconds, 1e-9):.1f} clips/s")
 
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from raymcn.config import PermanentError
+from raymcn.config import NodeInputError, PermanentError
 from raymcn.data.formats.sample import FEATURE_DTYPES
 
 FORMAT = "raymcn-shards"
@@ -23,7 +23,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
 
-class ShardError(ValueError, PermanentError):
+class ShardError(ValueError, PermanentError, NodeInputError):
     """A problem with the inputs or the output directory of the shard writer (names the file)."""
 
 

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from isal.isal_zlib import crc32  # the same values as zlib.crc32, via ISA-L: 58 vs 4.2 GB/s on this machine
 
+from raymcn.config import NodeInputError
 from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, VideoRecord
-from raymcn.data.formats.tarfmt import NAME_MAX, NpyError, SampleSpan, npy_bytes, npy_view, scan_spans, scan_tar
+from raymcn.data.formats.tarfmt import NAME_MAX, NpyError, SampleSpan, npy_bytes, npy_view, scan_tar
 
 ARRAY_MEMBERS = ("2d.npy", "3d.npy", "spec.npy", "tokens.npy", "offsets.npy", "starts.npy", "ends.npy")
 META_MEMBER = "json"
 MEMBERS = ARRAY_MEMBERS + (META_MEMBER,)
-LAYOUT_WIDTH = 2 * len(ARRAY_MEMBERS)  # span_layout: (offset, size) of each .npy member
 # The 2d/3d features' storage dtypes (``raymcn shards --dtype``): float16 halves the bytes of a
 # shard; the values are max-pooled and L2-normalised in float32 when clips are drawn.
 FEATURE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16)}
@@ -43,7 +43,7 @@ _DTYPE_OF = {"spec.npy": np.dtype(np.float16), "tokens.npy": np.dtype(np.int32),
 _LONGEST_SUFFIX = max(MEMBERS, key=len)
 
 
-class SampleError(ValueError):
+class SampleError(ValueError, NodeInputError):
     """One sample of a shard cannot be decoded (missing member, bad CRC, wrong shape ...)."""
 
 
@@ -131,30 +131,6 @@ def decode_span(buf, span: SampleSpan, verify: bool = True) -> VideoRecord:
     except NpyError as e:
         raise SampleError(str(e)) from None
     return build_record(span.key, arrays)
-
-
-def span_layout(span: SampleSpan) -> list[int]:
-    """(offset from the sample's start, size) of each array member, flattened: LAYOUT_WIDTH ints."""
-    out = []
-    for name in ARRAY_MEMBERS:
-        off, size = span.members[name]
-        out += [off - span.start, size]
-    return out
-
-
-def decode_layout(blob, key: str, layout: Sequence[int]) -> VideoRecord:
-    """VideoRecord from one sample's bytes and its :func:`span_layout` (no tar header is re-read)."""
-    mv = memoryview(blob)
-    arrays = {}
-    try:  # one handler for all members: this runs once per video on every rank
-        for i, name in enumerate(ARRAY_MEMBERS):
-            off, size = int(layout[2 * i]), int(layout[2 * i + 1])
-            if off < 0 or off + size > len(mv):
-                raise SampleError(f"member {name} lies outside the sample's bytes")
-            arrays[name] = npy_view(mv[off:off + size], name)
-    except NpyError as e:
-        raise SampleError(str(e)) from None
-    return build_record(key, arrays)
 
 
 def build_record(key: str, a: dict[str, np.ndarray]) -> VideoRecord:
@@ -249,15 +225,3 @@ class ShardChecker:
             return []
         why = self.MISSING + (f"; {self.damage[0]}" if self.damage else "")
         return [(k, why) for k in self.expected if k not in self.seen]
-
-
-def check_shard(buf, expected: Sequence[str] | None = None, verify: bool = True) -> ShardScan:
-    """Scan + check a whole shard buffer; with ``expected`` (the manifest's ids), also reports the
-    samples that never appear (lost to truncation or a damaged header) and refuses unlisted keys."""
-    checker = ShardChecker(expected, verify)
-    spans, stop = scan_spans(buf, 0, len(buf), checker.damage)
-    if stop < len(buf):
-        checker.damage.append(f"shard truncated at byte {len(buf)}")
-    scan = checker.feed(buf, spans)
-    scan.bad.extend(checker.finish())
-    return scan

@@ -102,8 +102,8 @@ class VideoIndex:
     """Where every video of a shard folder lies, sorted by video id (video index = position here).
 
     Sorted by id, not in manifest order, so the data order of a run does not depend on how the
-    corpus was cut into shards, and the in-memory corpus (``stream.TrainVideos``) indexes its videos
-    the same way.
+    corpus was cut into shards, and the benchmarks' in-memory corpus (``bench/readers.py``) indexes
+    its videos the same way.
 
     Attributes:
         ids: (N,) video ids; shard: (N,) int32 index into ``shard_names``;
@@ -119,10 +119,6 @@ class VideoIndex:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    def nbytes_of(self, videos: Sequence[int]) -> int:
-        idx = np.asarray(videos, np.int64)
-        return int((self.end[idx] - self.start[idx]).sum())
 
 
 def spans_from_headers(path: str | os.PathLike, expected: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -8,11 +8,9 @@ here, each a plain function (``datasource.py`` only runs :func:`read_steps` as R
     read_steps(shards_dir, jobs, ...)    -> one Arrow row per step: the batch's arrays as bytes (a read task)
     step_rows(tables)                    -> (batch, StepInfo) per step, zero-copy     (each rank)
 
-Without Ray: ``in_memory.TrainVideos`` holds a corpus in memory (benchmarks that need the data
-without Ray) and builds its batches with the same :func:`assemble_step` in the same order, so both
-paths give the same batches; :class:`LocalStream` builds a rank's step rows in the rank's own
-process (``bench/overhead.py``'s measure of what Ray Data costs); :func:`iter_shard_records`
-reads whole shards in one process (the writer's tests, ``bench/loader.py``'s reference row). Bad samples are never dropped silently: each is
+Without Ray: :func:`iter_shard_records` reads whole shards in one process (the writer's tests,
+``bench/loader.py``'s reference row); the benchmarks' in-memory corpus and in-process stream
+(``bench/readers.py``) build their batches with the same :func:`assemble_step` in the same order. Bad samples are never dropped silently: each is
 counted (:class:`EpochStats`), logged with its shard, and its slot refilled by a good video of
 the same step.
 
@@ -44,7 +42,7 @@ from raymcn.data.formats.features import (
 from raymcn.data.formats.sample import SampleError, ShardChecker, ShardScan, decode_sample_bytes
 from raymcn.data.formats.tarfmt import advise_ranges, read_pieces, read_ranges
 from raymcn.data.formats.words import load_vocab
-from raymcn.data.read.order import StepSlice, VideoIndex, clip_rng, rank_steps
+from raymcn.data.read.order import StepSlice, VideoIndex, clip_rng
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # pieces of the sequential whole-shard reader
 TENSOR_KEYS = ("video", "audio", "nframes", "text")
@@ -416,32 +414,3 @@ def to_tensors(batch: dict) -> dict:
         out["text"] = out["text"].view(torch.int16).view(torch.bfloat16)
     out["key"] = batch["key"]
     return out
-
-
-class LocalStream:
-    """This rank's batches built in its own process: the same step rows, in the same order, as
-    ``datasource.RankStream``'s read tasks build, without Ray Data (``epoch`` has its signature).
-
-    For measuring what Ray Data costs a run (``bench/overhead.py``): the rows are read, checked and
-    drawn by :func:`read_steps` where they are consumed (on the caller's prefetch thread), so the
-    batches are identical and only the path differs.
-    """
-
-    def __init__(self, shards_dir: str | os.PathLike, index: VideoIndex, cfg: Config, rank: int, world: int, *,
-                 steps_per_epoch: int, log: Callable[[str], None] | None = log_stderr):
-        self._dir, self._index, self._cfg = str(shards_dir), index, cfg
-        self._rank, self._world, self._steps, self._log = rank, world, steps_per_epoch, log
-
-    def epoch(self, epoch: int, start: int = 0) -> tuple[Iterator[dict], EpochStats]:
-        """The batches of ``epoch`` from in-epoch step ``start`` to its end, and its counters
-        (filled as the batches are built; complete when the iterator is exhausted)."""
-        slices = rank_steps(self._cfg.run.seed, epoch, len(self._index), self._cfg.data.batch_size, self._steps,
-                            self._rank, self._world, start)
-        stats = EpochStats()
-        return self._batches(step_jobs(self._index, slices), epoch, stats), stats
-
-    def _batches(self, jobs: list[StepJob], epoch: int, stats: EpochStats) -> Iterator[dict]:
-        for batch, info in step_rows(read_steps(self._dir, jobs, self._cfg, epoch)):
-            stats.add_step(info, self._log)
-            yield to_tensors(batch)
-        stats.summarise(self._log)

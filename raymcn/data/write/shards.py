@@ -44,9 +44,9 @@ from raymcn.data.formats.manifest import FORMAT, FORMAT_VERSION, MANIFEST, Shard
 from raymcn.data.formats.sample import FEATURE_DTYPES, MEMBERS
 from raymcn.data.formats.words import Vocab
 from raymcn.data.write import captions as caption_store
-from raymcn.data.write.plan import PLAN, make_shard_plan, plan_key
+from raymcn.data.write.disk_space import free_bytes, sample_bytes, space_refusal
+from raymcn.data.write.shard_plan import PLAN, make_shard_plan, plan_key
 from raymcn.data.write.sources import LayoutSources, check_inputs, layout_sources, open_features, video_paths
-from raymcn.data.write.space import free_bytes, sample_bytes, space_refusal
 from raymcn.data.write.vocab import VOCAB_MARKER, build_vocab_files, existing_vocab
 from raymcn.data.write.writer import DONE_DIR, LocalProcesses, ShardJob, ShardWriters, WriterState, finished_marker
 

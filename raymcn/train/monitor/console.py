@@ -30,7 +30,7 @@ from raymcn.config import PRIMARY_METRIC
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
-# prefix of rank 0's in-epoch progress lines (train/monitor/progress.py): shown in runs and in sweeps alike
+# prefix of rank 0's in-epoch progress lines (train/monitor/in_epoch.py): shown in runs and in sweeps alike
 PROGRESS_TAG = "[raymcn progress] "
 # prefix of any rank's alerts (a stall named by its watchdog, train/monitor/watchdog.py): shown in runs and sweeps
 ALERT_TAG = "[raymcn alert] "

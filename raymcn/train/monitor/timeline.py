@@ -1,9 +1,11 @@
 """A timeline of a run's fixed costs, for the benchmarks: written only when ``RAYMCN_TIMELINE`` names a file.
 
-Every process of a run or a sweep (the trial drivers, the Train workers) appends one JSON line per
-event: ``{"t": wall time, "pid", "event", ...fields}``. ``bench/trial_cost.py`` sets the variable
-and reads the file back; Ray Train's workers see it because ``on_ray/launch.build_trainer``
-hands every ``RAYMCN_*`` variable to them. Unset, as in every normal run, :func:`mark` returns at once.
+Every process of a run or a sweep (the command line, the trial drivers, the Train workers) appends
+one JSON line per event: ``{"t": wall time, "pid", "event", ...fields}``. Each process names the
+file once at its start (:func:`start`, from its ``raymcn.environment.Environment``);
+``bench/trial_cost.py`` sets the variable and reads the file back; Ray Train's workers get it in
+their runtime environment (``on_ray/launch.build_trainer``). Unset, as in every normal run,
+:func:`mark` returns at once.
 
 Stdlib only: the workers import it before anything heavy.
 """
@@ -14,8 +16,16 @@ import json
 import os
 import time
 
-ENV = "RAYMCN_TIMELINE"
 WORKER_ENTERED = "worker: function entered"
+
+
+_file = ""  # this process's timeline (start); "" = off
+
+
+def start(path: str) -> None:
+    """This process's timeline file, named at its start ("" = none)."""
+    global _file
+    _file = path
 
 
 def process_started(pid: int | str = "self") -> float | None:
@@ -34,18 +44,17 @@ def process_started(pid: int | str = "self") -> float | None:
 
 def mark(event: str, **fields) -> None:
     """Append ``event`` with the wall time and this process's id to the trace file, if one is set."""
-    path = os.environ.get(ENV)
-    if not path:
+    if not _file:
         return
     line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **fields}, default=str)
     # One write of one line in append mode: the lines of concurrent processes never interleave.
-    with open(path, "a") as f:
+    with open(_file, "a") as f:
         f.write(line + "\n")
 
 
 def worker_entered(rank: int, threads: int) -> None:
     """Mark a rank entering its training function, with what it computes with (torch threads,
     ``OMP_NUM_THREADS``, niceness) and when its process started; with the timeline off, nothing is read."""
-    if os.environ.get(ENV):
+    if _file:
         mark(WORKER_ENTERED, rank=rank, process_started=process_started(), threads=threads,
              omp=os.environ.get("OMP_NUM_THREADS"), nice=os.nice(0))

@@ -14,6 +14,7 @@ import math
 import os
 import posixpath
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -33,12 +34,14 @@ from raymcn.config import (
     load_config_text,
     permanent_cause,
 )
+from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, watchdog
 from raymcn.train.on_ray import cluster
+from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
-from raymcn.train.plan import RunPlan, plan_of
+from raymcn.train.run_plan import RunPlan, plan_of
 
 CONFIG_FILE = RUN_CONFIG_FILE
 
@@ -92,29 +95,37 @@ class FailFastOnPermanentErrors(UserCallback):
             raise PermanentRunError(repeated)
 
 
-def worker_env() -> dict[str, str]:
-    """What the workers' environment gets from the driver: its RAYMCN_* settings (cache and results
-    folders, fault injection) and PyTorch's NCCL error handling (``watchdog.NCCL_ERROR_HANDLING``: a
-    NCCL timeout raises, named as a stall, instead of ending the process unnamed; a value already
-    set in the driver's environment wins)."""
-    env = {k: v for k, v in os.environ.items() if k.startswith("RAYMCN_")}
-    env.update({k: os.environ.get(k, v) for k, v in watchdog.NCCL_ERROR_HANDLING.items()})
-    return env
+NO_SETTINGS = Environment()  # no RAYMCN_* setting handed on
 
 
-def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None,
-                  label: str = "", reader: str = "ray") -> TorchTrainer:
+def worker_env(env: Environment) -> dict[str, str]:
+    """What the workers' environment gets from the driver: its ``RAYMCN_*`` settings ``env`` (cache
+    and results folders, fault injection, the trace and the timeline), which a worker reads at its
+    start, and PyTorch's NCCL error handling (``watchdog.NCCL_ERROR_HANDLING``: a NCCL timeout
+    raises, named as a stall, instead of ending the process unnamed; a value already set in the
+    driver's environment wins)."""
+    return {**env.variables(), **{k: os.environ.get(k, v) for k, v in watchdog.NCCL_ERROR_HANDLING.items()}}
+
+
+def controller_env(cfg: Config) -> dict[str, str]:
+    """What Ray Train's controller reads from the driver's environment when ``fit()`` starts it (Ray
+    has no other way to set it): how long a worker group may take to start."""
+    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(cfg.scale.worker_start_timeout_s)}
+
+
+def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None, label: str = "",
+                  train_func: Callable[[dict], dict] = train_func_per_worker,
+                  env: Environment = NO_SETTINGS) -> TorchTrainer:
     """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
-    ``plan`` (made on the driver, inputs and video index included). ``label`` names the run's
-    in-epoch progress lines (a sweep's trial name); ``reader`` is the workers' (``"ray"`` or
-    ``"local"``, see ``worker.train_func_per_worker``)."""
-    # Read by the Train controller, which the driver's fit() starts with this variable (Ray propagates it).
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(cfg.scale.worker_start_timeout_s)
+    ``plan`` (made on the driver, inputs and video index included) and, in its runtime
+    environment, the driver's settings ``env``. ``label`` names the run's in-epoch progress lines
+    (a sweep's trial name); ``train_func`` is what every worker runs (``worker.train_func_per_worker``;
+    a benchmark's variant of it, ``worker.run_rank`` with another data stream). Its ``fit()`` runs
+    inside ``scoped_env(controller_env(cfg))``."""
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
     return TorchTrainer(
-        train_func_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label,
-                           "reader": reader},
+        train_func,
+        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
         # A collective one rank never joins fails after run.collective_timeout_s (default 2 x
         # run.stall_timeout_s; Ray's default: 30 min), a backstop: the ranks' watchdogs end such a
         # wait first, their limits capped below it (monitor/watchdog.py).
@@ -135,25 +146,29 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
             callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
-            worker_runtime_env={"env_vars": worker_env()},
+            worker_runtime_env={"env_vars": worker_env(env)},
         ),
     )
 
 
 def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan | None = None,
-        callbacks: list | None = None, label: str = "") -> RunResult:
+        callbacks: list | None = None, label: str = "", env: Environment | None = None) -> RunResult:
     """Run training to completion in ``run_dir`` (default: :func:`new_run_dir`), or resume it if
     it already has checkpoints. ``plan``: the run's plan when the caller made it (its preflight
-    did); otherwise it is made here, once."""
+    did); otherwise it is made here, once. ``env``: the driver's settings, read at its start (the
+    command line's), handed to the workers; None: a program calling this as its entry, whose
+    variables are read here."""
+    env = Environment.read() if env is None else env
     run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
     if plan is None:
         timeline.mark("trial: plan started")
         plan = plan_of(cfg, resolve_inputs(cfg))
         timeline.mark("trial: plan done")
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
-    trainer = build_trainer(cfg, plan, run_dir, callbacks, label)
+    trainer = build_trainer(cfg, plan, run_dir, callbacks, label, env=env)
     timeline.mark("trial: fit started")
-    result = trainer.fit()
+    with scoped_env(controller_env(cfg)):
+        result = trainer.fit()
     timeline.mark("trial: fit done")
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
@@ -192,7 +207,8 @@ def saved_config(run_dir: str, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
-def resume(run_dir: str | os.PathLike, overrides: list[str] | None = None) -> RunResult:
-    """Continue the run in ``run_dir`` (a path or URI) from its latest checkpoint, with its own saved config."""
+def resume(run_dir: str | os.PathLike, overrides: list[str] | None = None, env: Environment | None = None) -> RunResult:
+    """Continue the run in ``run_dir`` (a path or URI) from its latest checkpoint, with its own
+    saved config (``env``: as :func:`fit`'s)."""
     run_dir = storage.normalize(str(run_dir))
-    return fit(saved_config(run_dir, overrides), run_dir)
+    return fit(saved_config(run_dir, overrides), run_dir, env=env)

@@ -14,6 +14,7 @@ import functools
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,23 +22,23 @@ import ray.train
 import ray.train.torch
 import torch
 
+from raymcn.collectives import Collectives
 from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
-from raymcn.data.read.stream import LocalStream
-from raymcn.losses import Collectives
+from raymcn.environment import Environment
 from raymcn.train import faults
-from raymcn.train.build import EpochHooks, Run, assemble, run_epochs
+from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
-from raymcn.train.loop import evaluate, fold_progress
+from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
 from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
-from raymcn.train.monitor.progress import Progress, read_mark
+from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
-from raymcn.train.plan import RunPlan
 from raymcn.train.preflight import checks as preflight
+from raymcn.train.run_plan import RunPlan
 
 MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 
@@ -47,25 +48,34 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
 
     ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (the driver's
     ``RunPlan``, inputs and video index included), ``run_dir`` (where checkpoints and the progress
-    marker go), ``label`` (names the run's progress lines in a sweep) and ``reader`` (``"ray"``,
-    default: Ray Data read tasks; ``"local"``: the same rows built in this process,
-    ``stream.LocalStream``, for measuring what Ray Data costs).
+    marker go) and ``label`` (names the run's progress lines in a sweep).
     """
+    return run_rank(loop_config, ray_data_stream)
+
+
+def ray_data_stream(cfg: Config, plan: RunPlan, rank: int, world: int) -> datasource.RankStream:
+    """This rank's part of every step, read by its own Ray Data stream (the steps' videos are fixed
+    by seed, epoch and step: the same at any world size and after any restart)."""
+    return datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                                 steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                                 node_id=ray.get_runtime_context().get_node_id())
+
+
+def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, int, int], Any]) -> dict[str, float]:
+    """:func:`train_func_per_worker` with the rank's batches from ``stream_of(cfg, plan, rank,
+    world)``: an object whose ``epoch(epoch, first step)`` returns (batches, data counters), as
+    ``datasource.RankStream``'s does."""
+    environment = Environment.read()  # this process's start: what the driver handed it (runtime_env)
+    timeline.start(environment.timeline)
     cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
     _set_threads(cfg, out)
+    apply_precision(cfg)  # process-wide torch flags, once
     timeline.worker_entered(rank, torch.get_num_threads())
     device = _checked_device(cfg)
-    # [1] Data: this rank's part of every step, read by its own Ray Data stream (the steps' videos
-    # are fixed by seed, epoch and step: the same at any world size and after any restart); the
-    # benchmarks' reader="local" builds the same rows in this process instead.
-    if loop_config.get("reader", "ray") == "local":
-        stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world, steps_per_epoch=plan.steps_per_epoch)
-    else:
-        stream = datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
-                                       steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                                       node_id=ray.get_runtime_context().get_node_id())
+    # [1] Data: this rank's part of every step.
+    stream = stream_of(cfg, plan, rank, world)
     eval_set = _eval_set(cfg, plan, out)
     # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
     # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.
@@ -85,11 +95,12 @@ def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
     dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert,
                    collective_s=cfg.run.collective_timeout).start()
-    hooks = EpochHooks(batches=functools.partial(_batches, stream, plan, rank),
-                       evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
-                       after_epoch=reports.after_epoch, after_step=reports.after_step, log=out.log, watch=dog.at)
+    run.hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start),
+                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                      after_epoch=[reports.after_epoch], after_step=[reports.after_step], log=out.log, watch=dog.at)
+    faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
     try:
-        metrics = run_epochs(run, hooks)
+        metrics = run_epochs(run)
     except Exception as e:
         stall = dog.named(e)
         if stall is e:
@@ -197,12 +208,6 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
     out.say(resume_line(path, run, read_mark(run_dir)))
 
 
-def _batches(stream, plan: RunPlan, rank: int, epoch: int, start: int):
-    """This rank's batches of ``epoch`` from its in-epoch step ``start`` on, and the epoch's data counters."""
-    rows, stats = stream.epoch(epoch, start)
-    return faults.stalling(rows, epoch * plan.steps_per_epoch + start, rank), stats
-
-
 class Reports:
     """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
     (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv,
@@ -211,8 +216,7 @@ class Reports:
     def __init__(self, run: Run, run_dir: str, out: Printer):
         cfg, plan = run.cfg, run.plan
         self.run_dir, self.out, self.rank = run_dir, out, run.comm.rank
-        self.progress = Progress(run_dir if self.rank == 0 else None, steps_per_epoch=plan.steps_per_epoch,
-                                 epochs=plan.epochs, clips_per_step=plan.clips_per_step, every_s=cfg.run.progress_every,
+        self.progress = Progress(run_dir if self.rank == 0 else None, plan, every_s=cfg.run.progress_every,
                                  say=out.progress if self.rank == 0 else None, label=out.label)
         self.progress.restart_clock(run.state.step)
         self.schedule = checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
@@ -235,7 +239,7 @@ class Reports:
         self.schedule.done()
         self.progress.write(run.state.step)
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: Run, values: dict[str, float], batch: dict) -> None:
         self.progress.step(run.state.step)
         if run.state.progress.steps == 1:  # an epoch's first step (its first batch's wait included)
             timeline.mark("worker: epoch's first step done", rank=self.rank, epoch=run.state.epoch,
@@ -261,7 +265,6 @@ class Reports:
             if run.state.epoch == run.plan.epochs:
                 self.tracked.close()
         self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
-        faults.after_epoch(run.state.epoch)
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
 

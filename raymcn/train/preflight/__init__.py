@@ -1,1 +1,1 @@
-"""Checks before the first GPU-hour: static checks, the memory footprint estimate, convolution workspace, allocator meters."""
+"""Checks before the first GPU-hour: static checks, the memory footprint estimate, convolution workspace."""

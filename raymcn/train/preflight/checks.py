@@ -1,6 +1,6 @@
 """Preflight: every check that can fail a long run, done before Ray starts and reported together.
 
-It runs on the run's plan (``plan.py``: the config's inputs resolved, the counts derived), the one
+It runs on the run's plan (``run_plan.py``: the config's inputs resolved, the counts derived), the one
 the trainer then receives. ``static_problems`` needs no Ray (the config is validated when it is
 loaded): output folder writable, every shard the manifest lists present at its size, the
 vocabulary, the eval-set file, per-worker memory, the weights a run starts from
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from raymcn.config import Config, ConfigError, default_storage_path
 from raymcn.train.inputs import RunInputs
-from raymcn.train.plan import RunPlan, make_plan, plan_of
+from raymcn.train.run_plan import RunPlan, make_plan, plan_of
 
 
 def static_problems(cfg: Config, inputs: RunInputs, device_bytes: int | None = None,

@@ -4,140 +4,12 @@ The preflight calls :func:`fits` before Ray starts, so a run that cannot fit its
 refused with what to change instead of dying with an OOM hours later: the ring loss and gradient
 caching first (``scale.ring_contrastive``, ``scale.grad_cache_clips``: the same objective), only
 then a smaller ``data.clips_per_video``. No Ray and no torch here: the model's sizes come from
-``model_size.py``, the convolutions' workspace from ``convspace.py``, and the measurements the
-estimate is checked against from ``meters.py``.
+``model_size.py``, the convolutions' workspace from ``convspace.py``.
 
-What is counted (the original's memory accounting, re-derived for this implementation; all sizes in bytes, per worker,
-for rank 0, the largest: it holds the largest share, and every rank builds the k-means input and
-assigns a share of its rows). ``b`` = clips on this worker,
-``B`` = clips per step over all workers, ``D`` = ``model.embed_dim``, ``P`` = parameter count,
-``M`` = 3 modalities and 3 contrastive pairs (every stage order ends with all three active, so the
-last stage is the largest):
-
-==================== ========================================================================
-component            formula
-==================== ========================================================================
-params               P × 4 (fp32 master weights; BN running statistics included) + 8 bytes per BN
-                     layer (its int64 batch counter)
-grads                P × 4 with one worker (0 with DDP: they live in the buckets). The loop frees
-                     them (``zero_grad(set_to_none)``) before the forward, so they exist from the
-                     backward on; counted as persistent, an upper bound (at paper dims the
-                     backward frees activations faster than gradients appear, so the measured
-                     peak is up to P × 4 lower; on tiny models gradients do add to the peak).
-                     With DDP *and* gradient caching P × 4 as well: the chunks before the last run
-                     under ``no_sync``, where autograd accumulates into fresh ``.grad`` tensors,
-                     not into the buckets, until the last chunk's backward copies them in
-                     (measured in tests/test_footprint.py)
-adam_moments         P × 8 (``exp_avg`` and ``exp_avg_sq``, fp32)
-ddp_buckets          P × 4 when world > 1: DDP's flat gradient buckets, which hold the gradients
-                     themselves (the worker sets ``gradient_as_bucket_view=True``; Ray's default
-                     would keep a second copy)
-autocast_weights     P × 2 on GPU: autocast's bf16 copies of the weights, cached for the forward
-                     and saved for the backward
-batch                b × (video_dim·4 + mel_bins·T·2 + max_words·word_dim·(2 on GPU, else 4) + 4): the
-                     batch contract on the device (audio arrives as fp16, text as bf16 on GPU); on GPU × (1 +
-                     ``data.prefetch_batches``): the batches copied ahead of the step
-                     (``train/feed.py``; on CPU they stay in Ray's object store, outside torch)
-activations          b × :func:`activation_elements_per_clip` × (4 on CPU, 2 under bf16 autocast):
-                     every tensor the model saves for backward, batch inputs excluded
-                     (11.23 MB per clip at paper dims, T = 1000; DAVEnet 93 %), plus BatchNorm's
-                     saved batch mean and inverse std (2 × 4 bytes per BN channel per step); with
-                     ``model.sync_batchnorm`` on CPU two more copies of every BN input
-conv_workspace       what the convolution kernels allocate and free inside one DAVEnet conv call,
-                     the largest over the convs; depends on the kernel path (:func:`conv_path`,
-                     :func:`conv_workspace_bytes`; measured per conv call, ``bench/step.py``):
-                     oneDNN (x86 CPU) reorders the weights, the input (twice in some backward
-                     kernels) and the output into blocked layouts whose channel blocks are padded
-                     to the ISA's vector width: 1 on AVX-512/AMX (no padding seen), 8 on AVX2,
-                     where conv1's 1-channel spectrogram becomes 8 channels (8 × the fp32 input,
-                     1.28 MB per clip at paper dims: the AVX2-only failure measured earlier); the
-                     native path (oneDNN disabled or absent) builds im2col columns, b × Cin·k·T';
-                     cuDNN picks its algorithm at run time (and falls back to a smaller workspace
-                     when an allocation fails), and an unrecognised CPU ISA has no model: both
-                     get a stated margin (``MARGIN_PATHS``: cuDNN the AVX-512 formula in fp32,
-                     an unknown ISA the larger of the AVX2 and native formulas)
-loss_slabs           (2·3 + 3) × b × B × 4: each pair's margin-shifted row and column slabs
-                     (b × B fp32) are saved for the backward, which builds two more at a time (the
-                     two exp terms of one slab's gradient); the ninth slab covers the D-wide
-                     temporaries beside them (measured: 8.25 slabs where slabs dominate, D = 64,
-                     N = 1, inputs included). No B × B tensor exists on any worker.
-                     With ``scale.ring_contrastive`` (losses/ring.py) nothing b × B is kept: 3 ×
-                     b × b_max × 4, the tile in use and its gradient's two exp terms, b_max the
-                     largest share
-gathered_embeddings  when world > 1: 3 × B × D × 4, the all-gathered v, a, t, detached and saved
-                     for the backward (no gradient goes back through the gather: each rank computes
-                     the full gradient of its own rows, see ``losses/contrastive.py``), plus the
-                     cluster term's global fused rows and the copy of the queue's share of them it
-                     pushes, (1 + q / clips_per_video) × B × D × 4 (found at 8 workers, where b is
-                     small: without this term the estimate was 4–15 % below the measured peak); 0
-                     with one worker (the local rows are the global rows). With
-                     ``scale.ring_contrastive`` the larger of the ring's blocks, min(world − 1, 2) ×
-                     b_max × 3 × D × 4 (the block in use and the one arriving), and the fused rows
-                     (freed before the ring starts)
-loss_grads           b × (2·3·D + F + F_live) × 4: gradients the loss hands to the model (embedding
-                     grads from the row/column/cluster terms accumulate through 2 live buffers; the
-                     ring loss's gradient, computed in its forward, is one of them (measured);
-                     recon grads for the F = video_dim + C4 + D predictions and the F_live
-                     non-detached targets). They wait in autograd until the model's backward runs
-queue                queue_rows × D × (4 fp32 | 2 bf16), replicated on every worker
-centroids            K × D × 4, replicated on every worker
-kmeans_input         refit steps, rank 0: X = N × D × 4 with N = queue_rows + B, built in place
-                     (``FeatureQueue.copy_into``, through one chunk of min(queue_rows, 512) rows),
-                     plus the Lloyd iteration's workspace: one similarity block min(N, 16384) × K × 4
-                     and 5 centroid-sized K × D × 4 buffers (sums, new centroids, unit centroids,
-                     the shift and its square; measured: exactly 5 at K = 4 and 256)
-optimizer_workspace  Adam's temporaries: P × 4 on GPU (foreach: a sqrt per parameter), 2 × the
-                     largest parameter × 4 on CPU (single-tensor: sqrt, then the division), plus
-                     1 MiB for its scalar and small temporaries (measured: 24 KB at paper dims)
-grad_cache           with gradient caching (``scale.grad_cache_clips`` = n, smaller than the share
-                     b; ``train/gradcache.py``): the share's embeddings b × 3 × D × (4 on CPU, 2
-                     under bf16 autocast), held from the pass without autograd to the end of the
-                     step (after the loss's backward their gradients take their place). With
-                     caching, ``activations`` and ``conv_workspace`` are one chunk's (n clips,
-                     whatever b), ``loss_grads`` holds only the embedding gradients and the
-                     reconstruction term's gradients are one chunk's, ``recon_grads`` =
-                     n × (F + F_live) × 4; 0 without caching (they are in ``loss_grads``)
-cuda_context         GPU runs: the worker's CUDA context (kernels, cuBLAS and cuDNN handles and
-                     workspaces), outside torch's allocator: :data:`CUDA_CONTEXT_BYTES`, an estimate
-                     from published figures (see there), not measured here
-nccl_buffers         GPU runs with world > 1: NCCL's buffers for the process group's collectives
-                     (:data:`NCCL_GROUP_BYTES`: 2 ranks, 3 or more), outside torch's allocator; an
-                     estimate from a published figure, not measured here. Not counted: the
-                     send/receive connections of ``scale.ring_contrastive`` to its 2 peers, for which
-                     no figure of this topology is published (an 8-GPU H100 all-to-all was reported
-                     at 0.47 GB per peer, an anomaly its report asks about): ``fits``'s headroom
-grad_accumulation    with caching: every chunk's backward after the first computes each
-                     parameter's gradient into a new buffer and adds it into ``.grad`` (the first
-                     backward, like the plain step's, writes ``.grad`` itself): 2 × the largest
-                     parameter × 4, counted twice as Adam's temporaries are (measured: the cached
-                     step's peak falls in a Linear's backward, 98 MB above the estimate without
-                     this term at paper dims, 64 clips, chunks of 32; the largest weight is 151 MB)
-total                persistent + max(step phase, batch + optimizer_workspace) + cuda_context +
-                     nccl_buffers, where persistent =
-                     params + grads + adam_moments + ddp_buckets + queue + centroids and the step
-                     phase = autocast
-                     weights + batch + activations + loss terms + kmeans_input (the refit runs in
-                     the forward, while every activation is saved); Adam's temporaries come after
-                     the activations are freed. The backward needs no term of its own: measured,
-                     it frees saved activations faster than it allocates gradient buffers
-                     (DAVEnet alone: peak grows 9.6 MB per clip against 10.4 MB saved per clip).
-                     With caching the loss and the chunks' forward and backward never overlap:
-                     step phase = autocast weights + batch + grad_cache + max(loss phase, chunk
-                     phase), loss phase = loss_slabs + gathered_embeddings + loss_grads +
-                     kmeans_input, chunk phase = activations + conv_workspace + recon_grads +
-                     grad_accumulation
-==================== ========================================================================
-
-Checked against measurement on CPU (torch's allocator, ``meters.peak_allocated_bytes``): the
-activation formula equals the bytes autograd saves (``bench/step.py``, and exactly for tiny models
-in the tests); the loss terms (slabs, gathered embeddings, loss grads, plus the loss inputs)
-over-estimate the measured loss peak by 9–36 % (gathered) and 1–25 % (ring) for B = 512–4096,
-N = 1–8 at D = 6144, never below it (``bench/memory.py``, docs/measurements/memory.json);
-``kmeans_input`` bounds the measured refit peak (within 4 %); ``bench/step.py`` prints the
-estimate / measured ratio of every term and of the whole step on the CPU it runs on.
-The CUDA context and NCCL's buffers (``cuda_context``, ``nccl_buffers``: :data:`OUTSIDE_ALLOCATOR`)
-are estimates from published figures, not measurements: no GPU has run this code yet. Not counted:
-allocator fragmentation (that is what ``fits``'s headroom is for) and the data loader's host memory.
+Each term of :func:`estimate_worker_memory` (bytes, per worker, for rank 0, the largest), its
+formula and how it was checked against measurement: docs/memory.md, "What the memory estimate
+counts"; the measurements themselves: ``bench/memory.py``, ``bench/step.py`` and
+docs/measurements/memory.json.
 """
 
 from __future__ import annotations
@@ -170,7 +42,7 @@ from raymcn.train.preflight.model_size import (
 
 GIB = 1 << 30
 
-# How the components combine into the peak (see the module docstring).
+# How the components combine into the peak (docs/memory.md, "What the memory estimate counts").
 PERSISTENT = ("params", "grads", "adam_moments", "ddp_buckets", "queue", "centroids")
 OPTIMIZER_SMALL_TEMPORARIES = 1 << 20  # Adam's scalars and small per-parameter temporaries (allowance)
 COPY_CHUNK_ROWS = 512  # FeatureQueue.copy_into's chunk: queue rows gathered at a time into X
@@ -198,41 +70,21 @@ OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers")
 # loads cuBLAS and cuDNN and their workspaces: 0.5 GiB.
 CUDA_CONTEXT_BYTES = 512 << 20
 # A PyTorch NCCL process group on 4 A100s with NVLink after its first all-reduce, per rank: 544 MB in
-# a group of 2 ranks, 688 MB in a group of 3 or 4 (reported with its measurement on NCCL's issue
-# tracker: github.com/NVIDIA/nccl/issues/964). NCCL's memory grows with its channels (more on
-# faster links) and does not grow with ranks beyond a node, its maintainers say there.
+# a group of 2 ranks, 688 MB in a group of 3 or 4 (a user's published measurement). NCCL's memory
+# grows with its channels (more on faster links), not with ranks beyond a node (NCCL's maintainers).
 NCCL_GROUP_BYTES = {2: 544 * 10**6, 3: 688 * 10**6}  # world 2; world >= 3
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int = 0,
-                recon_live_width: int = 0, pairs: int = PAIR_COUNT,
-                modalities: int = MODALITY_COUNT, ring: bool = False, largest_share: int | None = None,
-                queued_fraction: float = 1.0) -> dict[str, int]:
-    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs).
+                recon_live_width: int = 0, ring: bool = False, queued_fraction: float = 1.0) -> dict[str, int]:
+    """Bytes the MCN objective adds on one worker during its forward + backward (beyond its inputs),
+    all three modalities and their pairs active.
 
     Args:
-        b: local clips; clips: B, global clips; embed_dim: D; world: number of workers.
+        b: the worker's clips, the largest share (the ring's blocks are that size); clips: B,
+            global clips; embed_dim: D; world: number of workers.
         recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
         ring: the ring contrastive loss (``scale.ring_contrastive``) instead of the gathered one.
-        largest_share: the most clips any worker holds (the ring's blocks); default ``b``.
         queued_fraction: the share of the B current rows the queue takes per step
             (``queue_clips_per_video / clips_per_video``; default 1, an upper bound).
 
@@ -241,12 +93,12 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
         ``loss_inputs``: the embeddings and reconstruction (prediction, target) pairs themselves,
         which a training step already counts among the activations.
     """
+    pairs, modalities, peer = PAIR_COUNT, MODALITY_COUNT, b
     grads = b * (EMBED_GRAD_COPIES * modalities * embed_dim + recon_width + recon_live_width) * FP32
     inputs = b * (modalities * embed_dim + 2 * recon_width) * FP32
     # the cluster term's global fused rows (B, D) and the copy of the queue's share of them it pushes
     fused = int((1 + queued_fraction) * clips) * embed_dim * FP32 if world > 1 else 0
     if ring:
-        peer = b if largest_share is None else largest_share
         slabs = RING_TILES * b * peer * FP32 if pairs else 0
         blocks = min(world - 1, 2) * peer * modalities * embed_dim * FP32 if pairs else 0
         gathered = max(blocks, fused)  # the fused rows are freed before the ring starts
@@ -289,8 +141,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     f, f_live = recon_dims(m, lc.detach_recon_targets)
     # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
     loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live,
-                       ring=cfg.scale.ring_contrastive, largest_share=b,
-                       queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
+                       ring=cfg.scale.ring_contrastive, queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
     rows = cfg.queue_rows
     est = {
         "params": p * FP32 + 8 * batchnorm_layers(m),

@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import Collectives
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
-from raymcn.train.loop import EpochProgress, train_one_epoch
-from raymcn.train.plan import make_plan
+from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
+from raymcn.train.run_plan import make_plan
 
 
 def host_batch(cfg: Config, seed: int = 0) -> dict:
@@ -88,14 +88,14 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
             return DistributedDataParallel(net, device_ids=[device.index] if cuda else None,
                                            find_unused_parameters=False, gradient_as_bucket_view=True)
 
+        apply_precision(cfg)  # as a rank sets it at its start
         run = assemble(cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
         batch = host_batch(cfg)
 
         def epoch(n: int) -> dict:
             feed = Prefetcher((batch for _ in range(n)), device, depth=cfg.data.prefetch_batches)
             try:
-                return train_one_epoch(run.model, run.objective, run.optimizer, run.scheduler, feed, cfg=cfg,
-                                       state=run.state, device=device, switch=plan.switch_step)
+                return train_one_epoch(run, feed)
             finally:
                 feed.close()
 

@@ -1,7 +1,7 @@
 """Meters: what torch's allocator did during a piece of code, from its profiler's records.
 
-The measurements the memory estimate (``footprint.py``) is checked against, in ``bench/step.py``,
-``bench/memory.py`` and the tests: the peak of live bytes, the temporaries of each call of an op
+The measurements the memory estimate (``raymcn/train/preflight/footprint.py``) is checked against,
+in ``bench/step.py``, ``bench/memory.py`` and the tests: the peak of live bytes, the temporaries of each call of an op
 (conv calls, Adam's step, the k-means refit), the bytes autograd saves, and a least-squares line.
 Torch only (imported when a meter runs), no Ray.
 """

@@ -1,4 +1,6 @@
-"""The only place the losses talk to other ranks.
+"""The only place a run's code talks to other ranks: the losses' gathers, the loop's metric means,
+the sharded evaluation and the k-means refit all go through :class:`Collectives`. Torch only, below
+the model and the losses (``tests/test_layering.py``).
 
 Every method of :class:`Collectives` is a collective when the world has several ranks: it must be
 called by *all* ranks, in the same order. The ranks may hold different numbers of rows (an
@@ -27,8 +29,8 @@ def world_info() -> tuple[int, int]:
 
 
 class Collectives:
-    """The collectives of the losses, for this ``rank`` of ``world`` (handed to the objective at
-    construction, as open_clip's loss gets rank and world size). With world 1 every method is the
+    """The collectives of a run, for this ``rank`` of ``world`` (handed to the objective at
+    construction, as open_clip's loss gets rank and world size, and carried by the run). With world 1 every method is the
     identity / a no-op and no process group is needed. A benchmark or test may subclass it to play
     one rank of a larger world in a single process (``bench/memory.py``)."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from raymcn import storage
 from raymcn.config import PROGRESS_FILE
+from raymcn.train.run_plan import RunPlan
 
 
 def duration(seconds: float) -> str:
@@ -54,17 +55,17 @@ class Progress:
 
     Args:
         run_dir: the run's folder (a path or URI); None writes no marker.
-        steps_per_epoch, epochs, clips_per_step: the plan's (global clips per step).
+        plan: the run's plan (``steps_per_epoch``, ``epochs`` and ``clips_per_step``, the global
+            clips per step, are read from it).
         every_s: seconds between terminal lines (0: none); say: prints a line for the terminal.
         write_every_s: least seconds between marker writes.
         clock: monotonic seconds (injectable).
     """
 
-    def __init__(self, run_dir: str | None, *, steps_per_epoch: int, epochs: int, clips_per_step: int,
-                 every_s: float, say: Callable[[str], None] | None, label: str = "", write_every_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, run_dir: str | None, plan: RunPlan, *, every_s: float, say: Callable[[str], None] | None,
+                 label: str = "", write_every_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
         self.run_dir, self.label = run_dir, label
-        self.steps_per_epoch, self.epochs, self.clips_per_step = steps_per_epoch, epochs, clips_per_step
+        self.plan = plan
         self.every_s, self.say, self.write_every_s, self.clock = every_s, say, write_every_s, clock
         now = clock()
         self._line_at = self._mark_at = now
@@ -82,13 +83,14 @@ class Progress:
         now = self.clock()
         t0, s0 = self._window[0]
         rate = (step - s0) / (now - t0) if s0 >= 0 and step > s0 and now > t0 else 0.0  # steps per second
-        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        plan = self.plan
+        epoch, in_epoch = divmod(step, plan.steps_per_epoch)
         if in_epoch == 0 and step > 0:  # the last step of an epoch
-            epoch, in_epoch = epoch - 1, self.steps_per_epoch
-        total = self.steps_per_epoch * self.epochs
-        return {"epoch": epoch, "epochs": self.epochs, "in_epoch": in_epoch, "steps_per_epoch": self.steps_per_epoch,
-                "global_step": step, "total_steps": total, "samples_per_s": rate * self.clips_per_step,
-                "eta_epoch_s": (self.steps_per_epoch - in_epoch) / rate if rate else 0.0,
+            epoch, in_epoch = epoch - 1, plan.steps_per_epoch
+        total = plan.steps_per_epoch * plan.epochs
+        return {"epoch": epoch, "epochs": plan.epochs, "in_epoch": in_epoch, "steps_per_epoch": plan.steps_per_epoch,
+                "global_step": step, "total_steps": total, "samples_per_s": rate * plan.clips_per_step,
+                "eta_epoch_s": (plan.steps_per_epoch - in_epoch) / rate if rate else 0.0,
                 "eta_run_s": (total - step) / rate if rate else 0.0, "time": time.time()}
 
     def step(self, step: int) -> None:

@@ -19,7 +19,7 @@ from ray import tune
 from raymcn import storage
 from raymcn.config import PRIMARY_METRIC, TRIAL_ERRORS_DIR, Config
 from raymcn.sweep.names import trial_dirname
-from raymcn.sweep.space import plain
+from raymcn.sweep.search_space import plain
 from raymcn.train.monitor.console import Console, epoch_line
 
 _SHORT_STATUS = {"TERMINATED": "done", "RUNNING": "running", "PAUSED": "paused", "PENDING": "pending",

@@ -13,8 +13,8 @@ import numpy as np
 
 from raymcn.data.formats.features import video_id_of
 from raymcn.data.formats.manifest import FORMAT, FORMAT_VERSION
+from raymcn.data.write.disk_space import estimate_sample_bytes
 from raymcn.data.write.sources import LayoutSources
-from raymcn.data.write.space import estimate_sample_bytes
 
 PLAN = "plan.json"
 
