@@ -236,6 +236,10 @@ class ScaleConfig:
     # Ray's own rule, made explicit: Ray applies it only where OMP_NUM_THREADS is unset, torchrun sets 1
     threads_per_worker: int = setting(0, ge=0)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
+    # Restarts after a node drained before a planned reboot (`raymcn drain`), counted apart from
+    # scale.max_failures (Ray Train's FailureConfig.max_preemption_failures); -1 = any number: a
+    # drain is asked for by a person, never a fault of the run
+    max_preemption_failures: int = setting(-1, ge=-1)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
     elastic_resize_interval_s: float = setting(60.0, gt=0)  # how often a running elastic group checks for capacity
     # How long a worker group's start waits for its resources before Ray Train decides again (then
@@ -298,6 +302,10 @@ class RunSection:
     # 30m: a paper-dims checkpoint stalled the steps 12.5 s (docs/faults.md), under 1 % of 30 min.
     checkpoint_every: str = setting("30m", check=_interval_ok,
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
+    # Steps between asking Ray Train whether a node of the run is being drained (`raymcn drain`);
+    # at the first yes every rank checkpoints after its current step and trains on until the node
+    # goes. 0 = never ask. A question is a barrier over the ranks (docs/faults.md: its cost).
+    drain_check_every: int = setting(10, ge=0)
     log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
     progress_every: float = setting(120.0, ge=0)  # seconds between in-epoch lines on the terminal; 0 = none
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
