@@ -337,6 +337,15 @@ FIGURES = [
         ("raymcn/config.py", r"\(([\d.]+) s with the upload in the step loop"),
         ("docs/settings.md", r"\(([\d.]+) s with the upload in the step loop"),
         ("docs/faults.md", r"a paper-dims checkpoint caused, ([\d.]+) s with the upload in the step loop")]),
+    ("a question about a drained node, ms (bench/drain_check.py)", lambda: f"{_measured('drain_check')['ask_ms']:.2f}", [
+        ("docs/faults.md", r"\*\*([\d.]+) ms per question\*\*"),
+        ("raymcn/config.py", r"a barrier over the ranks: ([\d.]+) ms with 2 workers"),
+        ("docs/settings.md", r"a barrier over the ranks: ([\d.]+) ms with 2 workers")]),
+    ("asking every 10 steps, % of the A100 step floor",
+     lambda: f"{_measured('drain_check')['share_of_step']['10'] * 100:.2f}", [
+        ("docs/faults.md", r"every 10 steps ([\d.]+) %"),
+        ("raymcn/config.py", r"([\d.]+) % of a paper step at every 10 steps"),
+        ("docs/settings.md", r"([\d.]+) % of a paper step at every 10 steps")]),
     ("activations of a paper share, bf16 and fp32 (the preflight's estimate)",
      lambda: f"{_gib(_estimate()['activations'])} {_gib(_estimate(use_gpu=False)['activations'])}", [
         ("docs/memory.md", r"([\d.]+) GiB under bf16 autocast on GPU, ([\d.]+) GiB in fp32 on CPU")]),
