@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import ray._private.ray_constants as ray_constants
 import ray.train
+from ray._private import ray_constants
 from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
 
 from raymcn.config import Config
@@ -29,7 +29,7 @@ def watcher_on() -> bool:
     """Whether Ray Train runs its preemption watcher for this worker's run: the variable the
     controller decided by, which Ray Train passes from the driver to the controller and to every
     worker (its ``ENV_VARS_TO_PROPAGATE``); raymcn's local instances set it to 0."""
-    return ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)  # the controller's reading
+    return ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
 
 
 def drain_aware(schedule: Schedule, cfg: Config, steps_per_epoch: int,
