@@ -240,6 +240,8 @@ class ScaleConfig:
     # Ray's own rule, made explicit: Ray applies it only where OMP_NUM_THREADS is unset, torchrun sets 1
     threads_per_worker: int = setting(0, ge=0)
     max_failures: int = setting(3, ge=0)  # worker-group restarts from the latest checkpoint (lost worker or node)
+    # restarts after a drained node (`raymcn drain`), apart from max_failures; -1 = any number
+    max_preemption_failures: int = setting(-1, ge=-1)
     find_unused_parameters: bool = True  # needed by staged orders: inactive branches get no grad
     elastic_resize_interval_s: float = setting(60.0, gt=0)  # how often a running elastic group checks for capacity
     # How long a worker group's start waits for its resources before Ray Train decides again (then
@@ -302,6 +304,9 @@ class RunSection:
     # 30m keeps the steps' stall at a paper-dims checkpoint under 1 % of training (docs/faults.md).
     checkpoint_every: str = setting("30m", check=_interval_ok,
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
+    # Steps between asking whether a node of the run is drained (`raymcn drain`; a barrier over the
+    # ranks, its cost in docs/faults.md); at the first yes the run checkpoints at once. 0 = never
+    drain_check_every: int = setting(10, ge=0)
     log_every: int = setting(10, ge=1)  # steps between progress lines in the console log
     progress_every: float = setting(120.0, ge=0)  # seconds between in-epoch lines on the terminal; 0 = none
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on

@@ -26,6 +26,7 @@ from conftest import last_json
 from bench import (
     checkpoint,
     compression,
+    drain_check,
     eval_sharding,
     grad_cache,
     harness,
@@ -208,6 +209,17 @@ def test_overhead(ray_local, tmp_path, capsys):
     again = last_json(capsys.readouterr().out)
     assert again["steady_samples_per_s"] == figures["steady_samples_per_s"]
     assert again["attribution"] == figures["attribution"]
+
+
+@pytest.mark.ray
+def test_drain_check(ray_local, tmp_path):
+    figures = smoke(drain_check, tmp_path)
+    ranks = figures["raw"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(len(r["ask_s"]) == 1 for r in ranks)
+    assert all(r["answers_none"] for r in ranks)  # nothing drained: every rank got None every time
+    assert positive(figures["ask_ms"], figures["broadcast_ms"], *figures["share_of_step"].values())
+    under = [int(n) for n, share in figures["share_of_step"].items() if share < 0.01]
+    assert figures["chosen_every"] == (min(under) if under else None)  # the smallest N under 1 %
 
 
 @pytest.mark.ray

@@ -1,5 +1,6 @@
 """Several nodes on one machine (Ray's multi-node test cluster: a head and 1-CPU nodes, each its own
-raylet): where the workers and the read tasks run, and a node lost mid-run and mid-sweep.
+raylet): where the workers and the read tasks run, a node lost mid-run and mid-sweep, and a node
+drained before a planned reboot.
 
 A lost node is ``cluster.remove_node(node, allow_graceful=False)``: its raylet and every process on
 it die at once, as in a power loss. A node is added back a few seconds later (the lab's server
@@ -21,6 +22,7 @@ from conftest import (
     multinode_cluster,
     preset,
     read_events,
+    read_trace,
     train_worker_nodes,
     wait_for,
 )
@@ -118,6 +120,75 @@ def test_a_node_lost_in_the_second_stage_of_a_vt_a_sweep_trial(cluster, tmp_path
     assert sorted(set(epochs_seen)) == list(range(1, epochs + 1))
     assert max(r["stage"] for r in rows if r["epoch"] == epochs) == 2  # finished in stage 2, after the loss
     assert json.loads((checkpoint.list_checkpoints(run_dir)[-1] / checkpoint.META_FILE).read_text())["epoch"] == epochs
+
+
+def test_a_drained_node_checkpoints_at_once_and_the_run_goes_on_without_it(cluster, tmp_path, monkeypatch):
+    """`raymcn drain`'s own `ray drain-node` command (reason preemption, a 20 s deadline) on the node
+    of one of the two ranks, while both wait before global step 5 of 12 (``hold_at_step``): at the
+    first question after that step (``run.drain_check_every=1``) every rank checkpoints. Then rank
+    1's next batch never arrives (``stall_data_at_step=6``, once), so nothing is trained past the
+    checkpoint the test cannot see. At the deadline Ray Train restarts the group on the nodes left
+    (the drained one takes nothing new; a fresh node stands in for the server once it is back).
+    With ``scale.max_failures=0``: a drain is a preemption, not a failure. Against the uninterrupted
+    run: at most one step replayed, every traced step equal bitwise, the same final metrics."""
+    import subprocess
+
+    from raymcn.servers.drain import _ray_executable, drain_command
+    from raymcn.train.on_ray import launch
+
+    base = ["run.checkpoint_every=0", "run.drain_check_every=1", "scale.max_failures=0"]
+    monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-ref"))
+    reference = launch.fit(_cfg(tmp_path, *base, "run.name=undrained"))
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "hold").touch()
+    monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace"))
+    monkeypatch.setenv("RAYMCN_FAULT", "hold_at_step=5,stall_data_at_step=6")
+    monkeypatch.setenv("RAYMCN_FAULT_DIR", str(markers))
+    monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")  # Ray's default 5 s; propagated by Ray Train
+    log = tmp_path / "events.jsonl"
+    thread, out = in_background(launch.fit, _cfg(tmp_path, *base, "run.name=drained"),
+                                callbacks=[event_log_callback(log)])
+
+    def traced(step: int) -> bool:
+        rows = read_trace(tmp_path / "trace")
+        return len(rows) == 2 and all(any(r["step"] == step for r in ranks) for ranks in rows.values())
+
+    wait_for("both ranks past global step 4, holding before step 5", lambda: traced(4))
+    busy = set(train_worker_nodes().values())
+    victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
+    drained = subprocess.run(drain_command(_ray_executable(), cluster.address, victim.node_id, 20, "test"),
+                             capture_output=True, text=True, check=False)
+    assert drained.returncode == 0, drained.stderr
+    wait_for("the drain in Ray's state", lambda: victim.node_id in ray._private.state.state.get_draining_nodes())
+    time.sleep(3.0)  # six of the watcher's polls: it has marked the workers (the test's only wait by the clock)
+    (markers / "hold").unlink()
+    jit = wait_for("the drain's checkpoint", lambda: [e["mid_epoch_step"] for e in read_events(log)
+                                                      if "mid_epoch_step" in e])
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the run did not finish after the drained node's deadline"
+    try:
+        if "error" in out:
+            raise out["error"]
+        assert (markers / "fired-stall_data_at_step").exists()  # the first attempt froze: only a restart went on
+        assert jit[0] in (5, 6), jit  # the drain came with 5 steps done: the checkpoint within one step
+        assert jit == [jit[0]]  # one, not one per question after it
+        ref, got = read_trace(tmp_path / "trace-ref"), read_trace(tmp_path / "trace")
+        for rank in (0, 1):
+            steps = [r["step"] for r in got[rank]]
+            assert steps == [*range(6), *range(jit[0], 12)], (rank, steps)  # at most step 5 again
+            assert got[rank] == ref[rank][:6] + ref[rank][jit[0]:], rank  # both attempts, bitwise
+        assert victim.node_id not in set(train_worker_nodes().values())
+
+        def untimed(metrics):
+            return {k: v for k, v in metrics.items() if not k.startswith("time_") and k != "samples_per_s"}
+
+        assert untimed(out["value"].metrics) == untimed(reference.metrics)
+    finally:  # the server back: the module's later tests count three 1-CPU nodes
+        cluster.remove_node(victim, allow_graceful=False)
+        cluster.add_node(num_cpus=1, object_store_memory=NODE_STORE)
+        cluster.wait_for_nodes()
 
 
 def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path, capsys):

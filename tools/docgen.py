@@ -343,6 +343,9 @@ def trial_fixed() -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
+    "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
+    "drain.share-10": lambda: f"{100 * m('drain_check')['share_of_step']['10']:.2f}",
+    "drain.machine": lambda: m("drain_check")["machine"].split(", vm")[0],
     "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
     "loader.fp16": lambda: f"{_vps('float16'):.0f}",
     "loader.fp16-vs-original": lambda: f"{_vps('float16') / _long()['a']['videos_per_s']:.1f}",

@@ -5,8 +5,9 @@ It asks Ray to drain the node (``ray drain-node --reason DRAIN_NODE_REASON_PREEM
 preemption watcher (on by default in Ray 2.60) tells every run with workers there, and the
 node's raylet exits once nothing runs on it. The command waits until no Ray Train worker runs on
 the node any more, or until the deadline, and with ``--reboot`` then reboots the machine. What a
-run does when it learns of the drain (its ranks checkpoint) is the run's business, not this
-command's.
+run does when it learns of the drain is the run's business, not this command's: its ranks
+checkpoint at once and train on until Ray Train restarts the group at the deadline
+(``train/drain.py``).
 
 How the node is found: ``ray.nodes()`` of the cluster this machine joined (the address ``ray
 start`` last used here, as ``ray.init(address="auto")`` finds it), the alive node at this

@@ -29,9 +29,11 @@ from raymcn.config import Config, ConfigError
 # ends the others after 1 s idle, so on a small machine every epoch's read tasks and every trial
 # paid a new Python process and its imports; idle for up to a minute, they serve the next ones.
 LOCAL_RAY_ENV = {"RAY_idle_worker_killing_time_threshold_ms": "60000"}
-# Ray Train on an instance this process started (Train passes these on to its controller): one
-# machine is never preempted, so the preemption watcher's actor per run only costs a process start;
-# polling the workers every 0.5 s instead of 2 s notices a run's end (and each report) sooner.
+# Ray Train on an instance this process started (Train passes these on to its controller and
+# workers): one machine has no other node to go on with when it is drained, so the preemption
+# watcher's actor per run would only cost a process start, and with it off the ranks never ask
+# about a drain (on_ray/preemption.py; a cluster's runs keep Ray's default, on); polling the
+# workers every 0.5 s instead of 2 s notices a run's end (and each report) sooner.
 LOCAL_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"  # Ray's State API client reads it before RAY_ADDRESS
 

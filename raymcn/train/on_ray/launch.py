@@ -38,7 +38,7 @@ from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, watchdog
-from raymcn.train.on_ray import cluster
+from raymcn.train.on_ray import cluster, preemption
 from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
 from raymcn.train.run_plan import RunPlan, plan_of
@@ -144,7 +144,7 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.scale.max_failures),
+            failure_config=preemption.failure_config(cfg),  # a drained node's restart counted apart
             callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
             worker_runtime_env={"env_vars": worker_env(env)},
         ),

@@ -3,8 +3,9 @@
 One worker per GPU (or per CPU slot), computing with ``scale.torch_threads`` threads. It assembles
 the run (``build.assemble``, the same assembly the benchmarks use) and plugs Ray into the epoch
 loop's hooks: this rank's batches from its own Ray Data stream, the evaluation, a checkpoint and
-``ray.train.report`` after every epoch and every ``run.checkpoint_every`` inside one (every rank
-reports each time), and the in-epoch progress.
+``ray.train.report`` after every epoch and every ``run.checkpoint_every`` inside one, and at once
+when a node of the run is drained (``preemption.py``; every rank reports each time), and the
+in-epoch progress.
 A rank only reads files: its plan, made on the driver, names them.
 """
 
@@ -37,6 +38,7 @@ from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
+from raymcn.train.on_ray import preemption
 from raymcn.train.preflight import checks as preflight
 from raymcn.train.run_plan import RunPlan
 
@@ -219,9 +221,11 @@ class Reports:
         self.progress = Progress(run_dir if self.rank == 0 else None, plan, every_s=cfg.run.progress_every,
                                  say=out.progress if self.rank == 0 else None, label=out.label)
         self.progress.restart_clock(run.state.step)
-        self.schedule = checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
-                                                      broadcast=functools.partial(_broadcast, run),
-                                                      check_every=cfg.run.log_every)
+        # run.checkpoint_every, and at once when a node of the run is drained (run.drain_check_every)
+        self.schedule = preemption.drain_aware(
+            checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
+                                          broadcast=functools.partial(_broadcast, run), check_every=cfg.run.log_every),
+            cfg, plan.steps_per_epoch, say=out.say)
         self.tracked = trackers.Trackers(cfg, run_dir, say=out.say) if self.rank == 0 else None
         self.table = history.EpochTable(run_dir) if self.rank == 0 else None
 

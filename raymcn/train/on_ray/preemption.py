@@ -1,0 +1,48 @@
+"""Ray's side of a drained node (``raymcn drain``): the question the ranks ask, and Ray Train's
+failure policy for the restart that follows. The decision when to ask is Ray-free
+(``train/drain.py``).
+
+Ray Train 2.60's preemption watcher (an actor per worker group, on unless
+``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``) polls Ray's drained nodes every
+``RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S`` (5 s) and marks every worker of a run with ranks on one;
+``ray.train.get_preemption_info()`` hands rank 0's mark to every rank (a barrier). The controller
+keeps the group training until the drain's deadline passes or the group ends, then restarts it from
+the latest checkpoint, counted against ``FailureConfig.max_preemption_failures``, not
+``max_failures``; a worker killed on a node drained for preemption counts as a preemption too.
+raymcn's local instances turn the watcher off (``cluster.LOCAL_TRAIN_ENV``: one machine has no
+other node to go on with, and the watcher costs an actor per run), and then its ranks never ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ray.train
+from ray._private import ray_constants
+from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
+
+from raymcn.config import Config
+from raymcn.train.drain import DrainAware, Schedule
+
+
+def watcher_on() -> bool:
+    """Whether Ray Train runs its preemption watcher for this worker's run: the variable the
+    controller decided by, which Ray Train passes from the driver to the controller and to every
+    worker (its ``ENV_VARS_TO_PROPAGATE``); raymcn's local instances set it to 0."""
+    return ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
+
+
+def drain_aware(schedule: Schedule, cfg: Config, steps_per_epoch: int,
+                say: Callable[[str], None] | None = None) -> DrainAware:
+    """``schedule`` (the run's mid-epoch checkpoints), also due after the step at which a rank
+    learns of a drain, asking Ray Train every ``run.drain_check_every`` steps (never when the
+    watcher is off: the answer could only be None)."""
+    ask = ray.train.get_preemption_info if watcher_on() else None
+    return DrainAware(schedule, cfg.run.drain_check_every, steps_per_epoch, ask, say=say)
+
+
+def failure_config(cfg: Config) -> ray.train.FailureConfig:
+    """Restarts after a lost worker or node (``scale.max_failures``) and, counted apart, after a
+    drained node (``scale.max_preemption_failures``; -1: any number)."""
+    return ray.train.FailureConfig(max_failures=cfg.scale.max_failures,
+                                   max_preemption_failures=cfg.scale.max_preemption_failures)
