@@ -50,10 +50,11 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.name}: links to files that do not exist: {broken}"
 
 
-def _block_lines(text: str) -> list[str]:
-    """Every command line of the page's shell code blocks: continuations joined, comments dropped."""
+def _block_lines(text: str, language: str = r"(?:bash|sh|console)?") -> list[str]:
+    """Every command line of the page's code blocks in ``language`` (a pattern; default: the shell
+    blocks and the unlabelled ones): continuations joined, comments dropped."""
     lines = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S):
+    for block in re.findall(rf"```{language}\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #", 1)[0].strip()
             if line and not line.startswith("#"):
@@ -214,14 +215,8 @@ def signature(line: str) -> str:
 
 
 def _bash_lines(text: str) -> list[str]:
-    """Every command line of the page's ```bash blocks: continuations joined, comments dropped."""
-    lines = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                lines.append(line)
-    return lines
+    """Every command line of the page's ```bash blocks."""
+    return _block_lines(text, "bash")
 
 
 def _defined(path: Path, name: str) -> bool:
