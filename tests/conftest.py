@@ -21,9 +21,13 @@ TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_dirs(tmp_path_factory):
-    """Point the synthetic-corpus cache and run storage away from the user's home."""
+    """Point the synthetic-corpus cache and run storage away from the user's home, and give the
+    processes the tests start (a script run by its path, a Ray worker) the checkout's root on their
+    path, as pyproject.toml's ``pythonpath`` gives it to pytest: they import ``bench`` too."""
     os.environ.setdefault("RAYMCN_CACHE", str(tmp_path_factory.mktemp("cache")))
     os.environ.setdefault("RAYMCN_RESULTS", str(tmp_path_factory.mktemp("results")))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     yield
 
 
