@@ -42,6 +42,14 @@ def test_a_group_waiting_less_than_the_limit_is_not_named():
     assert waits.waiting_line(pgs, {}, {"CPU": 2.0}, NOW, limit_s=10, told={}) is None
 
 
+def test_only_the_groups_of_ended_jobs_that_still_hold_resources_are_left_behind():
+    pgs = [_pg("a", "CREATED", [{"CPU": 1.0}], 60, job="02000000"),  # the killed driver's: left behind
+           _pg("b", "CREATED", [{"CPU": 1.0}], 60, job="03000000"),  # a running job's
+           _pg("c", "REMOVED", [{"CPU": 1.0}], 60, job="02000000"),  # already freed
+           {**_pg("d", "CREATED", [{"CPU": 1.0}], 60, job="02000000"), "is_detached": True}]  # meant to outlive it
+    assert [pg["placement_group_id"] for pg in waits.left_behind(pgs, {"01000000", "02000000"})] == ["a"]
+
+
 def test_the_limit_is_the_stall_limit_but_at_most_half_the_start_timeout():
     assert waits.limit_s(600, 20) == 10 and waits.limit_s(10, 60) == 10
 
@@ -73,3 +81,46 @@ def test_a_run_whose_group_cannot_start_names_who_holds_its_cpus_then_trains_whe
     assert not thread.is_alive() and out.get("value") == 0, out
     assert re.search(r"asks for \{CPU: 1\}, waiting \d+ s\. Free: CPU [\d.]+ of 2\.", line), line
     assert "another-runs-group (job " in line and "{CPU: 1.5}" in line, line
+
+
+HOLDER = """
+import ray, sys
+ray.init(address=sys.argv[1], namespace="raymcn-waits-test")
+
+@ray.remote(num_cpus=0)
+class Holder:
+    def hold(self):
+        from ray.util.placement_group import placement_group
+        self.pg = placement_group([{"CPU": 1.5}], name="left-behind")
+        ray.get(self.pg.ready())
+
+h = Holder.options(name="holder", lifetime="detached").remote()
+ray.get(h.hold.remote())
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_waiting_group_gets_what_an_ended_job_left_held(ray_local, tmp_path):
+    """A job that ended while a group of its own still holds CPUs (made here by a detached actor of a
+    driver that has exited, as a SIGKILLed sweep's driver left its trial's group on a cluster): once
+    another group has waited the limit, the watch frees it, says so, and the waiting group is placed."""
+    import subprocess
+    import sys
+
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    subprocess.run([sys.executable, str(script), ray_local.address_info["address"]], check=True, timeout=120)
+    waiting = placement_group([{"CPU": 1.0}])  # of the instance's 2 CPUs, 1.5 held by the ended job
+    lines: list[str] = []
+    try:
+        with waits.watched(1.0, lines.append, every_s=0.3):
+            assert waiting.wait(timeout_seconds=60), lines
+    finally:
+        remove_placement_group(waiting)
+        ray.kill(ray.get_actor("holder", namespace="raymcn-waits-test"))
+    freed = [x for x in lines if x.startswith("FREED")]
+    assert freed and "left-behind (job " in freed[0] and "{CPU: 1.5}" in freed[0], lines

@@ -6,6 +6,7 @@ finished trial's group was never freed or another run holds the CPUs or GPUs, wo
 console quiet for as long as the sweep lives. While a command runs, :func:`watched` looks at the
 cluster's placement groups through Ray's State API and, once a group has waited for
 ``run.stall_timeout_s``, prints what it asks for, what is free, and which groups hold the rest.
+Groups that jobs which have ended left holding resources are freed then, and named.
 """
 
 from __future__ import annotations
@@ -69,13 +70,41 @@ def waiting_line(pgs: list[dict[str, Any]], free: dict[str, float], total: dict[
             "waiting; `ray status` shows the same.")
 
 
-def _look(limit_s: float, told: dict[str, float]) -> str | None:
-    import ray
-    from ray.util.state import list_placement_groups
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")  # a job whose driver is gone (the State API's job status)
 
-    pgs = [pg if isinstance(pg, dict) else pg.__dict__
-           for pg in list_placement_groups(detail=True, limit=1000, raise_on_missing_output=False)]
-    return waiting_line(pgs, ray.available_resources(), ray.cluster_resources(), time.time(), limit_s, told)
+
+def left_behind(pgs: list[dict[str, Any]], ended_jobs: set[str]) -> list[dict[str, Any]]:
+    """The placement groups in ``pgs`` that still hold resources although the job that made them has
+    ended: not detached, created by a job in ``ended_jobs``. Ray frees them when the job's actors
+    die; measured on a cluster (the launcher tier), a group of a sweep whose driver was SIGKILLed
+    stayed held for good, its Ray Train placement-group cleaner alive but idle, and the resumed
+    sweep waited forever for its CPUs."""
+    return [pg for pg in pgs if pg.get("state") == "CREATED" and not pg.get("is_detached")
+            and pg.get("creator_job_id") in ended_jobs]
+
+
+def _look(limit_s: float, told: dict[str, float]) -> list[str]:
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+    from ray.util.state import list_jobs, list_placement_groups
+
+    def groups() -> list[dict[str, Any]]:
+        return [pg if isinstance(pg, dict) else pg.__dict__
+                for pg in list_placement_groups(detail=True, limit=1000, raise_on_missing_output=False)]
+
+    pgs, now, lines = groups(), time.time(), []
+    if any(pg.get("state") in WAITING and (_since_s(pg, now) or 0) >= limit_s for pg in pgs):
+        ended = {j.job_id for j in list_jobs(limit=1000, raise_on_missing_output=False)
+                 if getattr(j.status, "value", j.status) in ENDED}
+        stale = left_behind(pgs, ended)
+        for pg in stale:  # what Ray should have freed when their job ended: freed, so the waiting group fits
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg["placement_group_id"]))))
+        if stale:
+            lines.append(f"FREED {len(stale)} placement group(s) left by ended jobs: "
+                         + "; ".join(f"{_name(pg)} {_bundles(pg)}" for pg in stale))
+            pgs = groups()
+    line = waiting_line(pgs, ray.available_resources(), ray.cluster_resources(), now, limit_s, told)
+    return [*lines, *([line] if line else [])]
 
 
 def limit_s(stall_timeout_s: float, worker_start_timeout_s: float) -> float:
@@ -87,8 +116,9 @@ def limit_s(stall_timeout_s: float, worker_start_timeout_s: float) -> float:
 @contextlib.contextmanager
 def watched(limit_s: float, say: Callable[[str], None], every_s: float | None = None) -> Iterator[None]:
     """While the block runs (Ray connected), checks every ``every_s`` (default: a quarter of
-    ``limit_s``, at most 15 s) for placement groups waiting ``limit_s`` or longer and ``say``s
-    a line naming them (:func:`waiting_line`). The State API failing (no dashboard) silences the watch, not the run."""
+    ``limit_s``, at most 15 s) for placement groups waiting ``limit_s`` or longer: frees the groups
+    ended jobs left behind (:func:`left_behind`) and ``say``s a line naming them, and one naming
+    what still waits (:func:`waiting_line`). The State API failing (no dashboard) silences the watch, not the run."""
     stop = threading.Event()
     every_s = every_s or min(15.0, limit_s / 4)
 
@@ -96,10 +126,10 @@ def watched(limit_s: float, say: Callable[[str], None], every_s: float | None = 
         told: dict[str, float] = {}
         while not stop.wait(every_s):
             try:
-                line = _look(limit_s, told)
+                lines = _look(limit_s, told)
             except Exception:  # noqa: BLE001, S112 - a watch that cannot look stays quiet
                 continue
-            if line:
+            for line in lines:
                 say(line)
 
     thread = threading.Thread(target=watch, name="raymcn-resource-waits", daemon=True)
