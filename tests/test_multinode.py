@@ -138,7 +138,7 @@ def test_a_drained_node_checkpoints_at_once_and_the_run_goes_on_without_it(clust
 
     base = ["run.checkpoint_every=0", "run.drain_check_every=1", "scale.max_failures=0"]
     monkeypatch.setenv("RAYMCN_TRACE", str(tmp_path / "trace-ref"))
-    reference = launch.fit(_cfg(tmp_path, *base, "run.name=undrained"))
+    reference = launch.fit(preset(*TWO_NODES, f"run.storage_path={tmp_path}", *base, "run.name=undrained"))
 
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -148,7 +148,7 @@ def test_a_drained_node_checkpoints_at_once_and_the_run_goes_on_without_it(clust
     monkeypatch.setenv("RAYMCN_FAULT_DIR", str(markers))
     monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")  # Ray's default 5 s; propagated by Ray Train
     log = tmp_path / "events.jsonl"
-    thread, out = in_background(launch.fit, _cfg(tmp_path, *base, "run.name=drained"),
+    thread, out = in_background(launch.fit, preset(*TWO_NODES, f"run.storage_path={tmp_path}", *base, "run.name=drained"),
                                 callbacks=[event_log_callback(log)])
 
     def traced(step: int) -> bool:

@@ -4,41 +4,37 @@ range whose maximum needs two servers)."""
 
 from __future__ import annotations
 
-from raymcn.cli import preset_path
-from raymcn.config import load_config
+from conftest import preset
+
 from raymcn.train.on_ray import cluster
 
 LAB_SERVER = {"CPU": 64.0, "GPU": 4.0, "memory": 5e11}
 CPU_HEAD = {"CPU": 8.0}
 
 
-def _cfg(*overrides: str):
-    return load_config(preset_path(), list(overrides))
-
-
 def test_a_group_that_fits_one_node_is_strictly_packed():
-    cfg = _cfg("scale.num_workers=4", "scale.use_gpu=true", "scale.cpus_per_worker=8")
+    cfg = preset("scale.num_workers=4", "scale.use_gpu=true", "scale.cpus_per_worker=8")
     assert cluster.placement_strategy(cfg, [CPU_HEAD, LAB_SERVER, LAB_SERVER]) == "STRICT_PACK"
 
 
 def test_a_group_no_node_holds_may_spread():
-    gpus = _cfg("scale.num_workers=8", "scale.use_gpu=true")
+    gpus = preset("scale.num_workers=8", "scale.use_gpu=true")
     assert cluster.placement_strategy(gpus, [LAB_SERVER, LAB_SERVER]) == "PACK"
-    cpus = _cfg("scale.num_workers=4", "scale.use_gpu=true", "scale.cpus_per_worker=32")  # 4 GPUs, 128 CPUs
+    cpus = preset("scale.num_workers=4", "scale.use_gpu=true", "scale.cpus_per_worker=32")  # 4 GPUs, 128 CPUs
     assert cluster.placement_strategy(cpus, [LAB_SERVER, LAB_SERVER]) == "PACK"
-    assert cluster.placement_strategy(_cfg("scale.num_workers=2"), []) == "PACK"  # before ray.init: nothing known
+    assert cluster.placement_strategy(preset("scale.num_workers=2"), []) == "PACK"  # before ray.init: nothing known
 
 
 def test_an_elastic_group_is_judged_by_its_maximum():
-    assert cluster.placement_strategy(_cfg("scale.num_workers=4-8", "scale.use_gpu=true"), [LAB_SERVER] * 2) == "PACK"
-    assert cluster.placement_strategy(_cfg("scale.num_workers=2-4", "scale.use_gpu=true"), [LAB_SERVER] * 2) == "STRICT_PACK"
+    assert cluster.placement_strategy(preset("scale.num_workers=4-8", "scale.use_gpu=true"), [LAB_SERVER] * 2) == "PACK"
+    assert cluster.placement_strategy(preset("scale.num_workers=2-4", "scale.use_gpu=true"), [LAB_SERVER] * 2) == "STRICT_PACK"
 
 
 def test_the_trainer_carries_the_strategy(monkeypatch, tmp_path):
     from raymcn.train.on_ray.launch import build_trainer
     from raymcn.train.run_plan import make_plan
 
-    cfg = _cfg("scale.num_workers=2", "scale.cpus_per_worker=1")
+    cfg = preset("scale.num_workers=2", "scale.cpus_per_worker=1")
     monkeypatch.setattr(cluster, "node_resources", lambda: [{"CPU": 2.0}])
     trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
     assert trainer.scaling_config.placement_strategy == "STRICT_PACK"
