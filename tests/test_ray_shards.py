@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import last_json
-from test_shards import write
+from test_shards import SETTINGS, write  # noqa: F401 - conftest's corpus fixture reads this module's SETTINGS
 
 pytestmark = pytest.mark.ray
 
