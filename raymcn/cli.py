@@ -87,7 +87,7 @@ def _resource_waits_named(cfg: Config, console):
     """A worker group Ray cannot place is named on the console (``on_ray/waits.py``)."""
     from raymcn.train.on_ray import waits
 
-    return waits.watched(waits.limit_s(cfg.run.stall_timeout_s, cfg.scale.worker_start_timeout_s), console.say)
+    return waits.watched(waits.naming_limit_s(cfg.run.stall_timeout_s, cfg.scale.worker_start_timeout_s), console.say)
 
 
 def console_log(where: str, cfg: Config | None = None) -> Path:

@@ -51,7 +51,7 @@ def test_only_the_groups_of_ended_jobs_that_still_hold_resources_are_left_behind
 
 
 def test_the_limit_is_the_stall_limit_but_at_most_half_the_start_timeout():
-    assert waits.limit_s(600, 20) == 10 and waits.limit_s(10, 60) == 10
+    assert waits.naming_limit_s(600, 20) == 10 and waits.naming_limit_s(10, 60) == 10
 
 
 @pytest.mark.ray

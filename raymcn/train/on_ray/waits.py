@@ -27,6 +27,12 @@ def _since_s(pg: dict[str, Any], now_s: float) -> float | None:
     return None if not ns else now_s - int(ns) / 1e9
 
 
+def _waited(pg: dict[str, Any], now_s: float, limit_s: float) -> bool:
+    """``pg`` is still waiting for its resources and has waited ``limit_s`` or longer."""
+    since = _since_s(pg, now_s)
+    return pg.get("state") in WAITING and since is not None and since >= limit_s
+
+
 def _bundles(pg: dict[str, Any]) -> str:
     """``{CPU: 1} x 2`` for a group of two equal bundles (Ray's bundles: [{"bundle_id":..,
     "unit_resources": {...}}, ...])."""
@@ -53,10 +59,9 @@ def waiting_line(pgs: list[dict[str, Any]], free: dict[str, float], total: dict[
     named less than ``repeat_s`` ago is not named again."""
     late = []
     for pg in pgs:
-        since, key = _since_s(pg, now_s), f"{pg.get('creator_job_id')}:{_bundles(pg)}"
-        waited = pg.get("state") in WAITING and since is not None and since >= limit_s
-        if waited and now_s - told.get(key, float("-inf")) >= repeat_s:
-            late.append((pg, since))
+        key = f"{pg.get('creator_job_id')}:{_bundles(pg)}"
+        if _waited(pg, now_s, limit_s) and now_s - told.get(key, float("-inf")) >= repeat_s:
+            late.append((pg, _since_s(pg, now_s)))
             told[key] = now_s
     if not late:
         return None
@@ -93,7 +98,7 @@ def _look(limit_s: float, told: dict[str, float]) -> list[str]:
                 for pg in list_placement_groups(detail=True, limit=1000, raise_on_missing_output=False)]
 
     pgs, now, lines = groups(), time.time(), []
-    if any(pg.get("state") in WAITING and (_since_s(pg, now) or 0) >= limit_s for pg in pgs):
+    if any(_waited(pg, now, limit_s) for pg in pgs):
         ended = {j.job_id for j in list_jobs(limit=1000, raise_on_missing_output=False)
                  if getattr(j.status, "value", j.status) in ENDED}
         stale = left_behind(pgs, ended)
@@ -107,7 +112,7 @@ def _look(limit_s: float, told: dict[str, float]) -> list[str]:
     return [*lines, *([line] if line else [])]
 
 
-def limit_s(stall_timeout_s: float, worker_start_timeout_s: float) -> float:
+def naming_limit_s(stall_timeout_s: float, worker_start_timeout_s: float) -> float:
     """How long a group may wait before it is named: the stall limit, but at most half the group's
     start timeout (after which Ray Train asks again with a new group, whose wait starts at 0)."""
     return min(stall_timeout_s, worker_start_timeout_s / 2)
