@@ -43,6 +43,6 @@ def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results
     log, console = loud["log"].read_text(), (loud["experiment"] / "raymcn_console.log").read_text()
     assert loud["driver_starts"] == 2 and "=== driver start 1 (resume) ===" in log
     # (a rank stopped as its trial ended meets no watchdog; the soak then stops another one)
-    assert "STALL: rank" in log and any(f"({NAMED})" in f["detail"] for f in loud["faults"])
+    assert "STALL: rank" in log and any(f"({NAMED})" in f["detail"] for f in loud["faults"]), loud["faults"]
     lost = sum(f["kind"] in ("kill_worker", "lose_node") or f"({NAMED})" in f["detail"] for f in loud["faults"])
     assert console.count("[FailurePolicy] RETRY") >= lost

@@ -41,7 +41,7 @@ def test_names_module_imports_no_ray():
 
 def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
     """run_sweep hands Tune the readable names. Tune is replaced by a recorder and Ray is never
-    started (ray.init raises if anything tries)."""
+    started (ray.init raises if anything tries; the suite's shared instance may already be up)."""
     ray = pytest.importorskip("ray")
     from raymcn.cli import preset_path
     from raymcn.config import load_config
@@ -51,6 +51,7 @@ def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
         raise AssertionError("this test must not start Ray")
 
     monkeypatch.setattr(ray, "init", no_ray)
+    was_up = ray.is_initialized()
     seen = {}
 
     class Grid(list):
@@ -69,4 +70,4 @@ def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
     tuner.run_sweep(load_config(preset_path()), str(tmp_path / "named"))
     creator = seen["tune_config"].trial_dirname_creator
     assert creator(SimpleNamespace(config={"schedule.stage_order": "AT_V"}, trial_id="ab_1")) == "AT_V-ab_1"
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == was_up

@@ -6,6 +6,7 @@ how the loop reports its phases, and what the quiet console shows of Ray's warni
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -95,6 +96,33 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
     assert watchdog.recorded(run) == [] and watchdog.repeated_stall(run) is None
     watchdog.clear(run)  # nothing to clear: no error
 
+
+
+def test_a_stall_in_a_groups_start_is_named_but_never_permanent(tmp_path):
+    """A rank stopped while its group starts (its peers wait in DDP's first broadcast) is named like
+    any stall; two such starts do not end the run: a later group may start elsewhere."""
+    run = str(tmp_path)
+    for attempt in ("10.0.0.1:29500", "10.0.0.1:29501"):
+        dog = Watchdog(10, 0, run, say=lambda _: None, attempt=attempt)
+        dog.record(watchdog.Stall(0, 0, "start", 13.0, dog.attempt))
+    assert len(watchdog.recorded(run)) == 2 and watchdog.repeated_stall(run) is None
+    assert watchdog.recorded(run)[0].text() == ("rank 0 made no progress for 13 s in the worker group's start "
+                                                "(its inputs, the model, DDP's first broadcast, the checkpoint)")
+
+
+def test_every_rank_of_a_group_knows_its_attempt_before_any_collective(monkeypatch):
+    """The attempt's id is the group's rendezvous address (set on every worker by Ray Train):
+    equal on every rank, so their records of one stall are one stall."""
+    from raymcn.train.on_ray.worker import group_attempt
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    first = group_attempt()
+    assert group_attempt() == first and re.fullmatch(r"[0-9a-f]{12}", first)  # a file name's characters
+    monkeypatch.setenv("MASTER_PORT", "29501")  # the next group Ray Train starts
+    assert group_attempt() != first
+    monkeypatch.delenv("MASTER_PORT")
+    assert group_attempt() != group_attempt()  # one process, no rendezvous: a fresh id each time
 
 def test_the_loop_reports_each_phase_with_its_step():
     from conftest import config, linear_mcn, objective_for, run_of

@@ -1,7 +1,8 @@
 """A run never waits in silence: every rank's watchdog names a stall and ends the attempt.
 
 Each rank tells its :class:`Watchdog` where it is (:meth:`Watchdog.at`: a phase and the global
-step) at every phase start of the step loop, the evaluation and the report. A rank that makes no
+step) from its worker group's start on, at every phase start of the step loop, the evaluation and
+the report. A rank that makes no
 progress for longer than its limit (``run.stall_timeout_s``, or :data:`STEP_FACTOR` times the
 longest step it has run in this attempt when that is longer, but always short of the process
 group's timeout) prints on the terminal which rank waits where, records the stall in the run's
@@ -20,8 +21,7 @@ after a rank's watchdog ended it depends on the backend:
   connection to lose), so the other ranks keep waiting until Ray Train, which saw the worker
   die, tears the group down, or their own watchdogs fire, ``grace_s`` after the named rank's.
 
-Should the process group's timeout fire anyway (a collective outside the watched span, such as
-DDP's first broadcast, or a watchdog thread that could not run), gloo raises in the waiting
+Should the process group's timeout fire anyway (a watchdog thread that could not run), gloo raises in the waiting
 thread; NCCL's own watchdog would by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray
 Train sets) take the process down with no Python error, so nothing would be recorded and the
 repeated-stall rule could not see it. Workers therefore run with :data:`NCCL_ERROR_HANDLING`
@@ -32,7 +32,8 @@ NCCL the step where the error reached the host: the loop's one host sync per ste
 within a step of the collective that hung).
 
 The same stall twice in one ``raymcn train`` (the same global step and phase, in two attempts)
-is permanent: a restart reaches it again. The driver's callback (``launch``) then ends the run
+is permanent: a restart reaches it again (a stall in a group's start is not counted: see
+:func:`repeated_stall`). The driver's callback (``launch``) then ends the run
 with :func:`repeated_stall`'s message instead of retrying.
 """
 
@@ -58,6 +59,7 @@ NCCL_ERROR_HANDLING = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
 # What a rank is doing in each phase (the console's wording).
 PHASES = {
+    "start": "the worker group's start (its inputs, the model, DDP's first broadcast, the checkpoint)",
     "data": "waiting for its next batch (the data reader)",
     "step": "the step's compute and collectives (forward, loss, backward with DDP's gradient all-reduce, optimizer)",
     "checkpoint": "the checkpoint or progress mark after the step (collectives, a write)",
@@ -82,8 +84,8 @@ class Stall:
     attempt: str  # the attempt's id (the same on every rank of an attempt)
 
     def text(self) -> str:
-        return (f"rank {self.rank} made no progress for {self.idle_s:.0f} s at global step {self.step}, "
-                f"in {PHASES.get(self.phase, self.phase)}")
+        where = "" if self.phase == "start" else f" at global step {self.step},"  # (a start's step is not known yet)
+        return f"rank {self.rank} made no progress for {self.idle_s:.0f} s{where} in {PHASES.get(self.phase, self.phase)}"
 
 
 class Watchdog:
@@ -194,7 +196,9 @@ def repeated_stall(run_dir: str) -> str | None:
     """A message when two attempts stalled at the same global step and phase (a restart cannot
     cure that), else None."""
     seen: dict[tuple[int, str], Stall] = {}
-    for stall in sorted(recorded(run_dir), key=lambda s: (s.step, s.phase, s.rank)):
+    # A group's start is left out: it can stall for reasons outside the run (a process stopped, a
+    # node still joining) and a later group may start elsewhere; scale.max_failures bounds it.
+    for stall in sorted((s for s in recorded(run_dir) if s.phase != "start"), key=lambda s: (s.step, s.phase, s.rank)):
         first = seen.setdefault((stall.step, stall.phase), stall)
         if first.attempt != stall.attempt:
             return (f"the same stall in two attempts: {first.text()}; then {stall.text()}. A restart reaches it "

@@ -12,6 +12,7 @@ A rank only reads files: its plan, made on the driver, names them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import secrets
 import tempfile
@@ -76,6 +77,38 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     apply_precision(cfg)  # process-wide torch flags, once
     timeline.worker_entered(rank, torch.get_num_threads())
     device = _checked_device(cfg)
+    # [0] Every rank's watchdog, from the group's start: a rank that makes no progress for
+    # run.stall_timeout_s (waiting for a peer in the start's collectives, DDP's first broadcast
+    # among them, in the step loop, the evaluation or a report) is named on the terminal and
+    # ends this attempt, so Ray Train restarts it; its limit stays below the process group's
+    # timeout (run.collective_timeout_s, the backstop), and should that fire anyway (gloo, or NCCL
+    # with its error handling set by launch.worker_env) its error is named with the step. (A start
+    # whose own reading takes longer than the limit is named too: its peers wait for it.)
+    dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=group_attempt(), say=out.alert,
+                   collective_s=cfg.run.collective_timeout)
+    dog.at("start", 0)
+    dog.start()
+    try:
+        run, reports = _start(cfg, plan, run_dir, stream_of, out, device, dog)
+        faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
+        metrics = run_epochs(run)
+    except Exception as e:
+        stall = dog.named(e)
+        if stall is e:
+            raise
+        raise stall from e
+    finally:
+        dog.stop()
+    reports.progress.flush()
+    timeline.mark("worker: done", rank=rank)
+    return metrics
+
+
+def _start(cfg: Config, plan: RunPlan, run_dir: str, stream_of: Callable[[Config, RunPlan, int, int], Any],
+           out: Printer, device: torch.device, dog: Watchdog) -> tuple[Run, Reports]:
+    """This rank's run, ready for its epochs: its data, the model wrapped in DDP, resumed from the
+    latest checkpoint of ``run_dir`` if any, and Ray plugged into the loop's hooks."""
+    rank, world = _rank_in(plan)
     # [1] Data: this rank's part of every step.
     stream = stream_of(cfg, plan, rank, world)
     eval_set = _eval_set(cfg, plan, out)
@@ -90,29 +123,22 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
     # reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
-    # [5] Every rank's watchdog: a stall (no progress for run.stall_timeout_s) is named on the
-    # terminal and ends this attempt, so Ray Train restarts it; its limit stays below the process
-    # group's timeout (run.collective_timeout_s, the backstop), and should that fire anyway (gloo,
-    # or NCCL with its error handling set by launch.worker_env) its error is named with the step.
-    attempt = format(int(_broadcast(run, float(secrets.randbits(48)))), "012x")  # rank 0's, on every rank
-    dog = Watchdog(cfg.run.stall_timeout_s, rank, run_dir, attempt=attempt, say=out.alert,
-                   collective_s=cfg.run.collective_timeout).start()
     run.hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start),
                       evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
                       after_epoch=[reports.after_epoch], after_step=[reports.after_step], log=out.log, watch=dog.at)
-    faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
-    try:
-        metrics = run_epochs(run)
-    except Exception as e:
-        stall = dog.named(e)
-        if stall is e:
-            raise
-        raise stall from e
-    finally:
-        dog.stop()
-    reports.progress.flush()
-    timeline.mark("worker: done", rank=rank)
-    return metrics
+    return run, reports
+
+
+def group_attempt() -> str:
+    """This worker group's id, the same on every rank and new for every group Ray Train starts,
+    known before any collective (so a stall in the group's start is recorded under it): the
+    address of the group's process-group rendezvous, rank 0's host and a port that was free when
+    Ray Train started the group (``MASTER_ADDR``/``MASTER_PORT``, set on every worker by its
+    TorchConfig), hashed to a file name's characters. A port a later group happens to reuse only
+    merges two attempts' records: the repeated-stall rule then allows one more restart. A random
+    id without them (one process)."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return hashlib.sha1(f"{addr}:{port}".encode()).hexdigest()[:12] if addr and port else secrets.token_hex(6)
 
 
 @dataclass(frozen=True)
