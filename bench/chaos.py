@@ -7,8 +7,13 @@ no work and 1-CPU raylets standing in for the lab's servers), its driver a separ
 * ``kill_worker``: a Ray Train worker SIGKILLed;
 * ``lose_node``: a raylet holding a Train worker removed at once (``remove_node(allow_graceful=False)``:
   a power loss), another added back a few seconds later;
-* ``stall_rank``: a Train worker SIGSTOPped past ``run.stall_timeout_s`` (the other rank's watchdog
-  names the stall and ends the attempt), then SIGCONTed or SIGKILLed;
+* ``drain_node``: a planned reboot: ``raymcn drain``'s own ``ray drain-node`` (reason preemption, a
+  deadline of :data:`DRAIN_DEADLINE_S`) on a raylet holding a Train worker, which the run answers
+  with a checkpoint at once (``run.drain_check_every=1`` here); at the deadline the raylet goes,
+  another comes back a few seconds later;
+* ``stall_rank``: a Train worker that has entered its rank's run SIGSTOPped past
+  ``run.stall_timeout_s`` (the other rank's watchdog names the stall and ends the attempt), then
+  SIGCONTed or SIGKILLed;
 * ``storage_readonly``: a running trial's run folder made immutable (``chattr +i``: even root cannot
   write there) for a while, so checkpoints and its progress files fail to write;
 * ``kill_driver``: the sweep's driver SIGKILLed and started again with ``--resume latest``.
@@ -29,6 +34,7 @@ import json
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -45,13 +51,15 @@ from raymcn.config import RUN_CONFIG_FILE
 from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
 
-KINDS = ("kill_worker", "lose_node", "stall_rank", "storage_readonly", "kill_driver")
+KINDS = ("kill_worker", "lose_node", "drain_node", "stall_rank", "storage_readonly", "kill_driver")
 NAMED, UNNAMED = "named by the watchdog", "not named by the watchdog"  # a stopped rank, in its fault's detail
 TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
 # A "server": room for a Train worker (1 CPU) beside the trial's own small actor (Tune reserves
 # 0.01 CPU for it), so a restarted group fits on the nodes left after a loss.
 NODE = {"num_cpus": 2}
-TRAINING_S = 15.0  # a Train worker this old is past its start-up here (2 cores): it trains
+# A Train worker that has entered its rank's run: its line in the sweep's console log, "rank R: T torch thread(s)"
+ENTERED = re.compile(r"RayTrainWorker pid=(\d+)[^)]*\)\S*\s+rank \d+: \d+ torch thread")
+DRAIN_DEADLINE_S = 15  # three polls of Ray Train's preemption watcher (every 5 s)
 # The short soak (tests/test_chaos.py): 4 trials x 3 epochs, one fault of each kind, seeded
 SMOKE = {"faults": len(KINDS), "epochs": 3, "orders": ("AV_T", "joint"), "seed": 3, "gap": 4.0}
 
@@ -61,7 +69,7 @@ def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T"
     """A grid sweep of len(orders) x len(lrs) trials of ``epochs`` epochs, 2 workers of 1 CPU each,
     checkpoints every 2 steps (inside epochs), failure budgets for a soak."""
     return ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", f"schedule.epochs={epochs}",
-            "scale.num_workers=2", "scale.cpus_per_worker=1", "run.checkpoint_every=2",
+            "scale.num_workers=2", "scale.cpus_per_worker=1", "run.checkpoint_every=2", "run.drain_check_every=1",
             f"run.stall_timeout_s={stall_timeout_s}", "scale.max_failures=30", "sweep.max_trial_failures=10",
             "sweep.algorithm=grid", "sweep.num_samples=1", "sweep.repeats=1", "sweep.max_concurrent=1",
             "sweep.confirm={}", f"sweep.space={{schedule.stage_order: {{grid: [{', '.join(orders)}]}}, "
@@ -166,7 +174,7 @@ class Chaos:
     def _inject(self, faults: int, stop: threading.Event) -> None:
         plan = [KINDS[i % len(KINDS)] for i in range(faults)]
         self.rng.shuffle(plan)
-        retries = 3  # a rank stopped as its trial ended meets no watchdog: stop another one later
+        retries = 3  # a rank stopped as its trial ended meets no watchdog (no peer waits): stop another later
         while plan:
             kind = plan.pop(0)
             if stop.wait(self.rng.uniform(0.5, 1.5) * self.mean_gap_s):
@@ -181,6 +189,8 @@ class Chaos:
                     if self.driver.done():
                         return  # the sweep ended
                     detail = getattr(self, kind)()
+                if detail is None:
+                    stop.wait(0.5)  # no worker this fault can meet yet (one still starting): look again
             if detail:  # "": this kind cannot be injected on this machine
                 self.injected.append({"kind": kind, "at": started, "detail": detail})
                 with open(self.driver.log.parent / "faults.jsonl", "a") as f:
@@ -189,13 +199,19 @@ class Chaos:
                 retries -= 1
                 plan.append(kind)
 
-    def _worker(self, training_s: float = 0.0) -> int | None:
-        """A Train worker of this cluster; with ``training_s``, the youngest that has run that long
-        (past its start-up, so it is training, and the least likely to be near its trial's end)."""
-        aged = sorted((_age_s(p), p) for p in _pids("ray::RayTrainWorker", self.cluster))
-        if training_s:
-            return next((p for age, p in aged if age >= training_s), None)
-        return self.rng.choice(aged)[1] if aged else None
+    def _worker(self) -> int | None:
+        """A Train worker of this cluster, any."""
+        pids = _pids("ray::RayTrainWorker", self.cluster)
+        return self.rng.choice(pids) if pids else None
+
+    def _training_worker(self) -> int | None:
+        """The youngest Train worker that has entered its rank's run (it printed its thread count):
+        its peers' watchdogs watch it from there on (the least likely to be near its trial's end).
+        A worker Ray Train is still setting up is not one: the controller waits for it, no rank does."""
+        console = self.experiment / "raymcn_console.log"
+        entered = set(map(int, ENTERED.findall(console.read_text(errors="replace")))) if console.exists() else set()
+        running = [p for p in _pids("ray::RayTrainWorker", self.cluster) if p in entered]
+        return min(running, key=_age_s) if running else None
 
     def kill_worker(self) -> str | None:
         pid = self._worker()
@@ -205,20 +221,41 @@ class Chaos:
         return f"SIGKILL Train worker {pid}"
 
     def lose_node(self) -> str | None:
-        from ray.util.state import list_actors
-
-        busy = {a.node_id for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
-        victims = [n for n in self.cluster.worker_nodes if n.node_id in busy]
-        if not victims:
+        victim = self._busy_node()
+        if victim is None:
             return None
-        victim = self.rng.choice(victims)
         self.on_main_thread(lambda: self.cluster.remove_node(victim, allow_graceful=False))
         time.sleep(3.0)
         self.on_main_thread(lambda: self.cluster.add_node(**NODE))
         return f"node {victim.node_id[:8]} removed, a new one added 3 s later"
 
+    def drain_node(self) -> str | None:
+        from raymcn.servers.drain import _ray_executable, drain_command
+
+        victim = self._busy_node()
+        if victim is None:
+            return None
+        drained = subprocess.run(drain_command(_ray_executable(), self.cluster.address, victim.node_id,
+                                               DRAIN_DEADLINE_S, "bench.chaos"), capture_output=True, text=True)
+        if drained.returncode:
+            raise RuntimeError(f"ray drain-node failed: {drained.stderr[-2000:]}")
+        time.sleep(DRAIN_DEADLINE_S)  # the server shuts down at the deadline it announced
+        self.on_main_thread(lambda: self.cluster.remove_node(victim, allow_graceful=False))
+        time.sleep(3.0)
+        self.on_main_thread(lambda: self.cluster.add_node(**NODE))
+        return (f"node {victim.node_id[:8]} drained with a {DRAIN_DEADLINE_S} s deadline, removed at it, "
+                "a new one added 3 s later")
+
+    def _busy_node(self):
+        """A raylet of the cluster holding a running Train worker (None when none does)."""
+        from ray.util.state import list_actors
+
+        busy = {a.node_id for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
+        victims = [n for n in self.cluster.worker_nodes if n.node_id in busy]
+        return self.rng.choice(victims) if victims else None
+
     def stall_rank(self) -> str | None:
-        pid = self._worker(training_s=TRAINING_S)
+        pid = self._training_worker()
         if pid is None:
             return None
         born = process_started(pid)
@@ -245,7 +282,7 @@ class Chaos:
 
     def storage_readonly(self, seconds: float = 10.0) -> str | None:
         runs = sorted(self.experiment.glob("train/train-*"), key=lambda p: p.stat().st_mtime)
-        if not runs or self._worker(training_s=TRAINING_S) is None:
+        if not runs or self._training_worker() is None:
             return None  # no trial training: its checkpoints would not meet the fault
         run = runs[-1]  # the newest: the one running
         if subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode:
@@ -372,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
               f"epochs, run.checkpoint_every=2 steps")
         print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
               f"worker-group restarts {restarts}; driver starts {loud['driver_starts']}")
+        stops = [f["detail"] for f in loud["faults"] if f["kind"] == "stall_rank"]
+        print(f"SIGSTOPped ranks named by a stall record: {sum(f'({NAMED})' in d for d in stops)} of {len(stops)}; "
+              f"drains answered by a checkpoint at once: {loud['log'].read_text().count('is being drained')} of "
+              f"{per_kind['drain_node']} (none when the drained trial was still starting)")
         print(f"wall time: quiet {quiet['seconds']:.0f} s, under faults {loud['seconds']:.0f} s: "
               f"{lost:.1f} s lost per fault")
         print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")

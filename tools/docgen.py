@@ -172,9 +172,17 @@ def chaos() -> str:
     return table(["", ""], [
         ["faults injected", f"{len(c['faults'])}: {kinds}"],
         ["worker-group restarts", str(c["restarts"])],
+        ["SIGSTOPped ranks named by a stall record", _named(c["faults"])],
         ["wall time", f"quiet {c['quiet_s']:.0f} s, under faults {c['loud_s']:.0f} s ({c['lost_per_fault_s']:.1f} s per fault)"],
         ["trials whose per-epoch metrics differ from the quiet sweep's", str(len(c["differences"]))],
         ["the same answer line", "yes" if c["same_answer"] else "no"]])
+
+
+def _named(faults: list[dict]) -> str:
+    """``4 of 7, 13–17 s after the stop`` from the soak's stall_rank faults (bench.chaos's details)."""
+    stops = [f["detail"] for f in faults if f["kind"] == "stall_rank"]
+    waits = [int(re.search(r" for (\d+) s ", d).group(1)) for d in stops if "(named by the watchdog)" in d]
+    return f"{len(waits)} of {len(stops)}" + (f", {min(waits)}–{max(waits)} s after the stop" if waits else "")
 
 
 # --- memory ------------------------------------------------------------------------------------------
