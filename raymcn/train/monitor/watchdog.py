@@ -1,13 +1,12 @@
 """A run never waits in silence: every rank's watchdog names a stall and ends the attempt.
 
 Each rank tells its :class:`Watchdog` where it is (:meth:`Watchdog.at`: a phase and the global
-step) from its worker group's start on, at every phase start of the step loop, the evaluation and
-the report. A rank that makes no
-progress for longer than its limit (``run.stall_timeout_s``, or :data:`STEP_FACTOR` times the
-longest step it has run in this attempt when that is longer, but always short of the process
-group's timeout) prints on the terminal which rank waits where, records the stall in the run's
-folder (:data:`STALLS_DIR`) and ends its process: Ray Train restarts the group from the latest
-checkpoint (``scale.max_failures``).
+step) from its worker group's start on, at every phase start of the step loop, the evaluation
+and the report. A rank that makes no progress for longer than its limit (``run.stall_timeout_s``,
+or :data:`STEP_FACTOR` times the longest step it has run in this attempt when that is longer, but
+always short of the process group's timeout) prints on the terminal which rank waits where,
+records the stall in the run's folder (:data:`STALLS_DIR`) and ends its process: Ray Train
+restarts the group from the latest checkpoint (``scale.max_failures``).
 
 The process group's timeout (``TorchConfig.timeout_s`` = ``run.collective_timeout_s``, by default
 2 x ``run.stall_timeout_s``; the config refuses less than 1.5 x) is a backstop behind the
@@ -21,8 +20,8 @@ after a rank's watchdog ended it depends on the backend:
   connection to lose), so the other ranks keep waiting until Ray Train, which saw the worker
   die, tears the group down, or their own watchdogs fire, ``grace_s`` after the named rank's.
 
-Should the process group's timeout fire anyway (a watchdog thread that could not run), gloo raises in the waiting
-thread; NCCL's own watchdog would by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray
+Should the process group's timeout fire anyway (a watchdog thread that could not run), gloo
+raises in the waiting thread; NCCL's own watchdog would by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray
 Train sets) take the process down with no Python error, so nothing would be recorded and the
 repeated-stall rule could not see it. Workers therefore run with :data:`NCCL_ERROR_HANDLING`
 (mode 2, "clean up only": the communicators are aborted, the process lives), and the rank's next
@@ -33,8 +32,8 @@ within a step of the collective that hung).
 
 The same stall twice in one ``raymcn train`` (the same global step and phase, in two attempts)
 is permanent: a restart reaches it again (a stall in a group's start is not counted: see
-:func:`repeated_stall`). The driver's callback (``launch``) then ends the run
-with :func:`repeated_stall`'s message instead of retrying.
+:func:`repeated_stall`). The driver's callback (``launch``) then ends the run with
+:func:`repeated_stall`'s message instead of retrying.
 """
 
 from __future__ import annotations
