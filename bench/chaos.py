@@ -404,22 +404,25 @@ def main(argv: list[str] | None = None) -> int:
         per_kind = {k: sum(f["kind"] == k for f in loud["faults"]) for k in KINDS}
         lost = (loud["seconds"] - quiet["seconds"]) / max(1, len(loud["faults"]))
         # every restart of a trial's worker group, as Ray Train's failure policy logs it
-        restarts = (loud["experiment"] / "raymcn_console.log").read_text().count("[FailurePolicy] RETRY")
+        console = (loud["experiment"] / "raymcn_console.log").read_text()
+        restarts = console.count("[FailurePolicy] RETRY")
+        # rank 0's line when it learns of a drain (ray's log relay may repeat a line: counted once)
+        answered = len({line for line in console.splitlines() if "is being drained" in line})
         print(f"bench.chaos on {results.machine}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
               f"epochs, run.checkpoint_every=2 steps")
         print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
               f"worker-group restarts {restarts}; driver starts {loud['driver_starts']}")
         stops = [f["detail"] for f in loud["faults"] if f["kind"] == "stall_rank"]
         print(f"SIGSTOPped ranks named by a stall record: {sum(f'({NAMED})' in d for d in stops)} of {len(stops)}; "
-              f"drains answered by a checkpoint at once: {loud['log'].read_text().count('is being drained')} of "
-              f"{per_kind['drain_node']} (none when the drained trial was still starting)")
+              f"drains answered by a checkpoint at once: {answered} of {per_kind['drain_node']} (none when the "
+              "drained trial was still starting)")
         print(f"wall time: quiet {quiet['seconds']:.0f} s, under faults {loud['seconds']:.0f} s: "
               f"{lost:.1f} s lost per fault")
         print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")
         for p in problems:
             print("  " + p)
         results.finish({"machine": results.machine, "faults": loud["faults"], "per_kind": per_kind,
-                        "restarts": restarts, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
+                        "restarts": restarts, "drains_answered": answered, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
                         "lost_per_fault_s": lost, "differences": problems, "same_answer": same_answer})
     return 0 if not problems and same_answer else 1
 

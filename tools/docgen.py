@@ -173,6 +173,7 @@ def chaos() -> str:
         ["faults injected", f"{len(c['faults'])}: {kinds}"],
         ["worker-group restarts", str(c["restarts"])],
         ["SIGSTOPped ranks named by a stall record", _named(c["faults"])],
+        ["drains answered by a checkpoint at once", f"{c['drains_answered']} of {c['per_kind']['drain_node']}"],
         ["wall time", f"quiet {c['quiet_s']:.0f} s, under faults {c['loud_s']:.0f} s ({c['lost_per_fault_s']:.1f} s per fault)"],
         ["trials whose per-epoch metrics differ from the quiet sweep's", str(len(c["differences"]))],
         ["the same answer line", "yes" if c["same_answer"] else "no"]])
