@@ -97,7 +97,6 @@ def test_the_same_stall_in_two_attempts_is_permanent_and_a_new_run_forgets(tmp_p
     watchdog.clear(run)  # nothing to clear: no error
 
 
-
 def test_a_stall_in_a_groups_start_is_named_but_never_permanent(tmp_path):
     """A rank stopped while its group starts (its peers wait in DDP's first broadcast) is named like
     any stall; two such starts do not end the run: a later group may start elsewhere."""
@@ -123,6 +122,7 @@ def test_every_rank_of_a_group_knows_its_attempt_before_any_collective(monkeypat
     assert group_attempt() != first
     monkeypatch.delenv("MASTER_PORT")
     assert group_attempt() != group_attempt()  # one process, no rendezvous: a fresh id each time
+
 
 def test_the_loop_reports_each_phase_with_its_step():
     from conftest import config, linear_mcn, objective_for, run_of

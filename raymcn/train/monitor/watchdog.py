@@ -21,14 +21,15 @@ after a rank's watchdog ended it depends on the backend:
   die, tears the group down, or their own watchdogs fire, ``grace_s`` after the named rank's.
 
 Should the process group's timeout fire anyway (a watchdog thread that could not run), gloo
-raises in the waiting thread; NCCL's own watchdog would by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray
-Train sets) take the process down with no Python error, so nothing would be recorded and the
-repeated-stall rule could not see it. Workers therefore run with :data:`NCCL_ERROR_HANDLING`
-(mode 2, "clean up only": the communicators are aborted, the process lives), and the rank's next
-NCCL call raises an error carrying the timeout's text. Either way :meth:`Watchdog.named` turns the
-error into a :class:`StallError` naming the rank, step and phase, recorded the same way (with
-NCCL the step where the error reached the host: the loop's one host sync per step keeps that
-within a step of the collective that hung).
+raises in the waiting thread; NCCL's own watchdog would by default
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray Train sets) take the process down with no Python
+error, so nothing would be recorded and the repeated-stall rule could not see it. Workers
+therefore run with :data:`NCCL_ERROR_HANDLING` (mode 2, "clean up only": the communicators are
+aborted, the process lives), and the rank's next NCCL call raises an error carrying the
+timeout's text. Either way :meth:`Watchdog.named` turns the error into a :class:`StallError`
+naming the rank, step and phase, recorded the same way (with NCCL the step where the error
+reached the host: the loop's one host sync per step keeps that within a step of the collective
+that hung).
 
 The same stall twice in one ``raymcn train`` (the same global step and phase, in two attempts)
 is permanent: a restart reaches it again (a stall in a group's start is not counted: see
@@ -83,8 +84,9 @@ class Stall:
     attempt: str  # the attempt's id (the same on every rank of an attempt)
 
     def text(self) -> str:
-        where = "" if self.phase == "start" else f" at global step {self.step},"  # (a start's step is not known yet)
-        return f"rank {self.rank} made no progress for {self.idle_s:.0f} s{where} in {PHASES.get(self.phase, self.phase)}"
+        where = "" if self.phase == "start" else f" at global step {self.step},"  # a start's step is not known yet
+        return (f"rank {self.rank} made no progress for {self.idle_s:.0f} s{where} "
+                f"in {PHASES.get(self.phase, self.phase)}")
 
 
 class Watchdog:
@@ -197,7 +199,8 @@ def repeated_stall(run_dir: str) -> str | None:
     seen: dict[tuple[int, str], Stall] = {}
     # A group's start is left out: it can stall for reasons outside the run (a process stopped, a
     # node still joining) and a later group may start elsewhere; scale.max_failures bounds it.
-    for stall in sorted((s for s in recorded(run_dir) if s.phase != "start"), key=lambda s: (s.step, s.phase, s.rank)):
+    counted = [s for s in recorded(run_dir) if s.phase != "start"]
+    for stall in sorted(counted, key=lambda s: (s.step, s.phase, s.rank)):
         first = seen.setdefault((stall.step, stall.phase), stall)
         if first.attempt != stall.attempt:
             return (f"the same stall in two attempts: {first.text()}; then {stall.text()}. A restart reaches it "

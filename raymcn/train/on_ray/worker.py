@@ -89,7 +89,7 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     dog.at("start", 0)
     dog.start()
     try:
-        run, reports = _start(cfg, plan, run_dir, stream_of, out, device, dog)
+        run, reports = _start(cfg, plan, run_dir, stream_of, out, device, Collectives(rank, world), dog)
         faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
         metrics = run_epochs(run)
     except Exception as e:
@@ -105,21 +105,20 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
 
 
 def _start(cfg: Config, plan: RunPlan, run_dir: str, stream_of: Callable[[Config, RunPlan, int, int], Any],
-           out: Printer, device: torch.device, dog: Watchdog) -> tuple[Run, Reports]:
+           out: Printer, device: torch.device, comm: Collectives, dog: Watchdog) -> tuple[Run, Reports]:
     """This rank's run, ready for its epochs: its data, the model wrapped in DDP, resumed from the
     latest checkpoint of ``run_dir`` if any, and Ray plugged into the loop's hooks."""
-    rank, world = _rank_in(plan)
     # [1] Data: this rank's part of every step.
-    stream = stream_of(cfg, plan, rank, world)
+    stream = stream_of(cfg, plan, comm.rank, comm.world)
     eval_set = _eval_set(cfg, plan, out)
     # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
     # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.
     ckpt = ray.train.get_checkpoint()
-    run = assemble(cfg, plan, device=device, comm=Collectives(rank, world), wrap=_ddp(cfg),
+    run = assemble(cfg, plan, device=device, comm=comm, wrap=_ddp(cfg),
                    prepare=functools.partial(_start_weights, cfg, fresh=ckpt is None, out=out))
     if ckpt is not None:
         _resume(run, ckpt, run_dir, out)
-    timeline.mark("worker: assembled", rank=rank)
+    timeline.mark("worker: assembled", rank=comm.rank)
     # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
     # reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
