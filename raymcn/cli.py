@@ -75,12 +75,13 @@ def _has_sweep_section(path: str | None) -> bool:
     return isinstance(loaded, dict) and "sweep" in loaded
 
 
-def ray_session(address: str | None):
+def ray_session(address: str | None, env: Environment | None = None):
     """Ray for one command (``on_ray/cluster.ray_session``): connected, or a local instance this
-    command starts and shuts down; yields whether it started one."""
+    command starts and shuts down; yields whether it started one. The command's ``RAYMCN_*``
+    settings (``env``) reach every process of its job."""
     from raymcn.train.on_ray.cluster import ray_session as session
 
-    return session(address)
+    return session(address, env.variables() if env is not None else None)
 
 
 def _resource_waits_named(cfg: Config, console):
@@ -170,7 +171,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with Console(log, verbose=args.verbose, show_tagged=True) as console:
             console.say(f"run {run_dir} (Ray's output: {log})")
             # in-process (0 workers) runs need no Ray; a local instance's shutdown flushes the workers' logs
-            with ray_session(args.address) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
+            with ray_session(args.address, args.env) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
                 if started and not args.resume:
                     _check_cluster(cfg)
                 with _resource_waits_named(cfg, console) if cfg.scale.max_workers > 0 else contextlib.nullcontext():
@@ -224,7 +225,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
-            with ray_session(args.address), _resource_waits_named(cfg, console):
+            with ray_session(args.address, args.env), _resource_waits_named(cfg, console):
                 if not resume:
                     _check_cluster(cfg)
                 if resume:
@@ -343,7 +344,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from raymcn.doctor import checkup as doctor
 
     cfg = load_config(args.config or preset_path(), args.overrides)
-    with ray_session(args.address):
+    with ray_session(args.address, args.env):
         report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
                                  trial_overhead_s=args.trial_overhead, venv=args.env.venv)
         if args.rehearse:
@@ -390,7 +391,7 @@ def cmd_shards(args: argparse.Namespace) -> int:
         return commands.run_shards(args)
     from raymcn.data.write.ray_writers import RayWriters
 
-    with ray_session(args.ray or None):
+    with ray_session(args.ray or None, args.env):
         return commands.run_shards(args, writer=RayWriters(args.workers or 0))
 
 

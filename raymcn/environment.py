@@ -2,9 +2,11 @@
 
 A process reads them at its entry (the ``raymcn`` command line, a Ray Train worker's start, a
 Tune trial's driver, a benchmark's or a test's call into raymcn) into an :class:`Environment` and
-passes that object down; no module below reads a variable. What a Ray Train worker must see is
-handed to it through Ray's runtime environment (``launch.build_trainer``: ``worker_runtime_env``),
-and the worker reads it at its start like any other process.
+passes that object down; no module below reads a variable. What the processes Ray starts must
+see is handed to them through Ray's runtime environment: the command's job (``ray_session``:
+Tune's trial drivers, Train's controllers, the read tasks, which on a cluster are started by
+raylets that never saw the command's environment) and each Ray Train worker
+(``launch.build_trainer``: ``worker_runtime_env``); each reads it at its start like any other process.
 
 ==================  ============  ===================================================================
 variable            field         what uses it

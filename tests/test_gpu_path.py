@@ -78,7 +78,7 @@ def gpu_head(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(HEAD_GPUS))
     cuda = CudaRecorder(monkeypatch, devices=len(HEAD_GPUS))
-    monkeypatch.setattr(cli, "ray_session", lambda address: contextlib.nullcontext(False))
+    monkeypatch.setattr(cli, "ray_session", lambda address, env=None: contextlib.nullcontext(False))
     monkeypatch.setattr(cli, "_check_cluster", lambda cfg: None)  # ray.cluster_resources(): needs Ray
     fits: list = []
 

@@ -41,3 +41,23 @@ def test_the_trainer_carries_the_strategy(monkeypatch, tmp_path):
     monkeypatch.setattr(cluster, "node_resources", lambda: [{"CPU": 1.0}] * 3)  # tests/test_multinode.py's nodes
     trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
     assert trainer.scaling_config.placement_strategy == "PACK"
+
+
+def test_a_commands_raymcn_settings_reach_every_process_of_its_job(monkeypatch):
+    """On a cluster, trial drivers and Train's workers are started by raylets that never saw the
+    command's environment: its RAYMCN_* settings go into the job's runtime environment, whether
+    the command connects or starts a local instance (no Ray is started here)."""
+    calls = []
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    settings = {"RAYMCN_TRACE": "/shared/trace", "RAYMCN_CACHE": "/data/cache"}
+    with cluster.ray_session("10.0.0.1:6379", settings) as started:
+        assert not started
+    with cluster.ray_session("local", settings) as started:
+        assert started
+    connected, local = calls
+    assert connected["address"] == "10.0.0.1:6379" and connected["runtime_env"] == {"env_vars": settings}
+    assert local["runtime_env"]["env_vars"] == {**settings, **cluster.local_instance_env(local["dashboard_port"])}
+    with cluster.ray_session("10.0.0.1:6379"):
+        assert "runtime_env" not in calls[-1]  # nothing to hand on: the job's environment left as Ray makes it

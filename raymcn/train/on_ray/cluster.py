@@ -63,10 +63,15 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None, **init_kwargs) -> Iterator[bool]:
+def ray_session(address: str | None, variables: dict[str, str] | None = None, **init_kwargs) -> Iterator[bool]:
     """Ray for one command (module doc); yields True when this call started a local instance,
     which is shut down at the end. Already connected (a test, a caller's own ``ray.init``): that
     connection, left alone.
+
+    ``variables`` (the command's ``RAYMCN_*`` settings, ``Environment.variables``) go into the job's
+    runtime environment, so every process of the command's job sees them at its start: Tune's trial
+    drivers, Train's controllers and workers, the read tasks. On a cluster those processes are
+    started by raylets that never saw this command's environment.
 
     Raises:
         ConfigError: no address was given and several Ray instances run on this machine.
@@ -74,14 +79,16 @@ def ray_session(address: str | None, **init_kwargs) -> Iterator[bool]:
     if ray.is_initialized():
         yield False
         return
-    if _connect(address or os.environ.get("RAY_ADDRESS") or None, init_kwargs):
+    variables = dict(variables or {})
+    if _connect(address or os.environ.get("RAY_ADDRESS") or None,
+                {**init_kwargs, **({"runtime_env": {"env_vars": variables}} if variables else {})}):
         yield False
         return
     port = free_port()
     env = local_instance_env(port)
     with scoped_env(env):  # the daemons read it at their start; this driver (Train's settings) for the block
         ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
-                 log_to_driver=True, runtime_env={"env_vars": env}, **init_kwargs)
+                 log_to_driver=True, runtime_env={"env_vars": {**variables, **env}}, **init_kwargs)
         try:
             yield True
         finally:
