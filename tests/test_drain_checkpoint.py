@@ -110,4 +110,12 @@ def test_ray_s_failure_policy_counts_a_drain_apart(monkeypatch):
     assert preemption.watcher_on()  # Ray's default: a cluster's runs ask
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # raymcn's local instances
     assert not preemption.watcher_on()
+    # the switch read as Ray Train's controller reads it (its name and default live in a private module)
+    from ray._common.utils import env_bool
+    from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
+
+    assert ENABLE_PREEMPTION_WATCHER_ENV_VAR == preemption.WATCHER_VARIABLE
+    for value in ("0", "1", "true", "True", "false", "yes", ""):
+        monkeypatch.setenv(preemption.WATCHER_VARIABLE, value)
+        assert preemption.watcher_on() == env_bool(preemption.WATCHER_VARIABLE, DEFAULT_ENABLE_PREEMPTION_WATCHER), value
     assert preemption.drain_aware(CheckpointSchedule("0", 4), cfg, 4).ask is None

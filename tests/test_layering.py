@@ -182,6 +182,20 @@ def test_no_module_of_raymcn_imports_the_benchmarks():
     assert not [m for m, p in MODULES.items() if any(n.split(".")[0] == "bench" for n in imports_of(p))]
 
 
+def ray_private(name: str) -> bool:
+    """A Ray module that Ray does not promise to keep: ``ray._private``, ``ray._common``, any ``_internal``."""
+    parts = name.split(".")
+    return parts[0] == "ray" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def test_raymcn_reads_no_private_module_of_ray():
+    """A Ray upgrade may move them without notice; raymcn keeps to Ray's public API."""
+    assert ray_private("ray._private.ray_constants.env_bool") and ray_private("ray.train.v2._internal.constants.X")
+    assert not ray_private("ray.train.get_preemption_info") and not ray_private("ray.util.state.list_actors")
+    assert {m: sorted(n for n in imports_of(p) if ray_private(n)) for m, p in MODULES.items()
+            if any(ray_private(n) for n in imports_of(p))} == {}
+
+
 BENCH = sorted((ROOT.parent / "bench").glob("*.py"))
 TESTS = sorted((ROOT.parent / "tests").glob("*.py"))
 

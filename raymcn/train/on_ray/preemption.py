@@ -15,21 +15,25 @@ other node to go on with, and the watcher costs an actor per run), and then its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 import ray.train
-from ray._private import ray_constants
-from ray.train.v2._internal.constants import DEFAULT_ENABLE_PREEMPTION_WATCHER, ENABLE_PREEMPTION_WATCHER_ENV_VAR
 
 from raymcn.config import Config
 from raymcn.train.drain import DrainAware, Schedule
 
+# Ray Train 2.60's switch for the watcher (on when unset; set, on only for "1" or "true"), a public
+# variable whose name Ray keeps in a private module: written here, and checked against Ray's in tests
+WATCHER_VARIABLE = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
-def watcher_on() -> bool:
+
+def watcher_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether Ray Train runs its preemption watcher for this worker's run: the variable the
     controller decided by, which Ray Train passes from the driver to the controller and to every
-    worker (its ``ENV_VARS_TO_PROPAGATE``); raymcn's local instances set it to 0."""
-    return ray_constants.env_bool(ENABLE_PREEMPTION_WATCHER_ENV_VAR, DEFAULT_ENABLE_PREEMPTION_WATCHER)
+    worker (its ``ENV_VARS_TO_PROPAGATE``), read as Ray reads it; raymcn's local instances set it to 0."""
+    value = environ.get(WATCHER_VARIABLE)
+    return True if value is None else value.lower() in ("1", "true")
 
 
 def drain_aware(schedule: Schedule, cfg: Config, steps_per_epoch: int,
