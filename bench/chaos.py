@@ -16,12 +16,19 @@ no work and 1-CPU raylets standing in for the lab's servers), its driver a separ
   SIGCONTed or SIGKILLed;
 * ``storage_readonly``: a running trial's run folder made immutable (``chattr +i``: even root cannot
   write there) for a while, so checkpoints and its progress files fail to write;
-* ``kill_driver``: the sweep's driver SIGKILLed and started again with ``--resume latest``.
+* ``kill_driver``: the sweep's driver SIGKILLed and started again with ``--resume latest``;
+* ``reboot_head``: the head's unplanned reboot: the driver SIGKILLed and the whole cluster ended (its
+  GCS gone, so every raylet with it), then started again (a new head and the same raylets, as the
+  boot service brings up the head and the workers rejoin), and the sweep continued as the boot
+  service continues it on the head (``raymcn.servers.boot.continue_sweep``: the newest unfinished
+  sweep under the storage path, ``raymcn sweep --resume``).
 
 Then every trial's per-epoch metrics (``metrics.csv``, timing columns aside) are compared with the
 same sweep run without faults: bitwise, because the data order is a function of (seed, epoch,
 step) and a restart resumes from the exact state of a checkpoint, and nothing in a step depends on
-the world's history. Also compared: the table's answer, the trials (none lost, none twice).
+the world's history. Also compared: the table's answer, the trials (none lost, none twice). The
+steps each fault cost are counted from the step trace (``RAYMCN_TRACE``, rank 0): a restart
+shows as a step run again, and :func:`steps_replayed` charges it to the fault that preceded it.
 ``tests/test_chaos.py`` runs the short soak (``--smoke``: one fault of each kind, ``SMOKE``);
 ``python -m bench.chaos`` a longer one (``--faults``, default 20) and prints the figures
 ``docs/faults.md`` quotes.
@@ -51,7 +58,8 @@ from raymcn.config import RUN_CONFIG_FILE
 from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
 
-KINDS = ("kill_worker", "lose_node", "drain_node", "stall_rank", "storage_readonly", "kill_driver")
+KINDS = ("kill_worker", "lose_node", "drain_node", "stall_rank", "storage_readonly", "kill_driver", "reboot_head")
+PLANNED, UNPLANNED = ("drain_node",), ("lose_node", "reboot_head")  # a server's reboot, with and without a drain
 NAMED, UNNAMED = "named by the watchdog", "not named by the watchdog"  # a stopped rank, in its fault's detail
 TIMING = ("time_", "samples_per_s", "workers")  # metrics that measure the machine, not the training
 # A "server": room for a Train worker (1 CPU) beside the trial's own small actor (Tune reserves
@@ -62,6 +70,9 @@ ENTERED = re.compile(r"RayTrainWorker pid=(\d+)[^)]*\)\S*\s+rank \d+: \d+ torch 
 DRAIN_DEADLINE_S = 15  # three polls of Ray Train's preemption watcher (every 5 s)
 # The short soak (tests/test_chaos.py): 4 trials x 3 epochs, one fault of each kind, seeded
 SMOKE = {"faults": len(KINDS), "epochs": 3, "orders": ("AV_T", "joint"), "seed": 3, "gap": 4.0}
+# What the boot service runs on the head once Ray is up (raymcn/servers/boot.py), as a driver process
+BOOT_STEP = ("import sys; from raymcn.servers.boot import continue_sweep; "
+             "status = continue_sweep(sys.argv[1]); sys.exit(0 if status is None else status)")
 
 
 def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T", "joint"),
@@ -78,27 +89,35 @@ def chaos_settings(tmp: Path, epochs: int = 3, orders: tuple[str, ...] = ("AV_T"
 
 @dataclass
 class Driver:
-    """The sweep's driver process (``raymcn sweep``); restarted with ``--resume latest``."""
+    """The sweep's driver process (``raymcn sweep``); restarted with ``--resume latest``, or after a
+    head's reboot by the boot service's step (:data:`BOOT_STEP`)."""
 
     address: str
     settings: list[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     proc: subprocess.Popen | None = None
     starts: int = 0
 
     def start(self, resume: bool = False) -> None:
         argv = [sys.executable, "-m", "raymcn.cli", "sweep", "--address", self.address,
                 *sum((["--set", s] for s in self.settings), [])]
-        if resume:
-            argv += ["--resume", "latest"]
+        self._spawn(argv + ["--resume", "latest"] if resume else argv, "(resume)" if resume else "")
+
+    def boot(self, location: Path) -> None:
+        """The newest unfinished sweep under ``location`` continued as the head's boot service does."""
+        self._spawn([sys.executable, "-c", BOOT_STEP, str(location)], "(boot service)", {"RAY_ADDRESS": self.address})
+
+    def _spawn(self, argv: list[str], label: str, env: dict[str, str] | None = None) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as out:
-            out.write(f"\n=== driver start {self.starts} {'(resume)' if resume else ''} ===\n")
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            out.write(f"\n=== driver start {self.starts} {label} ===\n")
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **self.env, **(env or {})})
         self.starts += 1
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)  # its session: a boot step's sweep with it
         self.proc.wait()
 
     def done(self) -> bool:
@@ -133,6 +152,8 @@ class Chaos:
     seed: int
     stall_timeout_s: float
     mean_gap_s: float = 20.0
+    trace: Path | None = None  # the sweep's RAYMCN_TRACE folder
+    last_step: int = -1  # a trial's last global step (counted from 0)
     injected: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
@@ -192,12 +213,30 @@ class Chaos:
                 if detail is None:
                     stop.wait(0.5)  # no worker this fault can meet yet (one still starting): look again
             if detail:  # "": this kind cannot be injected on this machine
-                self.injected.append({"kind": kind, "at": started, "detail": detail})
+                # the steps rank 0 had traced once the fault had struck (steps_replayed)
+                self.injected.append({"kind": kind, "at": started, "detail": detail, "trace_at": self._traced()})
                 with open(self.driver.log.parent / "faults.jsonl", "a") as f:
                     f.write(json.dumps(self.injected[-1]) + "\n")
             if kind == "stall_rank" and detail and UNNAMED in detail and retries:
                 retries -= 1
                 plan.append(kind)
+
+    def _trace_lines(self) -> list[bytes]:
+        """Rank 0's step trace so far, a line per step (none without a trace)."""
+        try:
+            with open(self.trace / "rank0.jsonl", "rb") as f:
+                return f.read().splitlines()
+        except (OSError, TypeError):
+            return []
+
+    def _traced(self) -> int:
+        """Steps rank 0 has traced in this sweep so far."""
+        return len(self._trace_lines())
+
+    def _last_step_traced(self) -> bool:
+        """Whether rank 0's latest traced step is the last of a trial (``last_step``)."""
+        lines = self._trace_lines()
+        return bool(lines) and json.loads(lines[-1])["step"] == self.last_step
 
     def _worker(self) -> int | None:
         """A Train worker of this cluster, any."""
@@ -205,9 +244,12 @@ class Chaos:
         return self.rng.choice(pids) if pids else None
 
     def _training_worker(self) -> int | None:
-        """The youngest Train worker that has entered its rank's run (it printed its thread count):
-        its peers' watchdogs watch it from there on (the least likely to be near its trial's end).
-        A worker Ray Train is still setting up is not one: the controller waits for it, no rank does."""
+        """The youngest Train worker that has entered its rank's run (it printed its thread count)
+        while its trial still has steps to run: its peers' watchdogs watch it from there on. Not a
+        worker Ray Train is still setting up, nor one whose trial has run its last step (it may be
+        past its run already): there the controller waits for it (Ray Train's health check), no rank does."""
+        if self._last_step_traced():
+            return None
         console = self.experiment / "raymcn_console.log"
         entered = set(map(int, ENTERED.findall(console.read_text(errors="replace")))) if console.exists() else set()
         running = [p for p in _pids("ray::RayTrainWorker", self.cluster) if p in entered]
@@ -299,6 +341,37 @@ class Chaos:
         self.driver.start(resume=True)
         return "sweep driver SIGKILLed, restarted with --resume latest"
 
+    def reboot_head(self) -> str | None:
+        self.driver.kill()
+        went = time.time()
+        self.on_main_thread(self.cluster.reboot)
+        self.driver.address = self.cluster.address
+        self.driver.boot(self.experiment.parent)
+        return (f"sweep driver SIGKILLed, every Ray process ended, the cluster back in {time.time() - went:.0f} s, "
+                "the sweep continued by the boot service's step")
+
+
+def steps_replayed(trace: Path, faults: list[dict]) -> list[int]:
+    """Per fault of ``faults`` (in order, each with its ``trace_at``), the steps run again because of it.
+
+    The trials run one at a time, so rank 0's trace (``trace/rank0.jsonl``) is their steps in
+    order: each step one more than the last, except where a trial begins (step 0 after the last
+    step of a run) and where an attempt restarted from a checkpoint (a step that was run before:
+    the steps from there to the last one traced are lost). Each restart is charged to the first
+    fault struck when the trace was where the restart begins (``trace_at`` equal to the restart's
+    line), else to the last fault before it; a fault charged with none cost no step."""
+    steps = [row["step"] for row in map(json.loads, (trace / "rank0.jsonl").read_text().splitlines())]
+    last = max(steps)
+    lost = [0] * len(faults)
+    for i in range(1, len(steps)):
+        if steps[i] > steps[i - 1] or (steps[i] == 0 and steps[i - 1] == last):
+            continue
+        at = [k for k, f in enumerate(faults) if f["trace_at"] == i] or \
+            [k for k, f in enumerate(faults) if f["trace_at"] < i][-1:]
+        if at:
+            lost[at[0]] += steps[i - 1] - steps[i] + 1
+    return lost
+
 
 def epoch_metrics(experiment: Path) -> dict[tuple, list[dict]]:
     """(stage order, lr) -> the trial's metrics.csv rows, timing columns left out."""
@@ -322,10 +395,17 @@ def run_sweep(cluster, tmp: Path, settings: list[str], faults: int = 0, seed: in
               timeout_s: float = 1800.0) -> dict:
     """One sweep on ``cluster`` with ``faults`` faults injected; returns its experiment folder, the
     faults, the driver's restarts and its wall time."""
-    driver = Driver(cluster.address, [*settings, "run.name=chaos"], tmp / "driver.log")
+    trace = tmp / "trace" if faults else None  # what each fault cost, in steps
+    driver = Driver(cluster.address, [*settings, "run.name=chaos"], tmp / "driver.log",
+                    env={"RAYMCN_TRACE": str(trace)} if trace else {})
     experiment = tmp / "chaos"
-    chaos = Chaos(cluster, driver, experiment, seed, stall_timeout_s=float(
-        next(s for s in settings if s.startswith("run.stall_timeout_s")).split("=")[1]), mean_gap_s=mean_gap_s)
+
+    def setting(key: str) -> float:
+        return float(next(s for s in settings if s.startswith(key + "=")).split("=")[1])
+
+    steps = int(setting("schedule.epochs")) * int(setting("data.synthetic_videos") // setting("data.batch_size"))
+    chaos = Chaos(cluster, driver, experiment, seed, stall_timeout_s=setting("run.stall_timeout_s"),
+                  mean_gap_s=mean_gap_s, trace=trace, last_step=steps - 1)
     stop = threading.Event()
     injector = threading.Thread(target=chaos.run, args=(faults, stop), daemon=True)
     started = time.time()
@@ -357,6 +437,9 @@ def run_sweep(cluster, tmp: Path, settings: list[str], faults: int = 0, seed: in
         raise RuntimeError("the fault injector failed") from chaos.error
     if driver.proc.returncode != 0:
         raise RuntimeError(f"the sweep failed: {driver.log}\n{driver.log.read_text()[-3000:]}")
+    if trace is not None:
+        for fault, lost in zip(chaos.injected, steps_replayed(trace, chaos.injected)):
+            fault["steps_lost"] = lost
     return {"experiment": experiment, "faults": chaos.injected, "driver_starts": driver.starts,
             "seconds": time.time() - started, "log": driver.log}
 
@@ -416,13 +499,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SIGSTOPped ranks named by a stall record: {sum(f'({NAMED})' in d for d in stops)} of {len(stops)}; "
               f"drains answered by a checkpoint at once: {answered} of {per_kind['drain_node']} (none when the "
               "drained trial was still starting)")
+        cost = {k: [f["steps_lost"] for f in loud["faults"] if f["kind"] == k] for k in KINDS}
+        print("steps lost (run again after a restart), per fault: " + "; ".join(
+            f"{k} {', '.join(map(str, v)) or '-'}" for k, v in cost.items()))
+        planned, unplanned = ([n for k in kinds for n in cost[k]] for kinds in (PLANNED, UNPLANNED))
+        print(f"a server's reboot: planned (drained first) at most {max(planned, default=0)} step(s) lost in "
+              f"{len(planned)}; unplanned (node lost, head rebooted) at most {max(unplanned, default=0)} in "
+              f"{len(unplanned)} (run.checkpoint_every=2 steps)")
         print(f"wall time: quiet {quiet['seconds']:.0f} s, under faults {loud['seconds']:.0f} s: "
               f"{lost:.1f} s lost per fault")
         print(f"per-epoch metrics of every trial equal bitwise: {not problems}; same answer line: {same_answer}")
         for p in problems:
             print("  " + p)
         results.finish({"machine": results.machine, "faults": loud["faults"], "per_kind": per_kind,
-                        "restarts": restarts, "drains_answered": answered, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
+                        "restarts": restarts, "drains_answered": answered,
+                        "steps_lost": cost, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
                         "lost_per_fault_s": lost, "differences": problems, "same_answer": same_answer})
     return 0 if not problems and same_answer else 1
 

@@ -37,40 +37,75 @@ def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float
         time.sleep(0.2)
 
 
-@contextlib.contextmanager
-def multinode_cluster(*nodes: dict):
-    """Ray's multi-node test cluster on this machine, this driver connected; shut down on exit.
+class MultinodeCluster:
+    """Ray's multi-node test cluster on this machine, this driver connected, that can also go down
+    whole and come back (:meth:`reboot`); every other attribute is the running
+    ``ray.cluster_utils.Cluster``'s.
 
     The head (this driver's node) takes no work (``num_cpus=0``): Ray refuses to remove it. Then one
     raylet per entry of ``nodes`` (``add_node`` arguments). The dashboard, which Ray's state API
     needs, listens on a free port: another Ray on this machine may hold the default one.
     """
-    import ray
-    from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
+    def __init__(self, nodes: tuple[dict, ...]):
+        self.nodes = nodes
+        self.cluster = None
+        self._before = os.environ.get("RAY_API_SERVER_ADDRESS")
+
+    def __getattr__(self, name: str):
+        if name == "cluster":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.cluster, name)
+
+    def start(self) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        if ray.is_initialized():
+            ray.shutdown()
+        port = free_port()
+        # pinned as raymcn pins its local instances (on_ray/cluster.py): every raylet and the driver
+        # ask this cluster's State API, whatever other Ray instance runs on the machine
+        pinned = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
+        os.environ.update(pinned)  # read by every raylet of the cluster at its start, and by this driver
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 0, "include_dashboard": True, "dashboard_port": port, "object_store_memory": NODE_STORE})
+        for node in self.nodes:
+            self.cluster.add_node(**{"object_store_memory": NODE_STORE, **node})
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, log_to_driver=False, runtime_env={"env_vars": pinned})
+
+    def stop(self) -> None:
+        import ray
+
         ray.shutdown()
-    port = free_port()
-    # pinned as raymcn pins its local instances (on_ray/cluster.py): every raylet and the driver
-    # ask this cluster's State API, whatever other Ray instance runs on the machine
-    pinned = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}
-    before = os.environ.get("RAY_API_SERVER_ADDRESS")
-    os.environ.update(pinned)  # read by every raylet of the cluster at its start, and by this driver
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True,
-                                                      "dashboard_port": port, "object_store_memory": NODE_STORE})
-    try:
-        for node in nodes:
-            c.add_node(**{"object_store_memory": NODE_STORE, **node})
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": pinned})
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if before is None:
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+
+    def reboot(self) -> None:
+        """Every process of the cluster ended (the head's reboot: its GCS gone, every raylet with it),
+        then the same cluster started again: a new head (a new address) and the same raylets."""
+        self.stop()
+        self.start()
+
+    def restore_environment(self) -> None:
+        if self._before is None:
             os.environ.pop("RAY_API_SERVER_ADDRESS", None)
         else:
-            os.environ["RAY_API_SERVER_ADDRESS"] = before
+            os.environ["RAY_API_SERVER_ADDRESS"] = self._before
+
+
+@contextlib.contextmanager
+def multinode_cluster(*nodes: dict) -> Iterator[MultinodeCluster]:
+    """A started :class:`MultinodeCluster` of ``nodes``; shut down on exit."""
+    c = MultinodeCluster(nodes)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        c.restore_environment()
 
 
 @contextlib.contextmanager

@@ -74,6 +74,19 @@ def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
 
 
 # --- no Ray ----------------------------------------------------------------------------------------------------
+def test_chaos_charges_each_restart_to_the_fault_before_it(tmp_path):
+    """bench.chaos's steps lost per fault, from rank 0's step trace: two trials of 4 steps. A
+    restart (a step run again) is charged to the first fault struck at its line, else to the last
+    fault before it; a new trial (step 0 after the last step) is no restart."""
+    from bench.chaos import steps_replayed
+
+    steps = [0, 1, 2, 2, 3, 0, 1, 2, 1, 2, 3]  # trial 1 restarts at line 3, trial 2 at line 8
+    (tmp_path / "rank0.jsonl").write_text("".join(json.dumps({"step": s, "total_loss": 1.0}) + "\n" for s in steps))
+    faults = [{"trace_at": 3}, {"trace_at": 7}, {"trace_at": 8}, {"trace_at": 8}]  # the last during the restart
+    assert steps_replayed(tmp_path, faults) == [1, 0, 2, 0]
+    assert steps_replayed(tmp_path, [{"trace_at": 2}, {"trace_at": 6}]) == [1, 2]  # struck a line early: the last before
+
+
 def test_scale(tmp_path):
     figures = smoke(scale, tmp_path, "--no-ray")
     assert [s["fraction"] for s in figures["scales"]] == [4000, 2000]

@@ -25,7 +25,8 @@ def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results
     every 2 steps, run without faults and then under one fault of each kind injected at seeded
     random moments (a Train worker SIGKILLed, a node lost and another added, a node drained
     before a planned reboot and removed at its deadline, a rank stopped past the stall timeout,
-    a trial's run folder immutable for a while, the driver killed and resumed).
+    a trial's run folder immutable for a while, the driver killed and resumed, the head rebooted:
+    the whole cluster ended and started again, the sweep continued by the boot service's step).
     Every trial's per-epoch metrics (timing aside) equal the quiet sweep's bitwise: on CPU a
     restart resumes from the exact state of a checkpoint, and the data order is a function of
     (seed, epoch, step) alone. No trial is lost or counted twice, and the logs name every fault."""
@@ -42,7 +43,9 @@ def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results
     # the logs name every fault: the driver's restart, the watchdog's alert for the stopped rank
     # (on the terminal), and a restart of the worker group for every rank or node lost
     log, console = loud["log"].read_text(), (loud["experiment"] / "raymcn_console.log").read_text()
-    assert loud["driver_starts"] == 2 and "=== driver start 1 (resume) ===" in log
+    assert loud["driver_starts"] == 3 and "(resume) ===" in log and "(boot service) ===" in log
+    assert "raymcn boot: continuing the sweep" in log  # the boot service's step found the unfinished sweep
+    assert all(f["steps_lost"] >= 0 for f in loud["faults"])
     # (a rank stopped as its trial ended meets no watchdog; the soak then stops another one)
     assert "STALL: rank" in log and any(f"({NAMED})" in f["detail"] for f in loud["faults"]), loud["faults"]
     lost = sum(f["kind"] in ("kill_worker", "lose_node") or f"({NAMED})" in f["detail"] for f in loud["faults"])
