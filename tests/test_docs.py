@@ -293,6 +293,7 @@ def _form(text: str) -> list[str]:
     """A console text's form: table rows and the answer's wrapped lines reduced to their kind,
     numbers to 9, folders to EXP, the lists of file names dropped (they depend on the sweep)."""
     out = []
+    text = re.sub(r" in\n\s+(?=[~/])", " in ", text)  # a folder wrapped onto its own line, or not, by its length
     for line in text.splitlines():
         listed = re.sub(r"\S+\.(png|csv),?", "", line).rstrip()  # where a list wraps depends on the folder's length
         if line.strip() and not listed.strip():

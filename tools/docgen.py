@@ -174,9 +174,20 @@ def chaos() -> str:
         ["worker-group restarts", str(c["restarts"])],
         ["SIGSTOPped ranks named by a stall record", _named(c["faults"])],
         ["drains answered by a checkpoint at once", f"{c['drains_answered']} of {c['per_kind']['drain_node']}"],
+        ["steps run again per reboot (a checkpoint every 2 steps)", _reboots(c["steps_lost"])],
         ["wall time", f"quiet {c['quiet_s']:.0f} s, under faults {c['loud_s']:.0f} s ({c['lost_per_fault_s']:.1f} s per fault)"],
         ["trials whose per-epoch metrics differ from the quiet sweep's", str(len(c["differences"]))],
         ["the same answer line", "yes" if c["same_answer"] else "no"]])
+
+
+def _reboots(lost: dict[str, list[int]]) -> str:
+    """``planned 0–1 in 3; unplanned (node lost, head) 0–2 in 6``: the soak's steps run again."""
+    def span(values: list[int]) -> str:
+        low, high = min(values, default=0), max(values, default=0)
+        return f"{low}–{high}" if low != high else str(high)
+
+    planned, unplanned = lost["drain_node"], lost["lose_node"] + lost["reboot_head"]
+    return f"planned {span(planned)} in {len(planned)}; unplanned (node lost, head) {span(unplanned)} in {len(unplanned)}"
 
 
 def _named(faults: list[dict]) -> str:
