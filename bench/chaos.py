@@ -54,7 +54,8 @@ import yaml
 
 from bench import harness, procstat
 from bench.services import multinode_cluster
-from raymcn.config import RUN_CONFIG_FILE
+from raymcn.cli import preset_path
+from raymcn.config import RUN_CONFIG_FILE, load_config
 from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
 
@@ -221,22 +222,17 @@ class Chaos:
                 retries -= 1
                 plan.append(kind)
 
-    def _trace_lines(self) -> list[bytes]:
-        """Rank 0's step trace so far, a line per step (none without a trace)."""
-        try:
-            with open(self.trace / "rank0.jsonl", "rb") as f:
-                return f.read().splitlines()
-        except (OSError, TypeError):
-            return []
+    def _traced_steps(self) -> list[int]:
+        """The global steps rank 0 has traced in this sweep so far, in order (none without a trace)."""
+        return [] if self.trace is None else trace_steps(self.trace)
 
     def _traced(self) -> int:
         """Steps rank 0 has traced in this sweep so far."""
-        return len(self._trace_lines())
+        return len(self._traced_steps())
 
     def _last_step_traced(self) -> bool:
         """Whether rank 0's latest traced step is the last of a trial (``last_step``)."""
-        lines = self._trace_lines()
-        return bool(lines) and json.loads(lines[-1])["step"] == self.last_step
+        return self._traced_steps()[-1:] == [self.last_step]
 
     def _worker(self) -> int | None:
         """A Train worker of this cluster, any."""
@@ -351,6 +347,11 @@ class Chaos:
                 "the sweep continued by the boot service's step")
 
 
+def trace_steps(trace: Path) -> list[int]:
+    """Rank 0's traced global steps (``RAYMCN_TRACE``), in the order it ran them."""
+    return [row["step"] for row in harness.read_jsonl(trace / "rank0.jsonl")]
+
+
 def steps_replayed(trace: Path, faults: list[dict]) -> list[int]:
     """Per fault of ``faults`` (in order, each with its ``trace_at``), the steps run again because of it.
 
@@ -360,7 +361,7 @@ def steps_replayed(trace: Path, faults: list[dict]) -> list[int]:
     the steps from there to the last one traced are lost). Each restart is charged to the first
     fault struck when the trace was where the restart begins (``trace_at`` equal to the restart's
     line), else to the last fault before it; a fault charged with none cost no step."""
-    steps = [row["step"] for row in map(json.loads, (trace / "rank0.jsonl").read_text().splitlines())]
+    steps = trace_steps(trace)
     last = max(steps)
     lost = [0] * len(faults)
     for i in range(1, len(steps)):
@@ -399,12 +400,9 @@ def run_sweep(cluster, tmp: Path, settings: list[str], faults: int = 0, seed: in
     driver = Driver(cluster.address, [*settings, "run.name=chaos"], tmp / "driver.log",
                     env={"RAYMCN_TRACE": str(trace)} if trace else {})
     experiment = tmp / "chaos"
-
-    def setting(key: str) -> float:
-        return float(next(s for s in settings if s.startswith(key + "=")).split("=")[1])
-
-    steps = int(setting("schedule.epochs")) * int(setting("data.synthetic_videos") // setting("data.batch_size"))
-    chaos = Chaos(cluster, driver, experiment, seed, stall_timeout_s=setting("run.stall_timeout_s"),
+    cfg = load_config(preset_path(), settings)  # the sweep's settings, as its driver reads them
+    steps = cfg.steps_per_epoch(cfg.data.synthetic_videos) * cfg.schedule.epochs
+    chaos = Chaos(cluster, driver, experiment, seed, stall_timeout_s=cfg.run.stall_timeout_s,
                   mean_gap_s=mean_gap_s, trace=trace, last_step=steps - 1)
     stop = threading.Event()
     injector = threading.Thread(target=chaos.run, args=(faults, stop), daemon=True)

@@ -75,13 +75,13 @@ def _has_sweep_section(path: str | None) -> bool:
     return isinstance(loaded, dict) and "sweep" in loaded
 
 
-def ray_session(address: str | None, env: Environment | None = None):
+def ray_session(address: str | None, env: Environment):
     """Ray for one command (``on_ray/cluster.ray_session``): connected, or a local instance this
     command starts and shuts down; yields whether it started one. The command's ``RAYMCN_*``
     settings (``env``) reach every process of its job."""
     from raymcn.train.on_ray.cluster import ray_session as session
 
-    return session(address, env.variables() if env is not None else None)
+    return session(address, env.variables())
 
 
 def _resource_waits_named(cfg: Config, console):

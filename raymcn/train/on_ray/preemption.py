@@ -16,7 +16,7 @@ other node to go on with, and the watcher costs an actor per run), and then its 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import ray.train
 
@@ -28,11 +28,11 @@ from raymcn.train.drain import DrainAware, Schedule
 WATCHER_VARIABLE = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
-def watcher_on(environ: Mapping[str, str] = os.environ) -> bool:
+def watcher_on() -> bool:
     """Whether Ray Train runs its preemption watcher for this worker's run: the variable the
     controller decided by, which Ray Train passes from the driver to the controller and to every
     worker (its ``ENV_VARS_TO_PROPAGATE``), read as Ray reads it; raymcn's local instances set it to 0."""
-    value = environ.get(WATCHER_VARIABLE)
+    value = os.environ.get(WATCHER_VARIABLE)
     return True if value is None else value.lower() in ("1", "true")
 
 
