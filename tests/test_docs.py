@@ -178,7 +178,7 @@ DOC_COMMANDS: dict[str, tuple[list[str], str | None]] = {
     "ray up --no-restart": (["tests/test_cluster_yaml.py::test_config_is_valid_for_ray_up"], "`ray up --no-restart`"),
     "ray exec | raymcn doctor --config --rehearse --step": (
         ["tests/test_multinode.py::test_the_doctor_checks_every_node_and_estimates_the_sweep",
-         f"{R}::test_the_doctor_rehearses_the_lab_sweep_on_a_local_ray"], "'raymcn doctor ... --step --rehearse'"),
+         "tests/test_multinode.py::test_the_doctor_rehearses_the_lab_sweep_on_the_cluster"], "'raymcn doctor ... --step --rehearse'"),
     "ray submit --tmux | sweep.py --config": ([f"{L}::test_a_killed_sweep_resumed_by_hand",
                                                f"{R}::test_the_cluster_smoke_sweep_runs_to_its_end_and_its_terminal_reads_well"],
                                               "`ray submit --tmux ... sweeps/cluster_smoke.yaml`"),

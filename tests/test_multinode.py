@@ -222,10 +222,11 @@ def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path,
 
 @pytest.mark.timeout(1200)
 def test_the_doctor_rehearses_the_lab_sweep_on_the_cluster(cluster, tmp_path, capsys):
-    """`raymcn doctor --rehearse --config sweeps/stage_order_bohb.yaml` on the multi-node cluster
-    (trials on several nodes, the storage and the corpus shared): every row passes, the rehearsal's
-    in the head's column."""
-    from test_rehearsals import lab_inputs, rehearsal_rows
+    """`raymcn doctor --rehearse --config sweeps/stage_order_bohb.yaml`, as on the lab's head, on the
+    multi-node cluster (trials on several nodes, the storage and the corpus shared): every rehearsal
+    row passes, in the head's column (the search, the rungs, BOHB's pause and resume, a trial driver
+    killed and resumed, the confirmation, the answer line)."""
+    from test_rehearsals import REHEARSAL_ROWS, lab_inputs, rehearsal_rows
 
     from raymcn.cli import main
 
@@ -234,5 +235,7 @@ def test_the_doctor_rehearses_the_lab_sweep_on_the_cluster(cluster, tmp_path, ca
     assert main(argv) == 0, capsys.readouterr().out[-4000:]
     report = last_json(capsys.readouterr().out)
     rows = rehearsal_rows(report)
-    assert len(rows) >= 7 and all(r["ok"] for r in rows.values()), rows
+    assert set(rows) >= REHEARSAL_ROWS, sorted(rows)
+    assert all(r["ok"] for r in rows.values()), rows
+    assert "Answer: " in rows["rehearsal: answer line"]["detail"]
 
