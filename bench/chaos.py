@@ -9,7 +9,8 @@ no work and 1-CPU raylets standing in for the lab's servers), its driver a separ
   a power loss), another added back a few seconds later;
 * ``drain_node``: a planned reboot: ``raymcn drain``'s own ``ray drain-node`` (reason preemption, a
   deadline of :data:`DRAIN_DEADLINE_S`) on a raylet holding a Train worker, which the run answers
-  with a checkpoint at once (``run.drain_check_every=1`` here); at the deadline the raylet goes,
+  with a checkpoint at once (``run.drain_check_every=1`` here); as with ``raymcn drain --reboot``,
+  the raylet goes once its ranks have marked that checkpoint registered (else at the deadline),
   another comes back a few seconds later;
 * ``stall_rank``: a Train worker that has entered its rank's run SIGSTOPped past
   ``run.stall_timeout_s`` (the other rank's watchdog names the stall and ends the attempt), then
@@ -268,20 +269,23 @@ class Chaos:
         return f"node {victim.node_id[:8]} removed, a new one added 3 s later"
 
     def drain_node(self) -> str | None:
-        from raymcn.servers.drain import _ray_executable, drain_command
+        from raymcn.servers.drain import _ray_executable, drain_command, outcome, wait_for_node
 
         victim = self._busy_node()
         if victim is None:
             return None
+        since = time.time()
         drained = subprocess.run(drain_command(_ray_executable(), self.cluster.address, victim.node_id,
                                                DRAIN_DEADLINE_S, "bench.chaos"), capture_output=True, text=True)
         if drained.returncode:
             raise RuntimeError(f"ray drain-node failed: {drained.stderr[-2000:]}")
-        time.sleep(DRAIN_DEADLINE_S)  # the server shuts down at the deadline it announced
+        start = time.monotonic()  # as `raymcn drain --reboot`: the server goes once its ranks marked the
+        left, marked = wait_for_node(victim.node_id, DRAIN_DEADLINE_S, since, say=lambda _: None)  # checkpoint
+        waited = outcome(left, marked, time.monotonic() - start)
         self.on_main_thread(lambda: self.cluster.remove_node(victim, allow_graceful=False))
         time.sleep(3.0)
         self.on_main_thread(lambda: self.cluster.add_node(**NODE))
-        return (f"node {victim.node_id[:8]} drained with a {DRAIN_DEADLINE_S} s deadline, removed at it, "
+        return (f"node {victim.node_id[:8]} drained with a {DRAIN_DEADLINE_S} s deadline; {waited}; removed then, "
                 "a new one added 3 s later")
 
     def _busy_node(self):
@@ -489,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         restarts = console.count("[FailurePolicy] RETRY")
         # rank 0's line when it learns of a drain (ray's log relay may repeat a line: counted once)
         answered = len({line for line in console.splitlines() if "is being drained" in line})
+        # ... and when Ray Train has registered its checkpoint, so the server may go before the deadline
+        registered = len({line for line in console.splitlines() if "the drain's checkpoint (global step" in line})
         print(f"bench.chaos on {results.machine}: {len(epoch_metrics(quiet['experiment']))} trials x {args.epochs} "
               f"epochs, run.checkpoint_every=2 steps")
         print(f"faults injected: {len(loud['faults'])} ({', '.join(f'{k} {n}' for k, n in per_kind.items())}); "
@@ -496,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         stops = [f["detail"] for f in loud["faults"] if f["kind"] == "stall_rank"]
         print(f"SIGSTOPped ranks named by a stall record: {sum(f'({NAMED})' in d for d in stops)} of {len(stops)}; "
               f"drains answered by a checkpoint at once: {answered} of {per_kind['drain_node']} (none when the "
-              "drained trial was still starting)")
+              f"drained trial was still starting), {registered} of them registered before the deadline")
         cost = {k: [f["steps_lost"] for f in loud["faults"] if f["kind"] == k] for k in KINDS}
         print("steps lost (run again after a restart), per fault: " + "; ".join(
             f"{k} {', '.join(map(str, v)) or '-'}" for k, v in cost.items()))
@@ -510,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print("  " + p)
         results.finish({"machine": results.machine, "faults": loud["faults"], "per_kind": per_kind,
-                        "restarts": restarts, "drains_answered": answered,
+                        "restarts": restarts, "drains_answered": answered, "drains_registered": registered,
                         "steps_lost": cost, "quiet_s": quiet["seconds"], "loud_s": loud["seconds"],
                         "lost_per_fault_s": lost, "differences": problems, "same_answer": same_answer})
     return 0 if not problems and same_answer else 1

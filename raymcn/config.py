@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import os
+import tempfile
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,10 @@ DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler de
 # Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
 # that HyperBand stopped while it was paused PAUSED.
 TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
+# In a machine's temp folder: <pid> for each Ray Train worker there whose drain checkpoint is stored,
+# JSON {"step", "rank", "time"} (train/drain.py writes it; `raymcn drain` reads it to reboot then,
+# not at the deadline)
+DRAIN_MARKS_DIR = "raymcn-drained"
 MID_EPOCH_KEY = "mid_epoch"  # in the metrics of a mid-epoch checkpoint's report; such reports are not Tune results
 # The process group's timeout (run.collective_timeout_s) against the watchdogs' limit (run.stall_timeout_s):
 # its default, and the least it may be, in multiples of the watchdogs' limit (docs/faults.md, "Stalls")
@@ -858,6 +863,11 @@ def _sections(loaded: dict[str, Any], source: str, problems: list[str]) -> dict[
 
 def default_cache_dir(cfg: Config) -> Path:
     return Path(cfg.data.cache_dir or os.environ.get("RAYMCN_CACHE") or Path.home() / ".cache" / "raymcn")
+
+
+def drain_marks_dir() -> Path:
+    """This machine's folder of drain marks (``DRAIN_MARKS_DIR``)."""
+    return Path(tempfile.gettempdir()) / DRAIN_MARKS_DIR
 
 
 def default_storage_path(cfg: Config) -> str:

@@ -24,9 +24,10 @@ def test_a_sweep_under_one_fault_of_each_kind_ends_with_the_quiet_sweeps_results
     """The chaos soak (bench.chaos), short: a grid sweep of 4 trials x 3 epochs, checkpoints
     every 2 steps, run without faults and then under one fault of each kind injected at seeded
     random moments (a Train worker SIGKILLed, a node lost and another added, a node drained
-    before a planned reboot and removed at its deadline, a rank stopped past the stall timeout,
-    a trial's run folder immutable for a while, the driver killed and resumed, the head rebooted:
-    the whole cluster ended and started again, the sweep continued by the boot service's step).
+    before a planned reboot and removed once its ranks marked their checkpoint registered, a rank
+    stopped past the stall timeout, a trial's run folder immutable for a while, the driver killed
+    and resumed, the head rebooted: the whole cluster ended and started again, the sweep continued
+    by the boot service's step).
     Every trial's per-epoch metrics (timing aside) equal the quiet sweep's bitwise: on CPU a
     restart resumes from the exact state of a checkpoint, and the data order is a function of
     (seed, epoch, step) alone. No trial is lost or counted twice, and the logs name every fault."""

@@ -4,6 +4,7 @@ The drain on a real multi-node cluster: tests/test_multinode.py."""
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -67,6 +68,29 @@ def test_a_drain_learnt_at_an_epoch_end_leaves_it_to_the_epoch_end_checkpoint():
     ask = Ask(yes_from=2)
     watch = DrainAware(CheckpointSchedule("0", 4), every=4, steps_per_epoch=4, ask=ask)
     assert run(watch, 12) == [] and ask.calls == 2 and watch.drain is DRAIN
+    assert watch.pending  # the epoch-end checkpoint that follows is the drain's
+
+
+def test_the_checkpoint_after_a_drain_is_pending_until_registered():
+    """``pending``: the next checkpoint is the drain's (the worker then waits for Ray Train to
+    register it and marks it for ``raymcn drain``); once registered, never again in this attempt."""
+    watch = DrainAware(CheckpointSchedule("0", 100), every=2, steps_per_epoch=100, ask=Ask(yes_from=2))
+    assert not watch.due(2) and not watch.pending
+    assert watch.due(4) and watch.pending
+    watch.registered = True
+    assert not watch.pending and not any(watch.due(s) for s in range(5, 40))
+
+
+def test_a_mark_names_the_step_and_rank_and_is_written_whole(tmp_path):
+    from raymcn.config import DRAIN_MARKS_DIR, drain_marks_dir
+    from raymcn.train.drain import mark_registered
+
+    before = time.time()
+    path = mark_registered(8, 1, tmp_path / "marks", pid=4242)
+    mark = json.loads(path.read_text())
+    assert path == tmp_path / "marks" / "4242" and mark["step"] == 8 and mark["rank"] == 1 and mark["time"] >= before
+    assert [p.name for p in (tmp_path / "marks").iterdir()] == ["4242"]  # no part file left
+    assert drain_marks_dir().name == DRAIN_MARKS_DIR and drain_marks_dir().parent.is_dir()
 
 
 @pytest.mark.parametrize("every, ask", [(0, Ask(yes_from=1)), (5, None)])

@@ -12,6 +12,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,8 +173,8 @@ class Clock:
         self.now += s
 
 
-def test_the_wait_ends_when_the_workers_leave_or_at_the_deadline(proc):
-    clock, said = Clock(), []
+def test_the_wait_ends_when_the_workers_leave_or_at_the_deadline(proc, tmp_path):
+    clock, said, marks = Clock(), [], tmp_path / "marks"
 
     def leave_after_10_s(s):
         clock.sleep(s)
@@ -181,11 +182,40 @@ def test_the_wait_ends_when_the_workers_leave_or_at_the_deadline(proc):
             for pid in ("11", "12"):
                 shutil.rmtree(proc / pid, ignore_errors=True)
 
-    assert drain.wait_until_gone("mine", 300, proc, clock=clock, sleep=leave_after_10_s, say=said.append) == []
-    assert 10 <= clock.now < 300 and "2 Ray Train worker(s) still on this node" in said[0]
+    assert drain.wait_for_node("mine", 300, 0.0, proc, marks, clock=clock, sleep=leave_after_10_s,
+                               say=said.append) == ([], {})
+    assert 10 <= clock.now < 300 and "2 Ray Train worker(s) still on this node, 0 with" in said[0]
     clock = Clock()
-    assert drain.wait_until_gone("other", 30, proc, clock=clock, sleep=clock.sleep, say=said.append) == [21]
+    left = drain.wait_for_node("other", 30, 0.0, proc, marks, clock=clock, sleep=clock.sleep, say=said.append)
+    assert left == ([21], {})
     assert clock.now == 30
+    assert "still here at the deadline (pids 21), 0 with a drain checkpoint" in drain.outcome([21], {}, 30)
+
+
+def test_the_wait_ends_once_every_worker_of_the_node_marked_its_drain_checkpoint(proc, tmp_path):
+    """The ranks' marks (written as a rank writes them): the node's two workers marked, the
+    colleague's worker on the other raylet not; a mark from an earlier drain does not count."""
+    from raymcn.train.drain import mark_registered
+
+    clock, marks, since = Clock(), tmp_path / "marks", time.time()
+    mark_registered(7, 1, marks, pid=11)
+    (marks / "12").write_text(json.dumps({"step": 3, "rank": 0, "time": since - 60}))  # an earlier drain's
+
+    def marked_after_5_s(s):
+        clock.sleep(s)
+        if clock.now >= 5:
+            mark_registered(7, 0, marks, pid=12)
+
+    left, marked = drain.wait_for_node("mine", 300, since, proc, marks, clock=clock, sleep=marked_after_5_s,
+                                       say=lambda _: None)
+    assert 5 <= clock.now < 300 and left == [11, 12] and sorted(marked) == [11, 12]
+    assert marked[11]["step"] == marked[12]["step"] == 7 and {marked[11]["rank"], marked[12]["rank"]} == {0, 1}
+    assert "every Ray Train worker on this node (2) has its drain checkpoint registered (global step 7)" in (
+        drain.outcome(left, marked, clock.now))
+    assert drain.read_mark(21, since, marks) is None  # never marked
+    (marks / "21").write_text("{not json")  # half a file is never read: the rank writes it whole
+    assert drain.read_mark(21, since, marks) is None
+    assert [p.name for p in marks.iterdir() if p.name.startswith(".")] == []
 
 
 def test_reboot_goes_through_sudo_unless_root():
@@ -201,6 +231,7 @@ def test_drain_drains_this_node_then_reboots(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(drain, "_cluster", lambda address: ("10.0.0.1:6379", NODES, "10.0.0.2"))
     monkeypatch.setattr(drain, "train_workers", lambda node, proc=None: [])
+    monkeypatch.setattr(drain.time, "sleep", pytest.fail)  # nothing to wait for
     monkeypatch.setattr(drain.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
     assert drain.run(drain_args(reboot=True)) == 0
     message = ran[0][ran[0].index("--reason-message") + 1]

@@ -173,7 +173,8 @@ def chaos() -> str:
         ["faults injected", f"{len(c['faults'])}: {kinds}"],
         ["worker-group restarts", str(c["restarts"])],
         ["SIGSTOPped ranks named by a stall record", _named(c["faults"])],
-        ["drains answered by a checkpoint at once", f"{c['drains_answered']} of {c['per_kind']['drain_node']}"],
+        ["drains answered by a checkpoint at once (registered before the deadline)",
+         f"{c['drains_answered']} of {c['per_kind']['drain_node']} ({c.get('drains_registered', 0)})"],
         ["steps run again per reboot (a checkpoint every 2 steps)", _reboots(c["steps_lost"])],
         ["wall time", f"quiet {c['quiet_s']:.0f} s, under faults {c['loud_s']:.0f} s ({c['lost_per_fault_s']:.1f} s per fault)"],
         ["trials whose per-epoch metrics differ from the quiet sweep's", str(len(c["differences"]))],
@@ -194,7 +195,8 @@ def _named(faults: list[dict]) -> str:
     """``4 of 7, 13–17 s after the stop`` from the soak's stall_rank faults (bench.chaos's details)."""
     stops = [f["detail"] for f in faults if f["kind"] == "stall_rank"]
     waits = [int(re.search(r" for (\d+) s ", d).group(1)) for d in stops if "(named by the watchdog)" in d]
-    return f"{len(waits)} of {len(stops)}" + (f", {min(waits)}–{max(waits)} s after the stop" if waits else "")
+    span = f"{min(waits)}" if waits and min(waits) == max(waits) else f"{min(waits, default=0)}–{max(waits, default=0)}"
+    return f"{len(waits)} of {len(stops)}" + (f", {span} s after the stop" if waits else "")
 
 
 # --- memory ------------------------------------------------------------------------------------------

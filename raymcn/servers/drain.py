@@ -4,10 +4,13 @@ It asks Ray to drain the node (``ray drain-node --reason DRAIN_NODE_REASON_PREEM
 --deadline-remaining-seconds N``): from then on Ray schedules nothing new there, Ray Train's
 preemption watcher (on by default in Ray 2.60) tells every run with workers there, and the
 node's raylet exits once nothing runs on it. The command waits until no Ray Train worker runs on
-the node any more, or until the deadline, and with ``--reboot`` then reboots the machine. What a
-run does when it learns of the drain is the run's business, not this command's: its ranks
-checkpoint at once and train on until Ray Train restarts the group at the deadline
-(``train/drain.py``).
+the node any more, or until every one there has marked its drain checkpoint registered, or until
+the deadline, and with ``--reboot`` then reboots the machine. What a run does when it learns of the
+drain is the run's business (``train/drain.py``): its ranks checkpoint at once, each marks on its
+machine when Ray Train has registered that checkpoint (``<temp folder>/raymcn-drained/<pid>``), and
+they train on. A reboot once they are all marked loses only what was trained since: the group
+restarts from that checkpoint as soon as the node is gone, a preemption in Ray Train's count, instead
+of the deadline's worth of steps, trained after it and then thrown away.
 
 How the node is found: ``ray.nodes()`` of the cluster this machine joined (the address ``ray
 start`` last used here, as ``ray.init(address="auto")`` finds it), the alive node at this
@@ -21,6 +24,7 @@ a raylet that exits is ended with it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -29,11 +33,14 @@ import sys
 import time
 from pathlib import Path
 
+from raymcn.config import drain_marks_dir
+
 REASON = "DRAIN_NODE_REASON_PREEMPTION"
 # Ray titles an actor's process "ray::<class>" (idle) or "ray::<class>.<method>" (in a call).
 TRAIN_WORKER_TITLE = "ray::RayTrainWorker"
 # Long enough for a step, a paper-dims checkpoint (12.5-18.6 s of stall measured, docs/faults.md)
-# and its upload, with room; the command returns as soon as the node's Train workers are gone.
+# and its upload, with room; the command returns as soon as the node's Train workers have marked
+# their drain checkpoint registered, or are gone.
 DEFAULT_DEADLINE_S = 300
 POLL_S = 2.0
 REPORT_EVERY_S = 30.0
@@ -45,9 +52,11 @@ class DrainError(RuntimeError):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
-                   help="the node goes away this many seconds from now: Ray Train's workers on it have until then "
-                        f"to checkpoint and leave (default {DEFAULT_DEADLINE_S})")
-    p.add_argument("--reboot", action="store_true", help="reboot this machine once the node is drained")
+                   help="the node goes away at the latest this many seconds from now: Ray Train's workers on it "
+                        f"have until then to checkpoint (default {DEFAULT_DEADLINE_S})")
+    p.add_argument("--reboot", action="store_true",
+                   help="reboot this machine once every Ray Train worker on it has its drain checkpoint registered "
+                        "(or has left, or at the deadline)")
     p.add_argument("--address", help="the cluster's GCS address (default: the one `ray start` joined on this machine)")
     p.add_argument("--node-id", help="the node to drain (default: the alive node at this machine's IP)")
 
@@ -106,20 +115,46 @@ def train_workers(node_id: str, proc: Path = Path("/proc")) -> list[int]:
     return sorted(pid for pid, parent in titled.items() if parent in raylets)
 
 
-def wait_until_gone(node_id: str, deadline_s: float, proc: Path = Path("/proc"), clock=time.monotonic,
-                    sleep=time.sleep, say=print) -> list[int]:
-    """Wait until no Ray Train worker of ``node_id`` runs here, at most ``deadline_s``; returns
-    the pids still there (empty when they left)."""
+def read_mark(pid: int, since: float, marks: Path | None = None) -> dict | None:
+    """Worker ``pid``'s drain mark (``train.drain.mark_registered``: ``{"step", "rank", "time"}``) if it
+    was written at or after ``since`` (epoch seconds: this drain's, not an earlier one's), else None."""
+    try:
+        mark = json.loads(((drain_marks_dir() if marks is None else marks) / str(pid)).read_text())
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) and mark.get("time", 0.0) >= since else None
+
+
+def wait_for_node(node_id: str, deadline_s: float, since: float, proc: Path = Path("/proc"), marks: Path | None = None,
+                  clock=time.monotonic, sleep=time.sleep, say=print) -> tuple[list[int], dict[int, dict]]:
+    """Wait until no Ray Train worker of ``node_id`` runs here, or every one has marked its drain
+    checkpoint registered (a mark written since ``since``), at most ``deadline_s``. Returns the pids
+    still there and their marks: ``([], {})`` when they left, every pid marked when the node can go
+    now, some unmarked at the deadline."""
     end, next_report = clock() + deadline_s, clock()
     while True:
         left = train_workers(node_id, proc)
+        marked = {pid: m for pid in left if (m := read_mark(pid, since, marks)) is not None}
         now = clock()
-        if not left or now >= end:
-            return left
+        if len(marked) == len(left) or now >= end:
+            return left, marked
         if now >= next_report:
-            say(f"  {len(left)} Ray Train worker(s) still on this node; waiting up to {end - now:.0f} s more")
+            say(f"  {len(left)} Ray Train worker(s) still on this node, {len(marked)} with their drain checkpoint "
+                f"registered; waiting up to {end - now:.0f} s more")
             next_report = now + REPORT_EVERY_S
         sleep(min(POLL_S, end - now))
+
+
+def outcome(left: list[int], marked: dict[int, dict], waited_s: float) -> str:
+    """What the wait ended on, for the terminal."""
+    if not left:
+        return f"after {waited_s:.0f} s: no Ray Train worker on this node"
+    if len(marked) == len(left):
+        steps = sorted({m.get("step") for m in marked.values()})
+        return (f"after {waited_s:.0f} s: every Ray Train worker on this node ({len(left)}) has its drain checkpoint "
+                f"registered (global step {', '.join(map(str, steps))}): the node can go now, before the deadline")
+    return (f"after {waited_s:.0f} s: {len(left)} Ray Train worker(s) still here at the deadline (pids "
+            f"{', '.join(map(str, left))}), {len(marked)} with a drain checkpoint")
 
 
 def _ray_executable() -> str:
@@ -152,16 +187,15 @@ def drain(args: argparse.Namespace) -> None:
     node = args.node_id or node_at(nodes, ip)
     command = drain_command(_ray_executable(), address, node, args.deadline,
                             f"raymcn drain on {socket.gethostname()}" + (" before a reboot" if args.reboot else ""))
+    since = time.time()  # a drain mark older than this drain is an earlier one's
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise DrainError(f"`ray drain-node` failed: {(done.stderr or done.stdout).strip()[-2000:]}")
     print(f"draining node {node} ({ip}) of the cluster at {address}, deadline {args.deadline} s: nothing new starts "
           "there, and Ray Train's runs on it were told")
     start = time.monotonic()
-    left = wait_until_gone(node, args.deadline)
-    waited = time.monotonic() - start
-    print(f"after {waited:.0f} s: " + (f"{len(left)} Ray Train worker(s) still here at the deadline (pids "
-                                        f"{', '.join(map(str, left))})" if left else "no Ray Train worker on this node"))
+    left, marked = wait_for_node(node, args.deadline, since)
+    print(outcome(left, marked, time.monotonic() - start))
 
 
 def run(args: argparse.Namespace) -> int:

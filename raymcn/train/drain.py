@@ -5,17 +5,25 @@ away. Ray Train tells the run; the ranks learn it only by asking (``ray.train.ge
 a barrier over the ranks, so every rank gets rank 0's answer and they decide alike). This module
 decides when to ask, and turns the first yes into one checkpoint after the step in progress:
 :class:`DrainAware` wraps the run's :class:`~raymcn.train.checkpoints.payload.CheckpointSchedule`,
-so the mid-epoch checkpoint path writes it, and the run then trains on until the node goes; Ray
-Train restarts the group from that checkpoint (``train/on_ray/preemption.py`` passes the question
-in and sets Ray's failure policy). What asking costs, and hence the default of
+so the mid-epoch checkpoint path writes it. Once Ray Train has registered that checkpoint, every
+rank marks it in its machine's temp folder (:func:`mark_registered`), and ``raymcn drain`` reboots
+the server as soon as every worker there has, not at the drain's deadline: the steps trained after
+the checkpoint, run again after the restart, are a few seconds' worth instead of the deadline's.
+Ray Train restarts the group from that checkpoint (``train/on_ray/preemption.py`` passes the
+question in and sets Ray's failure policy). What asking costs, and hence the default of
 ``run.drain_check_every``: docs/faults.md.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
+
+from raymcn.config import drain_marks_dir
 
 
 class Schedule(Protocol):
@@ -51,6 +59,7 @@ class DrainAware:
         self.ask, self.say = (ask if every > 0 else None), say
         self.drain: Any = None  # the first answer that was not None
         self.asked = 0  # questions asked in this attempt
+        self.registered = False  # the checkpoint after the drain was registered (or given up on)
 
     def due(self, step: int) -> bool:
         """Whether to checkpoint now, ``step`` global steps having been completed."""
@@ -68,11 +77,31 @@ class DrainAware:
         self.drain = answer
         if self.say is not None:
             self.say(f"a node of this run is being drained ({describe(answer)}): checkpoint after global step {step}, "
-                     "then training goes on until the node leaves and Ray Train restarts the group from it")
+                     "then training goes on until the node leaves (`raymcn drain` lets it go once the checkpoint "
+                     "is registered) and Ray Train restarts the group from it")
         return True
+
+    @property
+    def pending(self) -> bool:
+        """A drain was learnt and its checkpoint not yet registered: the next checkpoint is the
+        drain's (the same on every rank, as the answer is)."""
+        return self.drain is not None and not self.registered
 
     def done(self) -> None:
         self.schedule.done()
+
+
+def mark_registered(step: int, rank: int, folder: Path | None = None, pid: int | None = None) -> Path:
+    """Mark, for ``raymcn drain`` on this machine, that this worker process's drain checkpoint (after
+    global step ``step``) is registered: ``<folder>/<pid>``, JSON ``{"step", "rank", "time"}``, written
+    whole (a reader never sees half a file)."""
+    folder = drain_marks_dir() if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid() if pid is None else pid
+    part = folder / f".{pid}.part"
+    part.write_text(json.dumps({"step": step, "rank": rank, "time": time.time()}))
+    os.replace(part, folder / str(pid))
+    return folder / str(pid)
 
 
 def describe(info: Any) -> str:

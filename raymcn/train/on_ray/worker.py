@@ -30,7 +30,7 @@ from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
-from raymcn.train import faults
+from raymcn.train import drain, faults
 from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
@@ -43,6 +43,9 @@ from raymcn.train.on_ray import preemption
 from raymcn.train.preflight import checks as preflight
 from raymcn.train.run_plan import RunPlan
 
+# How long a rank waits for Ray Train to register a drain's checkpoint: past any deadline `raymcn
+# drain` gives (by then Ray Train restarts the group anyway); it takes the upload and a poll
+DRAIN_REGISTER_TIMEOUT_S = 600.0
 MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 
 
@@ -265,8 +268,31 @@ class Reports:
         # Serialising stays on the step's path (measured: bench/checkpoint.py); the copy into the
         # run's storage (a local folder, NFS or a bucket) does not.
         ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+        if self.schedule.pending:  # the checkpoint a drain asked for (every rank alike)
+            self.mark_drain_checkpoint(run)
         self.schedule.done()
         self.progress.write(run.state.step)
+
+    def mark_drain_checkpoint(self, run: Run) -> None:
+        """Wait until Ray Train has registered the drain's checkpoint, then mark it on this machine
+        (``train/drain.py``), so that ``raymcn drain`` lets the server go now, not at the deadline.
+        The wait holds this rank (the steps it would train are thrown away by the restart anyway)."""
+        self.schedule.registered = True
+        try:
+            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
+                                                   timeout_s=DRAIN_REGISTER_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - unmarked, the server goes at the deadline, as without a mark
+            self.out.say(f"warning: the drain's checkpoint was not registered within {DRAIN_REGISTER_TIMEOUT_S:.0f} s "
+                         f"({type(e).__name__}): the drained server goes at the deadline")
+            return
+        try:
+            drain.mark_registered(run.state.step, self.rank)
+        except OSError as e:  # (e.g. another user's folder): the server goes at the deadline instead
+            self.out.say(f"warning: could not mark the drain's checkpoint for `raymcn drain` ({e})")
+            return
+        if self.rank == 0:
+            self.out.say(f"the drain's checkpoint (global step {run.state.step}) is registered: `raymcn drain` "
+                         "lets the drained server go now")
 
     def after_step(self, run: Run, values: dict[str, float], batch: dict) -> None:
         self.progress.step(run.state.step)
