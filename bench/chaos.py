@@ -279,8 +279,9 @@ class Chaos:
                                                DRAIN_DEADLINE_S, "bench.chaos"), capture_output=True, text=True)
         if drained.returncode:
             raise RuntimeError(f"ray drain-node failed: {drained.stderr[-2000:]}")
-        start = time.monotonic()  # as `raymcn drain --reboot`: the server goes once its ranks marked the
-        left, marked = wait_for_node(victim.node_id, DRAIN_DEADLINE_S, since, say=lambda _: None)  # checkpoint
+        # as with `raymcn drain --reboot`, the server goes once its ranks marked the checkpoint registered
+        start = time.monotonic()
+        left, marked = wait_for_node(victim.node_id, DRAIN_DEADLINE_S, since, say=lambda _: None)
         waited = outcome(left, marked, time.monotonic() - start)
         self.on_main_thread(lambda: self.cluster.remove_node(victim, allow_graceful=False))
         time.sleep(3.0)

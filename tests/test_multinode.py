@@ -176,8 +176,9 @@ def test_drained_servers_go_once_the_checkpoint_is_registered_and_the_run_goes_o
         (markers / "hold").unlink()
         waits = [wait_for_node(v.node_id, DEFAULT_DEADLINE_S, since, say=lambda _: None) for v in victims]
         go = time.time()
-        jit = [e["mid_epoch_step"] for e in read_events(log) if "mid_epoch_step" in e]
-        assert jit and jit[0] in (5, 6), jit  # the drain came with 5 steps done: the checkpoint within one step
+        jit = wait_for("the drain's checkpoint in the run's events",
+                       lambda: [e["mid_epoch_step"] for e in read_events(log) if "mid_epoch_step" in e])
+        assert jit[0] in (5, 6), jit  # the drain came with 5 steps done: the checkpoint within one step
         for left, marked in waits:  # each node's wait ended on its worker's mark of that checkpoint
             assert len(left) == 1 and list(marked) == left and marked[left[0]]["step"] == jit[0], waits
         assert go - since < DEFAULT_DEADLINE_S / 2
