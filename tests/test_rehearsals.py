@@ -182,6 +182,17 @@ def resumed_after_a_pause(exp: Path, lines: list[str]) -> bool:
         d["decision"] == "PAUSE" and (d["trial"], d["epoch"] + 1) in printed for d in decisions(exp))
 
 
+def paused_and_resumed_or_every_trial_started(exp: Path, lines: list[str]) -> bool:
+    """:func:`resumed_after_a_pause`; or, once every search trial has started and before the
+    confirmation, where HyperBand (which decides by the order results arrive in, i.e. by the
+    machine's speed) has resumed no paused trial yet: the kill still lands in the search."""
+    from raymcn.sweep.tuner import search_trials
+
+    started = {t for t, _, _ in epoch_lines(lines)}
+    every = len(started) >= search_trials(load_config(exp / "raymcn_sweep.yaml"))
+    return resumed_after_a_pause(exp, lines) or (every and "confirmation:" not in "".join(lines))
+
+
 REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resume per search algorithm
     ("sweeps/smoke.yaml", [], in_the_search),  # grid
     ("raymcn/presets/default.yaml", ["sweep.algorithm=random", "sweep.num_samples=2", "sweep.confirm={}",
@@ -193,7 +204,7 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
     # asha with Optuna's suggestions, 4 trials side by side; 6 of them, so that two start on what
     # finished or stopped trials freed while the suite's own Ray instance runs beside the sweep's
     ("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1),
-    ("sweeps/stage_order_bohb.yaml", [], resumed_after_a_pause),  # the lab's own: bohb, then the confirmation
+    ("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started),  # the lab's own
 ]
 
 

@@ -71,3 +71,37 @@ def test_trial_drivers_are_reused_only_where_no_trial_is_stopped_or_paused(algor
              else "{schedule.stage_order: {choice: [AV_T, joint]}, optim.lr: {loguniform: [0.001, 0.01]}}")
     cfg = load_config(preset_path(), [f"sweep.algorithm={algorithm}", f"sweep.space={space}"])
     assert reuse_trial_drivers(build_search(cfg)[1]) is reused
+
+
+@pytest.mark.parametrize("tolerant", [False, True], ids=["ray", "raymcn"])
+def test_bohb_lets_go_of_a_trial_it_completed_before_a_restore(tmp_path, tolerant):
+    """The lab's file resumed after a reboot: a trial HyperBand stopped while it was paused is saved
+    by Tune as PAUSED, but BOHB's saved state has let go of it. After the restore HyperBand runs it
+    and stops it again: Ray's TuneBOHB raises KeyError (the resumed sweep ends), raymcn's searcher
+    leaves the repeat out of BOHB's model."""
+    from ray import tune
+    from ray.tune.search.bohb import TuneBOHB
+
+    from raymcn.sweep.tuner import bohb_searcher_class
+
+    cls = bohb_searcher_class() if tolerant else TuneBOHB
+    space = {"optim.lr": tune.loguniform(1e-4, 1e-2)}
+    before = cls(space=space, metric=PRIMARY_METRIC, mode="max", seed=0)
+    assert before.suggest("t1") is not None
+    result = {PRIMARY_METRIC: 0.5, "hyperband_info": {"budget": 2}}
+    before.on_trial_result("t1", result)
+    before.on_pause("t1")
+    before.on_trial_complete("t1")  # stopped while paused (its bracket filled without it)
+    before.save_to_dir(str(tmp_path), "before")  # Tune's checkpoint: Tune itself still says PAUSED
+
+    after = cls(space=space, metric=PRIMARY_METRIC, mode="max", seed=0)
+    after.restore_from_dir(str(tmp_path))
+    after.on_unpause("t1")  # HyperBand runs it again ...
+    if not tolerant:
+        with pytest.raises(KeyError):
+            after.on_trial_result("t1", result)
+        return
+    after.on_trial_result("t1", result)
+    after.on_trial_complete("t1")  # ... and stops it again
+    assert "t1" not in after.running and "t1" not in after.paused
+    assert after.suggest("t2") is not None  # the search goes on

@@ -209,9 +209,7 @@ def build_search(cfg: Config):
     if sw.repeats > 1 and sw.algorithm != "grid":
         variants = RandomSearcher(sw.seed)
     if sw.algorithm == "bohb":
-        from ray.tune.search.bohb import TuneBOHB
-
-        search, scheduler = TuneBOHB(seed=sw.seed), first_rung_hyperband(SweepBOHB(
+        search, scheduler = bohb_searcher_class()(seed=sw.seed), first_rung_hyperband(SweepBOHB(
             time_attr=BUDGET_ATTR, max_t=max_t, reduction_factor=sw.reduction_factor), max_t, sw.grace_epochs)
     elif sw.algorithm == "asha":
         scheduler = SweepASHA(time_attr=BUDGET_ATTR, max_t=max_t, grace_period=min(sw.grace_epochs, max_t),
@@ -275,6 +273,30 @@ def first_rung_hyperband(scheduler, max_t: int, first_rung: int):
     keep = sum(1 for s in range(scheduler._s_max_1) if int(max_t * eta ** (-s)) >= min(first_rung, max_t))
     scheduler._s_max_1 = max(1, keep)
     return scheduler
+
+
+@functools.cache
+def bohb_searcher_class():
+    """Ray's ``TuneBOHB``, letting go of a trial it has already completed (built on first use: it
+    imports BOHB's libraries). Tune saves a trial that HyperBand stopped while it was paused as
+    PAUSED, but TuneBOHB's saved state no longer holds it; after a restore (``--resume`` after a
+    reboot) HyperBand runs and stops that trial again, and TuneBOHB's lookups of it raise KeyError,
+    which ends the resumed sweep (Ray 2.60). Its results reached BOHB's model before the kill; the
+    repeat is left out."""
+    from ray.tune.search.bohb import TuneBOHB
+
+    class SweepTuneBOHB(TuneBOHB):
+        def on_trial_result(self, trial_id: str, result: dict) -> None:
+            if trial_id in self.trial_to_params:
+                super().on_trial_result(trial_id, result)
+
+        def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+            if trial_id in self.trial_to_params:
+                super().on_trial_complete(trial_id, result=result, error=error)
+            self.paused.discard(trial_id)
+            self.running.discard(trial_id)
+
+    return SweepTuneBOHB
 
 
 def _optuna(seed: int):
