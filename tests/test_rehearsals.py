@@ -15,7 +15,9 @@ What each algorithm loses on restore (Ray 2.60), and what that changes in the an
   recorded values.
 * bohb: HyperBand's brackets are pickled with the scheduler; TuneBOHB's model is saved with the
   searcher state. A trial that was running is restored PENDING and resumes from its Train
-  checkpoint; its bracket still counts it.
+  checkpoint; its bracket still counts it. A trial HyperBand stopped while paused is restored
+  PAUSED (Tune's saved status), run and stopped again: raymcn's searcher lets go of it (Ray's
+  TuneBOHB raises KeyError, ``tests/test_sweep.py``).
 * optuna: the study is saved with the searcher; a trial running at the kill is re-reported
   ("step already reported" is ignored), so its value is told once.
 The answer never depends on what a restore loses: the confirmation retrains each group's best at
