@@ -46,7 +46,7 @@ DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler de
 # Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
 # that HyperBand stopped while it was paused PAUSED.
 TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
-# In a machine's temp folder: <pid> for each Ray Train worker there whose drain checkpoint is stored,
+# In a machine's temp folder: <pid> for each Ray Train worker there whose drain checkpoint is registered,
 # JSON {"step", "rank", "time"} (train/drain.py writes it; `raymcn drain` reads it to reboot then,
 # not at the deadline)
 DRAIN_MARKS_DIR = "raymcn-drained"

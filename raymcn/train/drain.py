@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raymcn.config import drain_marks_dir
+from raymcn.data.formats.files import write_text_atomic
 
 
 class Schedule(Protocol):
@@ -97,11 +98,9 @@ def mark_registered(step: int, rank: int, folder: Path | None = None, pid: int |
     whole (a reader never sees half a file)."""
     folder = drain_marks_dir() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
-    pid = os.getpid() if pid is None else pid
-    part = folder / f".{pid}.part"
-    part.write_text(json.dumps({"step": step, "rank": rank, "time": time.time()}))
-    os.replace(part, folder / str(pid))
-    return folder / str(pid)
+    path = folder / str(os.getpid() if pid is None else pid)
+    write_text_atomic(path, json.dumps({"step": step, "rank": rank, "time": time.time()}))
+    return path
 
 
 def describe(info: Any) -> str:
