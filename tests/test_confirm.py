@@ -183,3 +183,40 @@ def test_watch_shows_the_confirmation_below_the_search(confirmed, capsys):
     out = capsys.readouterr().out
     assert out.index("Search (4 trials") < out.index("confirmation:") < out.index("Answer: AV_T")
     assert (confirmed / "search_best_by_stage_order.png").exists() and (confirmed / "best_by_stage_order.png").exists()
+
+
+def test_a_confirmation_killed_before_tune_saved_its_state_starts_again(tmp_path):
+    """Tune writes ``tuner.pkl`` before its first experiment state; a confirmation killed between
+    the two has trained nothing: ``--resume`` starts it again instead of restoring it (Ray 2.60's
+    restore of such a folder ran one run and ended as if done), and resuming that folder itself
+    names the sweep's folder to resume instead."""
+    from raymcn.config import CONFIRM_PLAN_FILE, SWEEP_CONFIG_FILE
+    from raymcn.sweep import tuner
+
+    exp = tmp_path / "sweep"
+    confirm = exp / "confirm"
+    confirm.mkdir(parents=True)
+    write_sweep_yaml(confirm, epochs=2)
+    for name in ("tuner.pkl", CONFIRM_PLAN_FILE):
+        (confirm / name).write_text("")
+    assert (confirm / SWEEP_CONFIG_FILE).exists()
+    assert not tuner.confirmation_started(str(exp))
+    with pytest.raises(ConfigError, match=f"resume its sweep \\({exp}\\), which starts it again"):
+        tuner.resume_sweep(str(confirm))
+    (confirm / "experiment_state-2026-11-27_08-05-43.json").write_text("{}")
+    assert tuner.confirmation_started(str(exp))
+
+
+def test_a_search_killed_before_tune_saved_its_state_starts_again(tmp_path, monkeypatch):
+    """A search folder holding its config and at most ``tuner.pkl`` (killed in its first second):
+    ``--resume`` runs the search again in the same folder, with the config it was started with."""
+    from raymcn.sweep import tuner
+
+    exp = tmp_path / "sweep"
+    write_sweep_yaml(exp, epochs=3, stage_order="AV_T")
+    (exp / "tuner.pkl").write_text("")
+    started = []
+    monkeypatch.setattr(tuner, "run_sweep", lambda cfg, where, **kw: started.append((cfg, where)) or "fresh")
+    assert tuner.resume_sweep(str(exp)) == "fresh"
+    ((cfg, where),) = started
+    assert where == str(exp) and cfg.schedule.epochs == 3 and cfg.schedule.stage_order == "AV_T"

@@ -432,8 +432,12 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
     as :func:`run_sweep`'s (resolved here from the sweep's config when not given)."""
     experiment_dir = storage.normalize(experiment_dir)
     cfg = sweep_config(experiment_dir, "--resume")
-    if not tune.Tuner.can_restore(experiment_dir):
-        raise ConfigError([f"--resume {experiment_dir}: holds no restorable Tune experiment state"])
+    if not tune_state_saved(experiment_dir):
+        if CONFIRM_PLAN_FILE in storage.files(experiment_dir):
+            raise ConfigError([f"--resume {experiment_dir}: this confirmation was stopped before it saved its "
+                               f"state; resume its sweep ({storage.parent(experiment_dir)}), which starts it again"])
+        # stopped before Tune saved its first state: no trial has trained, so the search starts again
+        return run_sweep(cfg, experiment_dir, console=console, inputs=inputs)
     inputs = inputs or resolve_inputs(cfg)
     tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
                                resume_unfinished=True, resume_errored=True)
@@ -454,9 +458,18 @@ def confirm_dir(experiment_dir: str) -> str:
     return storage.join(experiment_dir, CONFIRM_DIR)
 
 
+def tune_state_saved(experiment_dir: str) -> bool:
+    """Whether Tune has saved the experiment's state (an ``experiment_state-*.json``). Tune writes
+    its ``tuner.pkl`` first, and Ray 2.60's restore of a folder holding only that logs an error and
+    runs on with a broken experiment (a confirmation killed in its first second, resumed, trained
+    one of its runs and ended as if done)."""
+    return any(n.startswith("experiment_state-") and n.endswith(".json") for n in storage.files(experiment_dir))
+
+
 def confirmation_started(experiment_dir: str) -> bool:
-    """Whether the sweep's confirmation phase has started (Tune saved its state)."""
-    return tune.Tuner.can_restore(confirm_dir(experiment_dir))
+    """Whether the sweep's confirmation phase has started: Tune saved its state (before that it
+    has trained nothing, and starts again)."""
+    return tune_state_saved(confirm_dir(experiment_dir))
 
 
 def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, Any]], plan: str,
