@@ -7,11 +7,14 @@ see is handed to them through Ray's runtime environment: the command's job (``ra
 Tune's trial drivers, Train's controllers, the read tasks, which on a cluster are started by
 raylets that never saw the command's environment) and each Ray Train worker
 (``launch.build_trainer``: ``worker_runtime_env``); each reads it at its start like any other process.
+Two exceptions: ``config.default_cache_dir`` and ``config.default_storage_path`` read RAYMCN_CACHE
+and RAYMCN_RESULTS themselves, because every in-process caller (a test, a benchmark) builds its
+own config and must not write under the home folder.
 
 ==================  ============  ===================================================================
 variable            field         what uses it
 ==================  ============  ===================================================================
-RAYMCN_CACHE        cache         ``data.cache_dir`` when the config leaves it empty (``load_config``)
+RAYMCN_CACHE        cache         ``data.cache_dir`` when the config leaves it empty
 RAYMCN_RESULTS      results       ``run.storage_path`` when the config leaves it empty
 RAYMCN_VENV         venv          ``raymcn doctor``: the environment every node's Ray must run from
 RAYMCN_FAULT        fault         fault injection (``train/faults.py``), installed into a rank's run
