@@ -428,7 +428,8 @@ def sweep_config(experiment_dir: str, option: str) -> Config:
 
 def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: RunInputs | None = None) -> SweepResult:
     """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
-    from their Train checkpoints (in the stage they were in), errored ones are retried. ``inputs``:
+    from their Train checkpoints (in the stage they were in), errored ones are retried; a search
+    stopped before Tune saved its state starts again. ``inputs``:
     as :func:`run_sweep`'s (resolved here from the sweep's config when not given)."""
     experiment_dir = storage.normalize(experiment_dir)
     cfg = sweep_config(experiment_dir, "--resume")
