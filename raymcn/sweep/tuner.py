@@ -459,12 +459,17 @@ def confirm_dir(experiment_dir: str) -> str:
     return storage.join(experiment_dir, CONFIRM_DIR)
 
 
+def tune_states(experiment_dir: str) -> list[str]:
+    """The names of the experiment states Tune saved in ``experiment_dir``
+    (``experiment_state-<time>.json``), oldest first."""
+    return [n for n in storage.files(experiment_dir) if n.startswith("experiment_state-") and n.endswith(".json")]
+
+
 def tune_state_saved(experiment_dir: str) -> bool:
-    """Whether Tune has saved the experiment's state (an ``experiment_state-*.json``). Tune writes
-    its ``tuner.pkl`` first, and Ray 2.60's restore of a folder holding only that logs an error and
-    runs on with a broken experiment (a confirmation killed in its first second, resumed, trained
-    one of its runs and ended as if done)."""
-    return any(n.startswith("experiment_state-") and n.endswith(".json") for n in storage.files(experiment_dir))
+    """Whether Tune has saved the experiment's state. Tune writes its ``tuner.pkl`` first, and Ray
+    2.60's restore of a folder holding only that logs an error and runs on with a broken experiment
+    (a confirmation killed in its first second, resumed, trained one of its runs and ended as if done)."""
+    return bool(tune_states(experiment_dir))
 
 
 def confirmation_started(experiment_dir: str) -> bool:
@@ -527,7 +532,7 @@ def _write_statuses(experiment_dir: str, statuses: dict[str, str]) -> None:
     """``TRIAL_STATUS_FILE``: a JSON line per trial with its status as this Tune run ended and the
     name of the experiment state Tune saved last (``results.experiment`` trusts them while that
     state is the newest; a later restore writes its own)."""
-    saved = sorted(n for n in storage.files(experiment_dir) if n.startswith("experiment_state-"))
+    saved = tune_states(experiment_dir)
     state = saved[-1] if saved else ""
     storage.write_text(storage.join(experiment_dir, TRIAL_STATUS_FILE), "".join(
         json.dumps({"trial": trial, "status": status, "tune_state": state}) + "\n" for trial, status in statuses.items()))
