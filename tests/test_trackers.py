@@ -1,6 +1,7 @@
 """run.trackers of a single run (train/monitor/trackers.py): every epoch's metrics in MLflow and
-TensorBoard, a resumed run continuing its MLflow run, a missing tracker dropped with a warning
-(the Ray run that writes them: tests/test_train_ray.py)."""
+TensorBoard, a resumed run continuing its MLflow run, a missing tracker dropped with a warning,
+the Train controller's callback that feeds them (the Ray run that writes them:
+tests/test_train_ray.py)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,34 @@ def test_a_tracker_that_cannot_start_is_dropped_with_a_warning_and_the_others_go
     assert len(said) == 1 and "run.trackers: wandb dropped for this run" in said[0]
     assert "pip install 'raymcn[wandb]'" in said[0]
     assert tensorboard_history(tmp_path / "r", "total_loss") == [5.0, 2.5]
+
+
+def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_files_stay_in_its_cache(
+        tmp_path, monkeypatch):
+    """``launch.EpochTrackers``, as Ray Train's controller gets it (pickled): rank 0's metrics of
+    every epoch's report are logged, a mid-epoch checkpoint's report is not, the trackers close
+    after the run's last epoch, and a run stored in a bucket writes into the controller's cache."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    import pickle
+
+    from mlflow.tracking import MlflowClient
+
+    from raymcn.config import MID_EPOCH_KEY
+    from raymcn.train.on_ray.launch import EpochTrackers
+
+    monkeypatch.setenv("RAYMCN_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, ["run.trackers=mlflow,tensorboard"])
+    callback = pickle.loads(pickle.dumps(EpochTrackers(cfg, "s3://bucket/runs/r", epochs=2)))
+    mid_epoch = {MID_EPOCH_KEY: 1.0, "epoch": 1.0, "global_step": 3.0, "text_to_video_R@10": -1.0}
+    for reports in ([mid_epoch, mid_epoch], [epoch_metrics(1), epoch_metrics(1)], [mid_epoch],
+                    [epoch_metrics(2), {**epoch_metrics(2), "total_loss": 99.0}]):
+        callback.after_report(run_context=None, metrics=reports, checkpoint=None)
+    folder = tmp_path / "cache" / "trackers" / "r"
+    assert mlflow_history(folder, "text_to_video_R_at_10") == [10.0, 20.0]
+    assert tensorboard_history(folder, "total_loss") == [5.0, 2.5]  # rank 0's, not rank 1's
+    run_id = (folder / "mlflow_run_id.txt").read_text().strip()
+    assert MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").get_run(run_id).info.status == "FINISHED"
 
 
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():

@@ -11,8 +11,9 @@
   resumed run continues it.
 * ``tensorboard``: event files in ``<run folder>/tensorboard`` (``tensorboard --logdir RUN``).
 
-Written by rank 0 after every epoch, like ``metrics.csv``; the config goes in as parameters. For a
-run stored in a bucket the files go to the local cache (``<cache>/trackers/<run name>``) instead:
+Written after every epoch by Ray Train's controller, on the driver's node, from rank 0's report
+(``train/on_ray/launch.py``, ``EpochTrackers``); the config goes in as parameters. For a run stored
+in a bucket the files go to the driver's local cache (``<cache>/trackers/<run name>``) instead:
 SQLite and event files need a local file. A tracker that fails (not installed, a full disk) prints a
 warning once and is dropped: a convenience is never worth ending a week-long run for.
 """

@@ -25,6 +25,7 @@ from ray.train.v2.api.callback import UserCallback
 
 from raymcn import storage
 from raymcn.config import (
+    MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
     RUN_CONFIG_FILE,
@@ -37,7 +38,7 @@ from raymcn.config import (
 from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.monitor import timeline, watchdog
+from raymcn.train.monitor import timeline, trackers, watchdog
 from raymcn.train.on_ray import cluster, preemption
 from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
@@ -95,6 +96,29 @@ class FailFastOnPermanentErrors(UserCallback):
             raise PermanentRunError(repeated)
 
 
+class EpochTrackers(UserCallback):
+    """``run.trackers`` of a single run, fed every epoch's report (rank 0's metrics) on Ray Train's
+    controller. The controller runs on the driver's node, so a run stored in a bucket keeps its
+    trackers' files in the driver's cache (``trackers.local_folder``) whichever node holds rank 0,
+    and no rank waits on a tracker at an epoch's end. A worker group restarted from a checkpoint
+    reports its epochs again and they are logged again, as the run's history shows them."""
+
+    def __init__(self, cfg: Config, run_dir: str, epochs: int):
+        self.cfg, self.run_dir, self.epochs = cfg, run_dir, epochs
+        self.tracked: trackers.Trackers | None = None
+
+    def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
+        reported = metrics[0] if metrics else {}
+        if MID_EPOCH_KEY in reported or "epoch" not in reported:  # a mid-epoch checkpoint's report
+            return
+        if self.tracked is None:  # opened here, on the controller, never pickled
+            self.tracked = trackers.Trackers(self.cfg, self.run_dir)
+        epoch = int(reported["epoch"])
+        self.tracked.log(epoch, reported)
+        if epoch == self.epochs:
+            self.tracked.close()
+
+
 NO_SETTINGS = Environment()  # no RAYMCN_* setting handed on
 
 
@@ -145,7 +169,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=preemption.failure_config(cfg),  # a drained node's restart counted apart
-            callbacks=[*(callbacks or []), FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
+            callbacks=[*(callbacks or []), *([EpochTrackers(cfg, run_dir, plan.epochs)] if cfg.run.trackers else []),
+                       FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
             worker_runtime_env={"env_vars": worker_env(env)},
         ),
     )

@@ -35,7 +35,7 @@ from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
-from raymcn.train.monitor import history, timeline, trackers
+from raymcn.train.monitor import history, timeline
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
@@ -240,8 +240,8 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
 
 class Reports:
     """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
-    (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv,
-    the trackers and the epoch line."""
+    (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv and
+    the epoch line. (``run.trackers`` log the reports on Ray Train's controller: ``launch.EpochTrackers``.)"""
 
     def __init__(self, run: Run, run_dir: str, out: Printer):
         cfg, plan = run.cfg, run.plan
@@ -254,7 +254,6 @@ class Reports:
             checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
                                           broadcast=functools.partial(_broadcast, run), check_every=cfg.run.log_every),
             cfg, plan.steps_per_epoch, say=out.say)
-        self.tracked = trackers.Trackers(cfg, run_dir, say=out.say) if self.rank == 0 else None
         self.table = history.EpochTable(run_dir) if self.rank == 0 else None
 
     def save_and_report(self, run: Run, metrics: dict[str, float]) -> None:
@@ -310,15 +309,12 @@ class Reports:
 
     def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
         self.save_and_report(run, metrics)
-        if self.rank == 0:  # metrics.csv beside the checkpoints (one row per epoch), and run.trackers
+        if self.rank == 0:  # metrics.csv beside the checkpoints (one row per epoch)
             try:
                 self.table.record(metrics)
             except OSError as e:  # never worth ending the run for: the next epoch writes this row too
                 self.out.log(f"warning: could not write {METRICS_FILE} in {self.run_dir} (kept for the next "
                              f"epoch's write): {e}")
-            self.tracked.log(run.state.epoch, metrics)
-            if run.state.epoch == run.plan.epochs:
-                self.tracked.close()
         self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
