@@ -44,7 +44,7 @@ def _keys(uri: str) -> list[str]:
 def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, monkeypatch, capsys):
     runs = f"{bucket}/runs"
     common = ["--num-workers", "1", "--json", *[a for kv in TINY for a in ("--set", kv)],
-              "--set", "scale.cpus_per_worker=1", "--set", f"run.storage_path={runs}"]
+              "--set", "scale.cpus_per_worker=1", "--set", f"run.storage_path={runs}", "--set", "run.trackers=mlflow"]
     monkeypatch.setenv("RAYMCN_FAULT", "raise_after_epoch=2")  # a crash no restart follows
     assert main(["train", *common, "--set", "scale.max_failures=0"]) != 0
     monkeypatch.delenv("RAYMCN_FAULT")
@@ -57,6 +57,19 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
                  "--json"]) == 0
     out = last_json(capsys.readouterr().out)
     assert out["run_dir"] == f"{runs}/{run}" and out["epochs"] == 3  # continued in the bucket, from epoch 2
+    # run.trackers: MLflow's SQLite store in the driver's cache, not in the bucket, one MLflow run
+    # over both attempts, ending with the last epoch's metrics
+    from mlflow.tracking import MlflowClient
+
+    from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+
+    assert not [k for k in _keys(f"{runs}/{run}") if "mlflow" in k]
+    folder = default_cache_dir(Config()) / "trackers" / run
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    history = client.get_metric_history((folder / "mlflow_run_id.txt").read_text().strip(),
+                                        PRIMARY_METRIC.replace("@", "_at_"))
+    by_epoch = {m.step: m.value for m in history}
+    assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[PRIMARY_METRIC])
 
 
 def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_local, capsys):

@@ -76,7 +76,7 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
         tmp_path, monkeypatch):
     """``launch.EpochTrackers``, as Ray Train's controller gets it (pickled): rank 0's metrics of
     every epoch's report are logged, a mid-epoch checkpoint's report is not, the trackers close
-    after the run's last epoch, and a run stored in a bucket writes into the controller's cache."""
+    after the run's last epoch, and a run stored in a bucket writes into the driver's cache."""
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
     import pickle
@@ -89,6 +89,7 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
     monkeypatch.setenv("RAYMCN_CACHE", str(tmp_path / "cache"))
     cfg = load_config(None, ["run.trackers=mlflow,tensorboard"])
     callback = pickle.loads(pickle.dumps(EpochTrackers(cfg, "s3://bucket/runs/r", epochs=2)))
+    monkeypatch.setenv("RAYMCN_CACHE", str(tmp_path / "controller"))  # the driver's setting counts
     mid_epoch = {MID_EPOCH_KEY: 1.0, "epoch": 1.0, "global_step": 3.0, "text_to_video_R@10": -1.0}
     for reports in ([mid_epoch, mid_epoch], [epoch_metrics(1), epoch_metrics(1)], [mid_epoch],
                     [epoch_metrics(2), {**epoch_metrics(2), "total_loss": 99.0}]):
@@ -98,6 +99,7 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
     assert tensorboard_history(folder, "total_loss") == [5.0, 2.5]  # rank 0's, not rank 1's
     run_id = (folder / "mlflow_run_id.txt").read_text().strip()
     assert MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").get_run(run_id).info.status == "FINISHED"
+    assert not (tmp_path / "controller").exists()
 
 
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():

@@ -42,12 +42,13 @@ def safe_name(metric: str) -> str:
 
 
 class Trackers:
-    """The trackers of ``cfg.run.trackers`` for the run in ``run_dir``; :meth:`log` once per epoch."""
+    """The trackers of ``cfg.run.trackers`` for the run in ``run_dir``, their files in ``folder``
+    (default: :func:`local_folder`); :meth:`log` once per epoch."""
 
-    def __init__(self, cfg: Config, run_dir: str, say: Callable[[str], None] = print):
+    def __init__(self, cfg: Config, run_dir: str, say: Callable[[str], None] = print, folder: Path | None = None):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
         self.names = [t for t in cfg.run.trackers.split(",") if t]
-        self.folder = local_folder(cfg, run_dir)
+        self.folder = folder or local_folder(cfg, run_dir)
         self._open: dict[str, Any] = {}
 
     def log(self, epoch: int, metrics: dict[str, float]) -> None:

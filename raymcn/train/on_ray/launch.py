@@ -100,11 +100,13 @@ class EpochTrackers(UserCallback):
     """``run.trackers`` of a single run, fed every epoch's report (rank 0's metrics) on Ray Train's
     controller. The controller runs on the driver's node, so a run stored in a bucket keeps its
     trackers' files in the driver's cache (``trackers.local_folder``) whichever node holds rank 0,
-    and no rank waits on a tracker at an epoch's end. A worker group restarted from a checkpoint
-    reports its epochs again and they are logged again, as the run's history shows them."""
+    and no rank waits on a tracker at an epoch's end. The folder is decided here, on the driver
+    (its ``RAYMCN_CACHE``, not the controller's environment). A worker group restarted from a
+    checkpoint reports its epochs again and they are logged again, as the run's history shows them."""
 
     def __init__(self, cfg: Config, run_dir: str, epochs: int):
         self.cfg, self.run_dir, self.epochs = cfg, run_dir, epochs
+        self.folder = trackers.local_folder(cfg, run_dir)
         self.tracked: trackers.Trackers | None = None
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
@@ -112,7 +114,7 @@ class EpochTrackers(UserCallback):
         if MID_EPOCH_KEY in reported or "epoch" not in reported:  # a mid-epoch checkpoint's report
             return
         if self.tracked is None:  # opened here, on the controller, never pickled
-            self.tracked = trackers.Trackers(self.cfg, self.run_dir)
+            self.tracked = trackers.Trackers(self.cfg, self.run_dir, folder=self.folder)
         epoch = int(reported["epoch"])
         self.tracked.log(epoch, reported)
         if epoch == self.epochs:
