@@ -102,6 +102,20 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
     assert not (tmp_path / "controller").exists()
 
 
+def test_the_controllers_warning_about_a_tracker_is_marked_for_the_terminal(tmp_path, monkeypatch, capsys):
+    """The controller's output reaches the terminal only as a tagged line (``monitor/console.py``)."""
+    import sys
+
+    from raymcn.train.monitor.console import TAG
+    from raymcn.train.on_ray.launch import EpochTrackers
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
+    callback = EpochTrackers(load_config(None, ["run.trackers=wandb"]), str(tmp_path / "r"), epochs=1)
+    callback.after_report(run_context=None, metrics=[epoch_metrics(1)], checkpoint=None)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{TAG}warning: run.trackers: wandb dropped for this run"), line
+
+
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():
     with pytest.raises(ConfigError, match="run.trackers=mlflow,neptune: a comma-separated subset of mlflow, wandb"):
         load_config(None, ["run.trackers=mlflow,neptune"])

@@ -39,6 +39,7 @@ from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import timeline, trackers, watchdog
+from raymcn.train.monitor.console import tagged
 from raymcn.train.on_ray import cluster, preemption
 from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
@@ -114,11 +115,17 @@ class EpochTrackers(UserCallback):
         if MID_EPOCH_KEY in reported or "epoch" not in reported:  # a mid-epoch checkpoint's report
             return
         if self.tracked is None:  # opened here, on the controller, never pickled
-            self.tracked = trackers.Trackers(self.cfg, self.run_dir, folder=self.folder)
+            self.tracked = trackers.Trackers(self.cfg, self.run_dir, say=_to_terminal, folder=self.folder)
         epoch = int(reported["epoch"])
         self.tracked.log(epoch, reported)
         if epoch == self.epochs:
             self.tracked.close()
+
+
+def _to_terminal(line: str) -> None:
+    """A line of Ray Train's controller for the terminal: Ray forwards the controller's output to
+    the driver, whose console shows a tagged line."""
+    print(tagged(line), flush=True)
 
 
 NO_SETTINGS = Environment()  # no RAYMCN_* setting handed on
