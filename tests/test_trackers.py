@@ -74,7 +74,7 @@ def test_a_tracker_that_cannot_start_is_dropped_with_a_warning_and_the_others_go
 
 def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_files_stay_in_its_cache(
         tmp_path, monkeypatch):
-    """``launch.EpochTrackers``, as Ray Train's controller gets it (pickled): rank 0's metrics of
+    """``launch.TrackersOnController``, as Ray Train's controller gets it (pickled): rank 0's metrics of
     every epoch's report are logged, a mid-epoch checkpoint's report is not, the trackers close
     after the run's last epoch, and a run stored in a bucket writes into the driver's cache."""
     pytest.importorskip("mlflow")
@@ -84,11 +84,11 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
     from mlflow.tracking import MlflowClient
 
     from raymcn.config import MID_EPOCH_KEY
-    from raymcn.train.on_ray.launch import EpochTrackers
+    from raymcn.train.on_ray.launch import TrackersOnController
 
     monkeypatch.setenv("RAYMCN_CACHE", str(tmp_path / "cache"))
     cfg = load_config(None, ["run.trackers=mlflow,tensorboard"])
-    callback = pickle.loads(pickle.dumps(EpochTrackers(cfg, "s3://bucket/runs/r", epochs=2)))
+    callback = pickle.loads(pickle.dumps(TrackersOnController(cfg, "s3://bucket/runs/r", epochs=2)))
     monkeypatch.setenv("RAYMCN_CACHE", str(tmp_path / "controller"))  # the driver's setting counts
     mid_epoch = {MID_EPOCH_KEY: 1.0, "epoch": 1.0, "global_step": 3.0, "text_to_video_R@10": -1.0}
     for reports in ([mid_epoch, mid_epoch], [epoch_metrics(1), epoch_metrics(1)], [mid_epoch],
@@ -107,13 +107,30 @@ def test_the_controllers_warning_about_a_tracker_is_marked_for_the_terminal(tmp_
     import sys
 
     from raymcn.train.monitor.console import TAG
-    from raymcn.train.on_ray.launch import EpochTrackers
+    from raymcn.train.on_ray.launch import TrackersOnController
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
-    callback = EpochTrackers(load_config(None, ["run.trackers=wandb"]), str(tmp_path / "r"), epochs=1)
+    callback = TrackersOnController(load_config(None, ["run.trackers=wandb"]), str(tmp_path / "r"), epochs=1)
     callback.after_report(run_context=None, metrics=[epoch_metrics(1)], checkpoint=None)
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith(f"{TAG}warning: run.trackers: wandb dropped for this run"), line
+
+
+def test_a_run_without_workers_feeds_its_trackers_from_its_rank(tmp_path):
+    """Ray Train's local mode (``scale.num_workers=0``) calls no callback: the in-process rank logs
+    every epoch, the same values as metrics.csv."""
+    pytest.importorskip("tensorboard")
+    import pandas as pd
+    from conftest import TINY
+
+    from raymcn.cli import preset_path
+    from raymcn.train.on_ray import launch
+
+    cfg = load_config(preset_path(), ["scale.num_workers=0", *TINY, "schedule.epochs=2", "run.trackers=tensorboard"])
+    launch.fit(cfg, tmp_path / "local")
+    table = pd.read_csv(tmp_path / "local" / "metrics.csv")
+    assert tensorboard_history(tmp_path / "local", "total_loss") == pytest.approx(list(table["total_loss"]))
+    assert len(table) == 2
 
 
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():

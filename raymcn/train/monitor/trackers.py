@@ -11,10 +11,10 @@
   resumed run continues it.
 * ``tensorboard``: event files in ``<run folder>/tensorboard`` (``tensorboard --logdir RUN``).
 
-Written after every epoch by Ray Train's controller, on the driver's node, from rank 0's report
-(``train/on_ray/launch.py``, ``EpochTrackers``); the config goes in as parameters. For a run stored
-in a bucket the files go to the driver's local cache (``<cache>/trackers/<run name>``) instead:
-SQLite and event files need a local file. A tracker that fails (not installed, a full disk) prints a
+Written after every epoch from rank 0's report (:class:`EpochReports`) by Ray Train's controller, on
+the driver's node; the config goes in as parameters. For a run stored in a bucket the files go to
+the driver's local cache (``<cache>/trackers/<run name>``) instead: SQLite and event files need a
+local file. A tracker that fails (not installed, a full disk) prints a
 warning once and is dropped: a convenience is never worth ending a week-long run for.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raymcn import storage
-from raymcn.config import TRACKERS, Config, default_cache_dir
+from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir
 
 EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # pip install "raymcn[...]"
 
@@ -136,4 +136,29 @@ class Trackers:
         writer.close()
 
 
-__all__ = ["TRACKERS", "Trackers", "local_folder", "safe_name"]
+class EpochReports:
+    """A run's reports, as ``ray.train.report`` sends them, to its trackers: each epoch's metrics
+    logged once it ends, a mid-epoch checkpoint's report skipped, the trackers closed after epoch
+    ``epochs``. Built where the run starts, which decides the folder (:func:`local_folder`: the
+    driver's cache for a bucket run); opened where it is fed: on Ray Train's controller
+    (``on_ray/launch.py``), or by the in-process rank of a run without workers (Ray Train's local
+    mode calls no callback). A worker group restarted from a checkpoint reports its epochs again,
+    and they are logged again, as the run's history shows them."""
+
+    def __init__(self, cfg: Config, run_dir: str, epochs: int, say: Callable[[str], None] = print):
+        self.cfg, self.run_dir, self.epochs, self.say = cfg, run_dir, epochs, say
+        self.folder = local_folder(cfg, run_dir)
+        self.tracked: Trackers | None = None
+
+    def report(self, metrics: dict[str, float]) -> None:
+        if MID_EPOCH_KEY in metrics or "epoch" not in metrics:  # a mid-epoch checkpoint's report
+            return
+        if self.tracked is None:  # opened where it is fed, never pickled
+            self.tracked = Trackers(self.cfg, self.run_dir, say=self.say, folder=self.folder)
+        epoch = int(metrics["epoch"])
+        self.tracked.log(epoch, metrics)
+        if epoch == self.epochs:
+            self.tracked.close()
+
+
+__all__ = ["TRACKERS", "EpochReports", "Trackers", "local_folder", "safe_name"]

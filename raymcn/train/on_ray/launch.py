@@ -25,7 +25,6 @@ from ray.train.v2.api.callback import UserCallback
 
 from raymcn import storage
 from raymcn.config import (
-    MID_EPOCH_KEY,
     PRIMARY_METRIC,
     PRIMARY_MODE,
     RUN_CONFIG_FILE,
@@ -97,29 +96,17 @@ class FailFastOnPermanentErrors(UserCallback):
             raise PermanentRunError(repeated)
 
 
-class EpochTrackers(UserCallback):
-    """``run.trackers`` of a single run, fed every epoch's report (rank 0's metrics) on Ray Train's
-    controller. The controller runs on the driver's node, so a run stored in a bucket keeps its
-    trackers' files in the driver's cache (``trackers.local_folder``) whichever node holds rank 0,
-    and no rank waits on a tracker at an epoch's end. The folder is decided here, on the driver
-    (its ``RAYMCN_CACHE``, not the controller's environment). A worker group restarted from a
-    checkpoint reports its epochs again and they are logged again, as the run's history shows them."""
+class TrackersOnController(UserCallback):
+    """``run.trackers`` of a single run, fed rank 0's metrics of every report on Ray Train's
+    controller (``trackers.EpochReports``). Ray pins the controller to the driver's node, so a run
+    stored in a bucket keeps its trackers' files in the driver's cache whichever node holds rank
+    0, and no rank waits on a tracker at an epoch's end."""
 
     def __init__(self, cfg: Config, run_dir: str, epochs: int):
-        self.cfg, self.run_dir, self.epochs = cfg, run_dir, epochs
-        self.folder = trackers.local_folder(cfg, run_dir)
-        self.tracked: trackers.Trackers | None = None
+        self.reports = trackers.EpochReports(cfg, run_dir, epochs, say=_to_terminal)
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
-        reported = metrics[0] if metrics else {}
-        if MID_EPOCH_KEY in reported or "epoch" not in reported:  # a mid-epoch checkpoint's report
-            return
-        if self.tracked is None:  # opened here, on the controller, never pickled
-            self.tracked = trackers.Trackers(self.cfg, self.run_dir, say=_to_terminal, folder=self.folder)
-        epoch = int(reported["epoch"])
-        self.tracked.log(epoch, reported)
-        if epoch == self.epochs:
-            self.tracked.close()
+        self.reports.report(metrics[0] if metrics else {})
 
 
 def _to_terminal(line: str) -> None:
@@ -156,6 +143,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
     a benchmark's variant of it, ``worker.run_rank`` with another data stream). Its ``fit()`` runs
     inside ``scoped_env(controller_env(cfg))``."""
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
+    # (a run without workers feeds its trackers from its in-process rank: worker.Reports)
+    tracking = [TrackersOnController(cfg, run_dir, plan.epochs)] if cfg.run.trackers and plan.max_workers else []
     return TorchTrainer(
         train_func,
         train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
@@ -178,8 +167,7 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
                                                          checkpoint_score_attribute=PRIMARY_METRIC,
                                                          checkpoint_score_order=PRIMARY_MODE),
             failure_config=preemption.failure_config(cfg),  # a drained node's restart counted apart
-            callbacks=[*(callbacks or []), *([EpochTrackers(cfg, run_dir, plan.epochs)] if cfg.run.trackers else []),
-                       FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
+            callbacks=[*(callbacks or []), *tracking, FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
             worker_runtime_env={"env_vars": worker_env(env)},
         ),
     )

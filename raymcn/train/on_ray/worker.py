@@ -35,7 +35,7 @@ from raymcn.train.build import assemble, run_epochs
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
-from raymcn.train.monitor import history, timeline
+from raymcn.train.monitor import history, timeline, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
@@ -241,7 +241,9 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
 class Reports:
     """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
     (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv and
-    the epoch line. (``run.trackers`` log the reports on Ray Train's controller: ``launch.EpochTrackers``.)"""
+    the epoch line. (``run.trackers`` log the reports on Ray Train's controller,
+    ``launch.TrackersOnController``, except in a run without workers: Ray Train's local mode calls
+    no callback, so its in-process rank feeds them.)"""
 
     def __init__(self, run: Run, run_dir: str, out: Printer):
         cfg, plan = run.cfg, run.plan
@@ -255,6 +257,8 @@ class Reports:
                                           broadcast=functools.partial(_broadcast, run), check_every=cfg.run.log_every),
             cfg, plan.steps_per_epoch, say=out.say)
         self.table = history.EpochTable(run_dir) if self.rank == 0 else None
+        in_process = bool(cfg.run.trackers) and plan.max_workers == 0
+        self.tracked = trackers.EpochReports(cfg, run_dir, plan.epochs, say=out.say) if in_process else None
 
     def save_and_report(self, run: Run, metrics: dict[str, float]) -> None:
         ck = None
@@ -315,6 +319,8 @@ class Reports:
             except OSError as e:  # never worth ending the run for: the next epoch writes this row too
                 self.out.log(f"warning: could not write {METRICS_FILE} in {self.run_dir} (kept for the next "
                              f"epoch's write): {e}")
+        if self.tracked is not None:
+            self.tracked.report(metrics)
         self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
