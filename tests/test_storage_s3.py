@@ -62,12 +62,13 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
     from mlflow.tracking import MlflowClient
 
     from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+    from raymcn.train.monitor.trackers import safe_name
 
     assert not [k for k in _keys(f"{runs}/{run}") if "mlflow" in k]
     folder = default_cache_dir(Config()) / "trackers" / run
     client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     history = client.get_metric_history((folder / "mlflow_run_id.txt").read_text().strip(),
-                                        PRIMARY_METRIC.replace("@", "_at_"))
+                                        safe_name(PRIMARY_METRIC))
     by_epoch = {m.step: m.value for m in history}
     assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[PRIMARY_METRIC])
 
@@ -78,6 +79,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     import mlflow
 
     from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+    from raymcn.train.monitor.trackers import safe_name
     from raymcn.results.table import load_experiment
     from raymcn.sweep.tuner import mlflow_uri
 

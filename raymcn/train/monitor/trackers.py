@@ -42,13 +42,13 @@ def safe_name(metric: str) -> str:
 
 
 class Trackers:
-    """The trackers of ``cfg.run.trackers`` for the run in ``run_dir``, their files in ``folder``
-    (default: :func:`local_folder`); :meth:`log` once per epoch."""
+    """The trackers of ``cfg.run.trackers`` for the run in ``run_dir``; :meth:`log` once per epoch.
+    Each opens on first use, so a ``Trackers`` not yet logged to can be pickled."""
 
-    def __init__(self, cfg: Config, run_dir: str, say: Callable[[str], None] = print, folder: Path | None = None):
+    def __init__(self, cfg: Config, run_dir: str, say: Callable[[str], None] = print):
         self.cfg, self.run_dir, self.say = cfg, run_dir, say
         self.names = [t for t in cfg.run.trackers.split(",") if t]
-        self.folder = folder or local_folder(cfg, run_dir)
+        self.folder = local_folder(cfg, run_dir)
         self._open: dict[str, Any] = {}
 
     def log(self, epoch: int, metrics: dict[str, float]) -> None:
@@ -140,21 +140,17 @@ class EpochReports:
     """A run's reports, as ``ray.train.report`` sends them, to its trackers: each epoch's metrics
     logged once it ends, a mid-epoch checkpoint's report skipped, the trackers closed after epoch
     ``epochs``. Built where the run starts, which decides the folder (:func:`local_folder`: the
-    driver's cache for a bucket run); opened where it is fed: on Ray Train's controller
+    driver's cache for a bucket run); the trackers open where it is fed: on Ray Train's controller
     (``on_ray/launch.py``), or by the in-process rank of a run without workers (Ray Train's local
     mode calls no callback). A worker group restarted from a checkpoint reports its epochs again,
     and they are logged again, as the run's history shows them."""
 
     def __init__(self, cfg: Config, run_dir: str, epochs: int, say: Callable[[str], None] = print):
-        self.cfg, self.run_dir, self.epochs, self.say = cfg, run_dir, epochs, say
-        self.folder = local_folder(cfg, run_dir)
-        self.tracked: Trackers | None = None
+        self.tracked, self.epochs = Trackers(cfg, run_dir, say=say), epochs
 
     def report(self, metrics: dict[str, float]) -> None:
         if MID_EPOCH_KEY in metrics or "epoch" not in metrics:  # a mid-epoch checkpoint's report
             return
-        if self.tracked is None:  # opened where it is fed, never pickled
-            self.tracked = Trackers(self.cfg, self.run_dir, say=self.say, folder=self.folder)
         epoch = int(metrics["epoch"])
         self.tracked.log(epoch, metrics)
         if epoch == self.epochs:
