@@ -57,6 +57,16 @@ COLLECTIVE_TIMEOUT_FACTOR = 2
 COLLECTIVE_TIMEOUT_MIN_FACTOR = 1.5
 
 
+def reason(error: BaseException) -> str:
+    """What a user is shown of ``error``: its class and the first line of its message (a Ray task's
+    error, ``RayTaskError(RuntimeError)``, is named by the class of the error inside it), never a
+    guess at the cause."""
+    cause = getattr(error, "cause", None) if type(error).__name__.startswith("RayTaskError") else None
+    shown = cause if isinstance(cause, BaseException) else error
+    lines = [line.strip() for line in str(shown).strip().splitlines() if line.strip()]
+    return f"{type(shown).__name__}: {lines[0]}" if lines else type(shown).__name__
+
+
 class PermanentError(Exception):
     """An error a restart from the last checkpoint cannot cure: a bad setting, a missing or damaged
     input, a diverged loss. Such a run fails at once instead of being retried

@@ -7,7 +7,14 @@ CPU and a test can read what they asked of CUDA and from which thread.
 
 The current device is per thread, as in CUDA: ``set_device`` changes the calling thread's only,
 and a thread that never set one is on device 0. ``is_initialized()`` turns true at the first call
-that would initialise CUDA: anything but :data:`QUERIES`.
+that would initialise CUDA: anything but :data:`QUERIES`. Before that, the stand-in answers as
+torch 2.x does: the allocator's statistics read 0 (``memory_allocated`` and its kind), and
+resetting them (:data:`ALLOCATOR_RESETS`) raises torch's own ``RuntimeError``, which a fresh
+process (a Ray task) meets when it resets them before setting its device.
+
+:func:`on_host` lets a whole GPU code path run on a CPU-only torch: tensors asked for on a CUDA
+device are made on the host, NCCL is gloo and DDP drops its device ids (CPU torch has none of
+them); what reaches ``torch.cuda`` is still recorded and answered by :class:`CudaRecorder`.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ import types
 from dataclasses import dataclass
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-QUERIES = frozenset({"is_available", "device_count", "is_initialized", "_is_compiled"})  # no CUDA context
+# Calls that initialise nothing in torch: the availability queries, and the allocator's statistics,
+# which read 0 (or {}) until CUDA is initialised; empty_cache does nothing until then.
+QUERIES = frozenset({"is_available", "device_count", "is_initialized", "_is_compiled", "memory_allocated",
+                     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
+                     "memory_stats_as_nested_dict", "empty_cache"})
+# Initialise nothing either, but raise before CUDA is initialised (torch's C++ allocator checks the device)
+ALLOCATOR_RESETS = frozenset({"reset_peak_memory_stats", "reset_accumulated_memory_stats"})
+NOT_INITIALISED = "Invalid device argument : did you call init?"  # torch's own message
 
 
 @dataclass(frozen=True)
@@ -32,7 +47,7 @@ class Call:
 
     @property
     def initialises(self) -> bool:
-        return self.name not in QUERIES
+        return self.name not in QUERIES and self.name not in ALLOCATOR_RESETS
 
 
 class _Stream:
@@ -128,7 +143,10 @@ class CudaRecorder:
 
     def _recording(self, name: str):
         def call(*args, **kwargs):
+            initialised = bool(self.initialising())
             self._record(name, args)
+            if name in ALLOCATOR_RESETS and not initialised:
+                raise RuntimeError(NOT_INITIALISED)
             return self._answer(name, args)
         return call
 
@@ -144,6 +162,8 @@ class CudaRecorder:
             return None
         if name == "current_device":
             return self._device()
+        if name == "is_bf16_supported":  # the lab's A100s, and every GPU since
+            return True
         if name == "mem_get_info":
             return self.free, self.total
         if name in ("Stream", "current_stream", "default_stream", "ExternalStream"):
@@ -156,19 +176,67 @@ class CudaRecorder:
             return torch.zeros(16, dtype=torch.uint8)
         if name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
             return 0
+        if name in ("memory_stats", "memory_stats_as_nested_dict"):
+            return {}
         return None
 
 
-def fake_nvml(gpus: list[tuple[int, int]]) -> types.ModuleType:
-    """A stand-in for ``pynvml`` that reports ``gpus`` as (free, total) bytes; [] = no driver."""
+class _TensorsOnHost(TorchFunctionMode):
+    """Every torch call asked to make a tensor on a CUDA device (``device=``) makes it on the host."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def on_host(monkeypatch):
+    """A GPU code path on CPU torch (module doc), in the calling thread, with :class:`CudaRecorder`
+    installed: CUDA tensors made on the host, NCCL groups made with gloo, DDP without device ids,
+    CUDA's autocast the host's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = dist.init_process_group
+
+    def init_process_group(backend=None, *args, **kwargs):
+        return init("gloo" if backend == "nccl" else backend, *args, **kwargs)
+
+    class HostDDP(DistributedDataParallel):
+        def __init__(self, module, device_ids=None, output_device=None, **kwargs):
+            super().__init__(module, **kwargs)
+
+    class HostAutocast(torch.autocast):  # CUDA's bf16 autocast as the host's: the same mixed precision
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", HostDDP)
+    monkeypatch.setattr(torch, "autocast", HostAutocast)
+    with _TensorsOnHost():
+        yield
+
+
+def fake_nvml(gpus: list[tuple[int, int]], init_error: str = "") -> types.ModuleType:
+    """A stand-in for ``pynvml`` that reports ``gpus`` as (free, total) bytes; [] = no driver (NVML's
+    library not found). ``init_error``: the NVML error class ``nvmlInit`` raises instead, as
+    pynvml names them (e.g. ``NVMLError_LibRmVersionMismatch``: a driver updated without a reboot)."""
     nvml = types.ModuleType("pynvml")
 
     class NVMLError(Exception):
         pass
 
+    def error(name: str, message: str) -> NVMLError:
+        return type(name, (NVMLError,), {})(message)
+
     def init() -> None:
+        if init_error:
+            raise error(init_error, "RM has detected an NVML/RM version mismatch.")
         if not gpus:
-            raise NVMLError("NVML Shared Library Not Found")
+            raise error("NVMLError_LibraryNotFound", "NVML Shared Library Not Found")
 
     memory = [types.SimpleNamespace(free=free, total=total, used=total - free) for free, total in gpus]
     nvml.NVMLError = NVMLError

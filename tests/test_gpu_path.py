@@ -8,6 +8,7 @@ context on GPU 0."""
 from __future__ import annotations
 
 import contextlib
+import math
 import subprocess
 import sys
 import textwrap
@@ -163,7 +164,7 @@ def test_the_doctors_node_probe_initialises_no_cuda(monkeypatch, tmp_path):
                   eval_bytes=-1, word_vectors="", storage=str(tmp_path), token=str(tmp_path / "token"),
                   token_text="t", use_gpu=True)
     facts = probe(req)
-    assert facts["cuda"] == {"cuda": "12.8", "nccl": "2.27.3"}
+    assert facts["cuda"] == {"cuda": "12.8", "nccl": "2.27.3", "nccl_error": ""}
     assert cuda.initialising() == [], cuda.initialising()
 
 
@@ -192,6 +193,36 @@ def test_the_doctors_step_runs_in_a_process_of_its_own(monkeypatch):
     inputs = types.SimpleNamespace(eval_set="synthetic", eval_audio_frames=0, word_vectors="", shards_dir="")
     checkup._steps(cfg, None, inputs, {"node": None}, 1.0, {"node": "head"})
     assert declared == [{"max_calls": 1}]
+
+
+def test_the_doctors_step_task_sets_its_gpu_before_any_other_cuda_call(tmp_path):
+    """``raymcn doctor --step`` runs ``checkup.step_probe`` as a Ray task: a fresh process whose CUDA
+    is not initialised. Run as such a process through the stand-in (which raises, as torch does,
+    when the allocator's statistics are reset before CUDA is initialised), the whole step and
+    evaluation run, and the first CUDA call of all is ``set_device`` of the task's GPU."""
+    out = _python(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import pytest, torch
+        from cuda_stand_in import CudaRecorder, on_host
+        from raymcn.cli import preset_path
+        from raymcn.config import load_config
+        from raymcn.train.inputs import resolve_inputs
+        cfg = load_config(preset_path(), ["scale.use_gpu=true", "run.storage_path={tmp_path}"])
+        inputs = resolve_inputs(cfg)
+        with pytest.MonkeyPatch.context() as mp:
+            cuda = CudaRecorder(mp, devices=1)
+            with on_host(mp):
+                from raymcn.doctor.checkup import step_probe
+                got = step_probe(cfg.to_dict(), inputs.eval_set, inputs.eval_audio_frames, inputs.word_vectors,
+                                 inputs.shards_dir)
+        print(json.dumps({{"calls": [[c.name, [str(a) for a in c.args]] for c in cuda.calls],
+                          "losses": got["losses"], "eval_s": got["eval_s"]}}))
+    """)
+    assert out["calls"][0] == ["set_device", ["cuda:0"]], out["calls"][:5]
+    assert {"reset_peak_memory_stats", "Event", "current_stream"} <= {name for name, _ in out["calls"]}, out["calls"]
+    assert out["losses"] and all(math.isfinite(v) for v in out["losses"].values()), out["losses"]
+    assert out["eval_s"] > 0
 
 
 # ---- on a GPU (the `gpu` tier: run these on the lab's first server) ----------------------------------------------

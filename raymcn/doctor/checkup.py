@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from raymcn import storage
-from raymcn.config import Config, ConfigError, default_storage_path
+from raymcn.config import Config, ConfigError, default_storage_path, reason
 from raymcn.doctor.estimate import estimate
 from raymcn.doctor.probe import SAMPLED_VIDEOS, Request, manifest_digest, probe, versions
 from raymcn.doctor.verdicts import FAIL, NA, OK, Row, judge, step_rows, workers_on
@@ -107,8 +107,8 @@ def diagnose(cfg: Config, *, step: bool = False, step_time: float | None = None,
         try:
             fs, path = storage.filesystem(token)
             fs.delete_file(path)
-        except Exception:  # noqa: BLE001 - best effort: a leftover token file is harmless
-            pass
+        except Exception as e:  # noqa: BLE001 - a leftover token file is harmless: said, not raised
+            print(f"note: the doctor's token file {token} stays ({reason(e)})", file=sys.stderr)
     measured = [extra[1] for extra in steps.values() if extra[1] is not None]
     step_s = max((m["s_per_step_wall"] for m in measured), default=step_time)
     eval_s = max((m["eval_s"] for m in measured), default=0.0)
@@ -122,13 +122,18 @@ def diagnose(cfg: Config, *, step: bool = False, step_time: float | None = None,
 
 
 def _get(ref, timeout: float):
+    """The task's answer, or what the table shows instead: "no answer within N s" only when the
+    task did not end in time; a task that raised is named by its error (:func:`config.reason`)."""
     import ray
+    from ray.exceptions import GetTimeoutError
 
     try:
         return ray.get(ref, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - a node that cannot answer is a finding, not a crash
+    except GetTimeoutError:
         ray.cancel(ref, force=True)
-        return f"no answer within {timeout:g} s ({type(e).__name__})"
+        return f"no answer within {timeout:g} s"
+    except Exception as e:  # noqa: BLE001 - a node whose task failed is a finding, not a crash
+        return f"failed: {reason(e)}"
 
 
 def _column_names(nodes: list[dict], hosts: dict[str, str]) -> dict[str, str]:
@@ -163,9 +168,11 @@ def _steps(cfg: Config, req: Request, inputs, pinned: dict, timeout: float, colu
         got = _get(ref, timeout)
         if isinstance(got, dict):
             out[nid] = (step_rows(got, req, columns[nid]), got)
-        else:
+        elif got.startswith("no answer"):
             what = "a free GPU" if cfg.scale.use_gpu else "a free CPU"
             out[nid] = (step_rows(None, req, columns[nid], f"no step: waited for {what} and its step; {got}"), None)
+        else:
+            out[nid] = (step_rows(None, req, columns[nid], f"the step {got}"), None)
     return out
 
 

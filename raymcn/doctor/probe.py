@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from raymcn import storage
+from raymcn.config import reason
 
 SPILL_MIN_BYTES = 10 * 10**9  # Ray spills objects to its temp folder when the object store fills
 
@@ -49,8 +51,19 @@ def versions() -> dict[str, str]:
     import ray
     import torch
 
-    return {"raymcn": importlib.metadata.version("raymcn"), "ray": ray.__version__, "torch": torch.__version__,
+    return {"raymcn": _own_version(), "ray": ray.__version__, "torch": torch.__version__,
             "python": platform.python_version()}
+
+
+def _own_version() -> str:
+    """raymcn's installed version, or for a source checkout run without ``pip install`` (on
+    ``PYTHONPATH``) the version its pyproject.toml names, said as such."""
+    try:
+        return importlib.metadata.version("raymcn")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return f"{found.group(1) if found else 'unknown'} (source checkout, not installed)"
 
 
 def manifest_digest(shard_names, shard_bytes) -> str:
@@ -120,35 +133,43 @@ def _storage(req: Request) -> dict[str, str]:
         fs.delete_file(path)
         out["writable"] = ""
     except Exception as e:  # noqa: BLE001 - OSError locally, pyarrow errors for buckets
-        out["writable"] = str(getattr(e, "strerror", None) or e)
+        out["writable"] = reason(e)
     try:
         out["token"] = storage.read_text(req.token)
-    except Exception as e:  # noqa: BLE001
-        out["token_error"] = str(getattr(e, "strerror", None) or e)
+    except Exception as e:  # noqa: BLE001 - reported as the check's failure
+        out["token_error"] = reason(e)
     return out
 
 
 def _cuda_build() -> dict[str, str]:
+    """torch's CUDA and NCCL versions ("" when the build has none); ``nccl_error``: why NCCL's
+    version could not be read in a CUDA build."""
     import torch
 
-    nccl = ""
-    try:
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else ""
-    except Exception:  # noqa: BLE001 - a build without NCCL
-        pass
-    return {"cuda": torch.version.cuda or "", "nccl": nccl}
+    nccl, error = "", ""
+    if torch.version.cuda:
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:  # noqa: BLE001 - reported in the CUDA row
+            error = reason(e)
+    return {"cuda": torch.version.cuda or "", "nccl": nccl, "nccl_error": error}
 
 
 def _gpus() -> list[dict[str, Any]]:
-    """Every GPU of the node as nvidia-smi sees it (a probe reserves none, so torch would see none)."""
+    """Every GPU of the node as nvidia-smi sees it (a probe reserves none, so torch would see none);
+    a node whose nvidia-smi fails (a driver/library mismatch, a hung driver) gives one entry
+    ``{"error": ...}`` with nvidia-smi's own words."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
                              check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+    except subprocess.CalledProcessError as e:
+        said = (e.stdout or "").strip() or (e.stderr or "").strip()
+        return [{"error": f"nvidia-smi exited with {e.returncode}" + (f": {said.splitlines()[0]}" if said else "")}]
+    except (OSError, subprocess.SubprocessError) as e:
+        return [{"error": f"nvidia-smi: {reason(e)}"}]
     gpus = []
     for line in out.strip().splitlines():
         name, total, free, driver = [x.strip() for x in line.split(",")]

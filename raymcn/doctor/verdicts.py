@@ -97,7 +97,8 @@ def _software_rows(facts: dict, req: Request, host: str) -> list[Row]:
 
 
 def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row]:
-    gpus = facts["gpus"]
+    failed = next((g["error"] for g in facts["gpus"] if "error" in g), "")
+    gpus = [g for g in facts["gpus"] if "error" not in g]
     if gpus:
         names = sorted({g["name"] for g in gpus})
         rows = [Row("GPUs", True, f"{len(gpus)} x {', '.join(names)} (driver {gpus[0]['driver']})")]
@@ -109,13 +110,19 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
                         f"~{req.estimate_bytes / 2**30:.1f} GiB: stop what holds it (nvidia-smi) or lower the "
                         "batch (raymcn config shows the preflight's suggestion)"))
     else:
-        rows = [Row("GPUs", False if req.use_gpu else None, "none",
+        seen = f"nvidia-smi failed: {failed}" if failed else "none"
+        rows = [Row("GPUs", False if req.use_gpu or failed else None, seen,
+                    f"{host}: {seen}: check the NVIDIA driver there (nvidia-smi)" if failed else
                     f"{host}: scale.use_gpu=true and this node has no GPU nvidia-smi can see" if req.use_gpu else ""),
                 Row("GPU memory free >= estimate", False if req.use_gpu else None, "no GPU")]
     cuda = facts["cuda"]
-    cuda_ok = bool(cuda["cuda"]) if req.use_gpu else None
-    rows.append(Row("CUDA and NCCL in torch", cuda_ok, f"CUDA {cuda['cuda'] or '-'}, NCCL {cuda['nccl'] or '-'}",
-                    f"{host}: torch has no CUDA there: install the CUDA build of torch" if cuda_ok is False else ""))
+    nccl_error = cuda.get("nccl_error", "")
+    cuda_ok = (bool(cuda["cuda"]) and not nccl_error) if req.use_gpu else None
+    nccl = cuda["nccl"] or (f"unreadable ({nccl_error})" if nccl_error else "-")
+    rows.append(Row("CUDA and NCCL in torch", cuda_ok, f"CUDA {cuda['cuda'] or '-'}, NCCL {nccl}",
+                    "" if cuda_ok is not False else
+                    f"{host}: torch's NCCL: {nccl_error}" if nccl_error else
+                    f"{host}: torch has no CUDA there: install the CUDA build of torch"))
     rows.append(_cpu_row(facts, req, host))
     # Ray spills objects to its temp folder when the object store fills: room for one store's worth
     spill_need = int(facts.get("resources", {}).get("object_store_memory", SPILL_MIN_BYTES))
@@ -131,7 +138,7 @@ def workers_on(facts: dict, req: Request) -> int:
     """Train workers this node can hold: one per GPU on a GPU run, else as many as its Ray CPUs allow."""
     res = facts.get("resources")  # Ray's view of the node (what it may schedule there), when the head gave it
     if req.use_gpu:
-        return int(res.get("GPU", 0) if res is not None else len(facts["gpus"]))
+        return int(res.get("GPU", 0) if res is not None else sum("error" not in g for g in facts["gpus"]))
     cpus = res.get("CPU", 0) if res is not None else facts["cpus"]
     return int(cpus // max(req.cpus_per_worker, 1e-9))
 

@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -36,6 +37,7 @@ from raymcn.config import (
     TRIAL_ERRORS_DIR,
     TRIAL_STATUS_FILE,
     ScheduleConfig,
+    reason,
 )
 from raymcn.results.columns import (
     EPOCHS_KEY,
@@ -162,7 +164,9 @@ def _tune_states(exp_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
             statuses[tid] = str(state.get("status", ""))
             if state.get("relative_logdir"):
                 dirs[Path(str(state["relative_logdir"])).name] = tid
-    except Exception:  # noqa: BLE001 - internal format; the table must not depend on it
+    except Exception as e:  # noqa: BLE001 - internal format; the table must not depend on it
+        warnings.warn(f"{files[-1]}: Tune's trial statuses unreadable ({reason(e)}); the table goes on without them",
+                      stacklevel=2)
         return {}, {}
     try:  # raymcn's record of how that Tune run ended corrects a trial stopped while paused
         for line in (exp_dir / TRIAL_STATUS_FILE).read_text().splitlines():

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from raymcn.config import PRIMARY_METRIC
+from raymcn.config import PRIMARY_METRIC, reason
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
@@ -199,8 +199,8 @@ class _TerminalErrors(logging.Handler):
         record._raymcn_shown = True
         try:
             text = self.format(record)
-        except Exception:  # noqa: BLE001 - a broken record must not take the run down
-            text = f"{record.levelname} {record.name}: {record.msg}"
+        except Exception as e:  # noqa: BLE001 - a broken record must not take the run down
+            text = f"{record.levelname} {record.name}: {record.msg} (unformatted: {reason(e)})"
         with self.console._lock:
             if self.console._tty_err is not None and not self.console.verbose:
                 self.console._write_tty(text + "\n", err=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raymcn import storage
-from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir
+from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir, reason
 
 EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # pip install "raymcn[...]"
 
@@ -59,7 +59,7 @@ class Trackers:
                     self._open[name] = getattr(self, f"_open_{name}")()
                 getattr(self, f"_log_{name}")(self._open[name], epoch, metrics)
             except Exception as e:  # noqa: BLE001 - see the module doc
-                self.say(f"warning: run.trackers: {name} dropped for this run ({type(e).__name__}: {e}); "
+                self.say(f"warning: run.trackers: {name} dropped for this run ({reason(e)}); "
                          f"is it installed? pip install 'raymcn[{EXTRAS[name]}]'")
                 self.names.remove(name)
 
@@ -67,8 +67,8 @@ class Trackers:
         for name, handle in self._open.items():
             try:
                 getattr(self, f"_close_{name}")(handle)
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+            except Exception as e:  # noqa: BLE001 - closing is best effort: said, never raised
+                self.say(f"warning: run.trackers: {name} did not close cleanly ({reason(e)})")
         self._open.clear()
 
     # --- mlflow ------------------------------------------------------------------------------------

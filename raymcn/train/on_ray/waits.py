@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from raymcn.config import reason
+
 WAITING = ("PENDING", "RESCHEDULING")
 
 
@@ -123,17 +125,24 @@ def watched(limit_s: float, say: Callable[[str], None], every_s: float | None = 
     """While the block runs (Ray connected), checks every ``every_s`` (default: a quarter of
     ``limit_s``, at most 15 s) for placement groups waiting ``limit_s`` or longer: frees the groups
     ended jobs left behind (:func:`left_behind`) and ``say``s a line naming them, and one naming
-    what still waits (:func:`waiting_line`). The State API failing (no dashboard) silences the watch, not the run."""
+    what still waits (:func:`waiting_line`). A look that fails (the State API down: no dashboard)
+    is said once, with its error, and the watch goes on looking; the run never depends on it."""
     stop = threading.Event()
     every_s = every_s or min(15.0, limit_s / 4)
 
     def watch() -> None:
         told: dict[str, float] = {}
+        failing = ""  # the failed look already said (said again only when the failure changes)
         while not stop.wait(every_s):
             try:
                 lines = _look(limit_s, told)
-            except Exception:  # noqa: BLE001, S112 - a watch that cannot look stays quiet
+            except Exception as e:  # noqa: BLE001 - said, not raised: the run goes on without the watch
+                if reason(e) != failing:
+                    failing = reason(e)
+                    say(f"note: cannot look at what Ray waits to place ({failing}); a worker group that Ray "
+                        "cannot place will not be named until the look works again")
                 continue
+            failing = ""
             for line in lines:
                 say(line)
 

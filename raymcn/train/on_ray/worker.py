@@ -25,7 +25,7 @@ import ray.train.torch
 import torch
 
 from raymcn.collectives import Collectives
-from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError
+from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError, reason
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
@@ -286,12 +286,12 @@ class Reports:
                                                    timeout_s=DRAIN_REGISTER_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - unmarked, the server goes at the deadline, as without a mark
             self.out.say(f"warning: the drain's checkpoint was not registered within {DRAIN_REGISTER_TIMEOUT_S:.0f} s "
-                         f"({type(e).__name__}): the drained server goes at the deadline")
+                         f"({reason(e)}): the drained server goes at the deadline")
             return
         try:
             drain.mark_registered(run.state.step, self.rank)
         except OSError as e:  # (e.g. another user's folder): the server goes at the deadline instead
-            self.out.say(f"warning: could not mark the drain's checkpoint for `raymcn drain` ({e})")
+            self.out.say(f"warning: could not mark the drain's checkpoint for `raymcn drain` ({reason(e)})")
             return
         if self.rank == 0:
             self.out.say(f"the drain's checkpoint (global step {run.state.step}) is registered: `raymcn drain` "

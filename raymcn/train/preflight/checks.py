@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raymcn.config import Config, ConfigError, default_storage_path
+from raymcn.config import Config, ConfigError, default_storage_path, reason
 from raymcn.train.inputs import RunInputs
 from raymcn.train.run_plan import RunPlan, make_plan, plan_of
 
@@ -65,7 +65,7 @@ def _storage_problems(cfg: Config) -> list[str]:
         fs, path = storage.filesystem(probe)
         fs.delete_file(path)
     except Exception as e:  # noqa: BLE001 - OSError locally; pyarrow raises OSError/ArrowException for buckets
-        return [f"run.storage_path={where!r} is not writable: {getattr(e, 'strerror', None) or e}"]
+        return [f"run.storage_path={where!r} is not writable: {reason(e)}"]
     return []
 
 
@@ -149,7 +149,7 @@ def _memory_problems(cfg: Config, device_bytes: int | None, notes: list[str]) ->
     if device_bytes is None:  # a GPU run planned on a machine without one (e.g. a CPU head node)
         from raymcn.train.preflight.footprint import estimate_worker_memory, format_estimate
 
-        notes.append(f"GPU memory not checked here: this machine sees no GPU; each worker checks its own "
+        notes.append(f"GPU memory not checked here: {where or 'this machine sees no GPU'}; each worker checks its own "
                      f"GPU's free memory when it starts (estimate per worker: "
                      f"{format_estimate(estimate_worker_memory(cfg), top=3)})")
         return []
@@ -163,11 +163,14 @@ def _device_bytes(cfg: Config) -> tuple[int | None, str]:
     """One worker's memory and where it was read: the least free memory over this machine's GPUs
     (a worker may land on any of them; another process may hold part of one), read through NVML
     (``gpus.py``: this process opens no CUDA context), or this machine's RAM shared by the workers
-    on CPU. (None, "") for a GPU run on a machine that sees no GPU."""
+    on CPU. (None, "") for a GPU run on a machine that sees no GPU, (None, why) where NVML failed."""
     if cfg.scale.use_gpu:
-        from raymcn.train.preflight.gpus import visible_gpus
+        from raymcn.train.preflight.gpus import GpuQueryError, visible_gpus
 
-        gpus = visible_gpus()
+        try:
+            gpus = visible_gpus()
+        except GpuQueryError as e:
+            return None, f"this machine's GPUs could not be read ({e})"
         if not gpus:
             return None, ""
         least = min(gpus, key=lambda g: g.free)

@@ -7,14 +7,25 @@ also runs trials, a context costs every GPU it touches about 0.5 GiB for the dri
 through ``nvidia-ml-py``) reads the same numbers from the driver without one. NVML sees every GPU of
 the machine; :func:`visible_gpus` keeps those ``CUDA_VISIBLE_DEVICES`` names (by index or UUID),
 as CUDA would (an index counts in PCI bus order, which is CUDA's own on a server of identical GPUs,
-and on any with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). A machine without the NVIDIA driver (NVML
-cannot start) has no GPU.
+and on any with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). A machine without the NVIDIA driver (NVML's
+library missing, or the kernel driver not loaded) has no GPU; any other NVML failure (a driver
+and library of different versions after an update, a GPU lost) is raised as :class:`GpuQueryError`
+with NVML's own words, never taken for "no GPU".
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from raymcn.config import reason
+
+# NVML's errors that mean "no NVIDIA driver here": a CPU machine, not a broken GPU one
+NO_DRIVER = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+
+
+class GpuQueryError(RuntimeError):
+    """NVML is there but failed: the GPUs could not be read (the message says NVML's error)."""
 
 
 @dataclass(frozen=True)
@@ -30,15 +41,21 @@ class GpuMemory:
 
 def visible_gpus() -> list[GpuMemory]:
     """Every GPU this process may use (``CUDA_VISIBLE_DEVICES``, when set), with its free memory;
-    [] when NVML is missing or cannot start (no NVIDIA driver: no GPU)."""
+    [] when there is no NVIDIA driver (module doc).
+
+    Raises:
+        GpuQueryError: nvidia-ml-py cannot be imported, or NVML failed otherwise (its error named).
+    """
     try:
         import pynvml
-    except ImportError:  # nvidia-ml-py is a dependency; a broken install is still "no GPU here"
-        return []
+    except ImportError as e:  # a dependency: missing means a broken install, not a machine without GPUs
+        raise GpuQueryError(f"nvidia-ml-py (pynvml) does not import ({reason(e)}): reinstall raymcn") from e
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
+    except pynvml.NVMLError as e:
+        if type(e).__name__ in NO_DRIVER:
+            return []
+        raise GpuQueryError(f"NVML could not start: {reason(e)}") from e
     try:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -47,6 +64,8 @@ def visible_gpus() -> list[GpuMemory]:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             gpus.append(GpuMemory(i, uuid.decode() if isinstance(uuid, bytes) else str(uuid), int(memory.free),
                                   int(memory.total)))
+    except pynvml.NVMLError as e:
+        raise GpuQueryError(f"NVML could not read the GPUs: {reason(e)}") from e
     finally:
         pynvml.nvmlShutdown()
     return _visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))

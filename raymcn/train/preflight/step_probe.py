@@ -77,6 +77,11 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
                        "schedule.steps_per_epoch": warmup + steps, "schedule.epochs": 2, "optim.warmup_steps": 1})
     plan = make_plan(cfg, cfg.data.batch_size * (warmup + steps))
     cuda = device.type == "cuda"
+    if cuda:
+        # First, before any other CUDA call: it initialises CUDA on this device. A fresh process (the
+        # doctor's Ray task) has not, and the allocator's statistics below raise until it has
+        # ("Invalid device argument ... did you call init?"); NCCL's group then binds this device.
+        torch.cuda.set_device(device)
     with one_rank_group(device):
         if cuda:
             torch.cuda.empty_cache()
