@@ -16,7 +16,15 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from raymcn.config import CONSOLE_LOG_FILE, RETRIEVAL_METRICS, SWEEP_CONFIG_FILE, Config, ConfigError, load_config
+from raymcn.config import (
+    CONSOLE_LOG_FILE,
+    RETRIEVAL_METRICS,
+    SWEEP_CONFIG_FILE,
+    Config,
+    ConfigError,
+    RayUnavailable,
+    load_config,
+)
 from raymcn.environment import Environment
 from raymcn.train.monitor.console import Console
 from raymcn.train.preflight import checks as preflight
@@ -75,13 +83,13 @@ def _has_sweep_section(path: str | None) -> bool:
     return isinstance(loaded, dict) and "sweep" in loaded
 
 
-def ray_session(address: str | None, env: Environment):
+def ray_session(address: str | None, env: Environment, say=print):
     """Ray for one command (``on_ray/cluster.ray_session``): connected, or a local instance this
     command starts and shuts down; yields whether it started one. The command's ``RAYMCN_*``
-    settings (``env``) reach every process of its job."""
+    settings (``env``) reach every process of its job; ``say`` shows which instance and why."""
     from raymcn.train.on_ray.cluster import ray_session as session
 
-    return session(address, env.variables())
+    return session(address, env.variables(), say=say)
 
 
 def _resource_waits_named(cfg: Config, console):
@@ -138,12 +146,15 @@ def _failed(command: str, error: BaseException, resume_hint: str) -> int:
     from raymcn.config import doctor_hint, permanent_cause
 
     cause = permanent_cause(error)
-    if cause is not None:
+    if isinstance(error, RayUnavailable):
+        print(f"raymcn {command}: nothing ran: {error}", file=sys.stderr)
+    elif cause is not None:
         hint = doctor_hint(cause)
         print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
               f"{type(cause).__name__}: {cause}" + (f"\n({hint})" if hint else ""), file=sys.stderr)
     else:
-        print(f"raymcn {command}: the run failed after its restarts (scale.max_failures): {error}\n"
+        print(f"raymcn {command}: the run failed after its restarts (scale.max_failures): "
+              f"{type(error).__name__}: {error}\n"
               f"{resume_hint}", file=sys.stderr)
     return 1
 
@@ -171,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with Console(log, verbose=args.verbose, show_tagged=True) as console:
             console.say(f"run {run_dir} (Ray's output: {log})")
             # in-process (0 workers) runs need no Ray; a local instance's shutdown flushes the workers' logs
-            with ray_session(args.address, args.env) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
+            with ray_session(args.address, args.env, console.say) if cfg.scale.max_workers > 0 else contextlib.nullcontext(False) as started:
                 if started and not args.resume:
                     _check_cluster(cfg)
                 with _resource_waits_named(cfg, console) if cfg.scale.max_workers > 0 else contextlib.nullcontext():
@@ -225,7 +236,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
-            with ray_session(args.address, args.env), _resource_waits_named(cfg, console):
+            with ray_session(args.address, args.env, console.say), _resource_waits_named(cfg, console):
                 if not resume:
                     _check_cluster(cfg)
                 if resume:
@@ -553,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"raymcn {args.command}: {e}", file=sys.stderr)
         return 2
+    except RayUnavailable as e:
+        print(f"raymcn {args.command}: nothing ran: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

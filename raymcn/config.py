@@ -92,6 +92,11 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
+class RayUnavailable(RuntimeError):
+    """Ray could not be started or reached (``train/on_ray/cluster.py``): the command ran nothing;
+    the message says which instance, why that one, what failed and what to do."""
+
+
 class NodeInputError(Exception):
     """An error about what a node reads or runs with (its shards, samples, eval set, config), one
     ``raymcn doctor`` checks on every node before a sweep (:func:`doctor_hint`)."""
@@ -251,6 +256,10 @@ class ScaleConfig:
                                    why="needs a count >= 0, or [min, max] with 1 <= min <= max (elastic)")
     use_gpu: bool = False  # one GPU per worker (DDP over NCCL, bf16 autocast); false = CPU workers (gloo)
     cpus_per_worker: float = setting(1.0, gt=0)  # CPUs a worker reserves (the read tasks reserve none)
+    # The share of a GPU a worker reserves with use_gpu: 1 = a GPU of its own (DDP over NCCL); below 1,
+    # ⌊1/share⌋ workers share each GPU (a model that leaves room; how a 1-GPU machine runs several
+    # ranks). NCCL cannot join two ranks on one GPU, so such a group runs over gloo.
+    gpus_per_worker: float = setting(1.0, gt=0, le=1)
     # torch threads per worker (and its OMP_NUM_THREADS), set on every rank; 0 = max(1, ⌊cpus_per_worker⌋),
     # Ray's own rule, made explicit: Ray applies it only where OMP_NUM_THREADS is unset, torchrun sets 1
     threads_per_worker: int = setting(0, ge=0)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,74 @@ def test_on_a_gpu_kmeans_gives_the_same_bits_on_every_run():
     torch.testing.assert_close(sums[0].cpu(), cluster_sums(x.cpu(), labels.cpu(), 64), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_a_kmeans_refit_syncs_once_per_check_interval():
+    """torch's own count (``set_sync_debug_mode``) over a refit at the paper's K and iterations: one
+    look at the convergence flag per ``KMEANS_CHECK_EVERY`` iterations (tests/test_host_syncs.py
+    counts the same on CPU), and the starting rows' indices, drawn by a CPU generator, copied once."""
+    from raymcn.config import LossConfig
+    from raymcn.losses import cluster
+
+    loss = LossConfig()
+    x = torch.randn(8 * loss.num_clusters, 512, device="cuda")
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            cluster.cosine_kmeans(x, loss.num_clusters, loss.kmeans_iters, -1.0,
+                                  generator=torch.Generator().manual_seed(1))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    looks = (loss.kmeans_iters - 1) // cluster.KMEANS_CHECK_EVERY
+    assert len(syncs) <= looks + 1, syncs
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_the_doctors_step_passes(ray_local, capsys, tmp_path):
+    """The third command of the lab's first hour: ``raymcn doctor --step`` on this GPU node runs the
+    step as its Ray task (a fresh process on one GPU) and gives a step time and an estimate."""
+    from raymcn.cli import main
+
+    main(["doctor", "--step", "--json", "--set", "scale.use_gpu=true", "--set", "scale.num_workers=1",
+          "--set", f"run.storage_path={tmp_path}"])
+    report = last_json(capsys.readouterr().out)
+    step = [r for rows in report["rows"].values() for r in rows if r["check"] == "one training step"]
+    assert step and all(r["ok"] is True for r in step), step
+    assert report["estimate"] is not None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_one_gpu_two_ray_train_workers_share_it_and_resume(ray_local, capsys, tmp_path):
+    """The real path with 2 ranks on the one GPU at hand (``scale.gpus_per_worker=0.5``, gloo): Ray's
+    DDP wrap, a prefetch thread per rank, the embeddings' gather, the sharded evaluation, the
+    checkpoints and a resume that extends the run by an epoch; against the 1-worker run of the same
+    config (global BatchNorm: the same batch statistics), its first epoch equal to bf16 rounding."""
+    import pandas as pd
+
+    from raymcn.cli import main
+
+    base = ["--config", "sweeps/smoke.yaml", "--json", "--set", "scale.use_gpu=true", "--set",
+            "model.sync_batchnorm=true", "--set", "scale.cpus_per_worker=0.5"]
+    assert main(["train", *base, "--num-workers", "1", "--set", f"run.storage_path={tmp_path}/one"]) == 0
+    one = last_json(capsys.readouterr().out)
+    assert main(["train", *base, "--num-workers", "2", "--set", "scale.gpus_per_worker=0.5",
+                 "--set", f"run.storage_path={tmp_path}/two"]) == 0
+    two = last_json(capsys.readouterr().out)
+    chance = 100 * 10 / two["eval_size"]
+    assert one["text_to_video_R@10"] > 3 * chance and two["text_to_video_R@10"] > 3 * chance, (one, two)
+    epoch1 = [pd.read_csv(Path(run["run_dir"]) / "metrics.csv").iloc[0] for run in (one, two)]
+    for key in ("total_loss", "contrastive_loss", "recon_loss"):
+        assert epoch1[1][key] == pytest.approx(epoch1[0][key], rel=0.02), key
+    assert main(["train", "--resume", two["run_dir"], "--set", "schedule.epochs=5", "--json"]) == 0
+    resumed = last_json(capsys.readouterr().out)
+    assert resumed["epochs"] == 5 and resumed["run_dir"] == two["run_dir"]
+
+
 # ---- several ranks: NCCL on GPUs (`gpu`), the same code on gloo ranks (`dist`) ----------------------------------
 
 RANK_STEPS = 6  # per epoch; the staged order switches to all three modalities after the first epoch
@@ -428,12 +497,15 @@ def _gpus_holding_this_process() -> list[str] | None:
     return held
 
 
-def _rank_main(rank: int, world: int, where: str, backend: str, job: str = "epochs") -> None:
+def _rank_main(rank: int, world: int, where: str, backend: str, job: str = "epochs", shared_gpu: bool = False) -> None:
+    """One rank: on its own GPU under NCCL, on the CPU under gloo, or (``shared_gpu``) under gloo on
+    GPU 0, which every rank shares (``scale.gpus_per_worker`` < 1: how one GPU runs several ranks)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    device = (torch.device("cuda", 0) if shared_gpu else torch.device("cuda", rank) if backend == "nccl"
+              else torch.device("cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
@@ -441,7 +513,8 @@ def _rank_main(rank: int, world: int, where: str, backend: str, job: str = "epoc
     dist.init_process_group(backend, init_method=f"file://{where}/init", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     try:
-        result = (_ranks_epochs if job == "epochs" else _paper_step)(rank, world, device, where)
+        result = {"epochs": _ranks_epochs, "paper_step": _paper_step, "collectives": _collectives_on}[job](
+            rank, world, device, where)
         if device.type == "cuda":
             result["own"] = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
         torch.save(result, f"{where}/rank{rank}.pt")
@@ -450,11 +523,46 @@ def _rank_main(rank: int, world: int, where: str, backend: str, job: str = "epoc
         dist.destroy_process_group()
 
 
-def _ranks(world: int, backend: str, tmp_path, job: str = "epochs") -> list[dict]:
+def _ranks(world: int, backend: str, tmp_path, job: str = "epochs", shared_gpu: bool = False) -> list[dict]:
     import torch.multiprocessing as mp
 
-    mp.spawn(_rank_main, args=(world, str(tmp_path), backend, job), nprocs=world, join=True)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_rank_main, args=(world, str(tmp_path), backend, job, shared_gpu), nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _collectives_on(rank: int, world: int, device: torch.device, where: str) -> dict:
+    """Every collective raymcn's code runs on this rank's device, each tried alone: what failed, by
+    name, with its error (the test names them; docs/development.md lists what waits for a server)."""
+    from raymcn.collectives import Collectives
+    from raymcn.config import reason
+    from raymcn.model.syncbn import global_batchnorm
+
+    comm = Collectives(rank, world)
+    t = torch.full((3, 4), float(rank + 1), device=device)
+    bn = global_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(4)), device.type).to(device)  # as the run's
+    ddp_net = torch.nn.Linear(4, 2).to(device)
+    tries = {
+        "all_gather (equal parts)": lambda: comm.all_gather(t),
+        "all_gather (unequal parts)": lambda: comm.all_gather(t[: rank + 1], sizes=[r + 1 for r in range(world)]),
+        "sizes": lambda: comm.sizes(rank + 1, device),
+        "all_reduce_sum_": lambda: comm.all_reduce_sum_(t.clone()),
+        "all_reduce_mean": lambda: comm.all_reduce_mean(t),
+        "broadcast_from_rank0": lambda: comm.broadcast_from_rank0(t.clone()),
+        "ring (point to point)": lambda: list(comm.ring((t,), [3] * world)),
+        "global BatchNorm forward and backward": lambda: bn(t[:, :, None, None].requires_grad_()).sum().backward(),
+        "DDP gradient all-reduce": lambda: torch.nn.parallel.DistributedDataParallel(ddp_net).forward(t).sum().backward(),
+    }
+    failed = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as e:  # noqa: BLE001 - collected: the test names every one that fails
+            failed[name] = reason(e)
+        torch.distributed.barrier()
+    return {"failed": failed}
 
 
 def _assert_ranks_ran_the_run(ranks: list[dict], bitwise: bool) -> None:
@@ -473,11 +581,46 @@ def _assert_ranks_ran_the_run(ranks: list[dict], bitwise: bool) -> None:
             print(f"{key}: resumed {resumed[key]!r}, uninterrupted {uninterrupted[key]!r}")
 
 
+def _assert_as_one_rank(ranks: list[dict], alone: dict, rel: float) -> None:
+    """The ranks' first epoch is the one rank's to ``rel`` (global BatchNorm: the same batch statistics)."""
+    for key in ("total_loss", "cluster_loss", "contrastive_loss", "recon_loss"):
+        assert ranks[0]["epochs"][0][key] == pytest.approx(alone["epochs"][0][key], rel=rel), key
+
+
 @pytest.mark.dist
 def test_the_multi_rank_run_on_gloo_ranks(tmp_path):
-    """The harness of the GPU test below on 2 gloo ranks (CPU): staged order, global BatchNorm,
-    evaluation, a checkpoint and a resume from it, bitwise on CPU."""
-    _assert_ranks_ran_the_run(_ranks(2, "gloo", tmp_path), bitwise=True)
+    """The harness of the GPU tests below on 2 gloo ranks (CPU): staged order, global BatchNorm,
+    evaluation, a checkpoint and a resume from it, bitwise on CPU; its first epoch that of 1 rank."""
+    ranks = _ranks(2, "gloo", tmp_path / "two")
+    _assert_ranks_ran_the_run(ranks, bitwise=True)
+    _assert_as_one_rank(ranks, _ranks(1, "gloo", tmp_path / "one")[0], rel=1e-3)  # k-means: 3.5e-4 measured
+
+
+@pytest.mark.dist
+def test_the_collectives_harness_on_gloo_ranks(tmp_path):
+    """The harness of the shared-GPU test below on CPU: gloo carries every collective raymcn uses."""
+    assert [r["failed"] for r in _ranks(2, "gloo", tmp_path, job="collectives")] == [{}, {}]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_one_gpu_gloo_carries_every_collective_raymcn_uses_on_cuda_tensors(tmp_path):
+    """Two ranks sharing one GPU run over gloo (NCCL refuses two ranks on one device): each
+    collective the code uses, on CUDA tensors. A failure names the collectives gloo lacks there."""
+    failed = {name: why for r in _ranks(2, "gloo", tmp_path, job="collectives", shared_gpu=True)
+              for name, why in r["failed"].items()}
+    assert not failed, f"gloo lacks these on CUDA tensors (they wait for a multi-GPU server): {failed}"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_one_gpu_two_ranks_share_it_as_one_rank_runs(tmp_path):
+    """The multi-rank run on 2 gloo ranks sharing GPU 0: DDP, SyncBatchNorm, the prefetch thread per
+    rank, the evaluation's gather, a checkpoint and its resume, on CUDA tensors; its first epoch is
+    the 1-rank run's to bf16 rounding (the bf16 tier's term tolerance, 2 %)."""
+    ranks = _ranks(2, "gloo", tmp_path / "two", shared_gpu=True)
+    _assert_ranks_ran_the_run(ranks, bitwise=False)
+    _assert_as_one_rank(ranks, _ranks(1, "gloo", tmp_path / "one", shared_gpu=True)[0], rel=0.02)
 
 
 @pytest.mark.gpu

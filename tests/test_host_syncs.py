@@ -2,10 +2,12 @@
 
 On a GPU every read of a device tensor's value on the host (``.item()``, ``.tolist()``, ``.cpu()``,
 ``.numpy()``, ``bool``/``float``/``int`` of a tensor, ``nonzero``) waits for every kernel queued
-before it, and the device then idles while the host queues the next ones. On CPU the same calls
-cost nothing, so they are counted instead: every such call raymcn's own code makes (a call inside
-torch, e.g. Adam reading its step counters, which live on the host, is not raymcn's) between a
-step's start and its end, for real steps of the tiny MCN of the embedded default on one process
+before it, and the device then idles while the host queues the next ones. So do the torch
+operations whose output size depends on the values (:data:`TORCH_SYNCS`: ``torch.bincount`` reads
+its input's largest value to size its output; indexing with a boolean mask is a ``nonzero``).
+On CPU the same calls cost nothing, so they are counted instead: every such call raymcn's own code
+makes (a call inside torch, e.g. Adam reading its step counters, which live on the host, is not
+raymcn's) between a step's start and its end, for real steps of the tiny MCN of the embedded default on one process
 and on 2 gloo ranks with unequal shares. A step reads its loss terms and gradient norm once
 (``loop.read_values``); a k-means refit step adds one look at the convergence flag per
 ``cluster.KMEANS_CHECK_EVERY`` Lloyd iterations.
@@ -27,6 +29,9 @@ from raymcn.losses import cluster
 
 PACKAGE = str(Path(raymcn.__file__).parent)
 SYNCS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "nonzero")
+# torch operations that synchronise on CUDA (their output's size is read from the values), as
+# functions of torch and methods of tensors
+TORCH_SYNCS = ("bincount", "unique", "unique_consecutive", "masked_select", "repeat_interleave", "histc")
 STEPS = 9  # refits at steps 0, 4, 8 (loss.refresh_every 4) and the steps between
 
 
@@ -38,15 +43,28 @@ class SyncCounter:
         for name in SYNCS:
             monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name))
         monkeypatch.setattr(torch, "nonzero", self._counting(torch.nonzero, "torch.nonzero"))
+        for name in TORCH_SYNCS:
+            monkeypatch.setattr(torch, name, self._counting(getattr(torch, name), f"torch.{name}"))
+            monkeypatch.setattr(torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name))
+        getitem = torch.Tensor.__getitem__
+        masked = self._counting(getitem, "boolean mask index", depth=2)  # called by the lambda below
+        monkeypatch.setattr(torch.Tensor, "__getitem__",
+                            lambda t, index: masked(t, index) if _masks(index) else getitem(t, index))
 
-    def _counting(self, original, name: str):
+    def _counting(self, original, name: str, depth: int = 1):
         def call(*args, **kwargs):
-            code = sys._getframe(1).f_code
+            code = sys._getframe(depth).f_code
             if code.co_filename.startswith(PACKAGE):
                 self.count += 1
                 self.where.append(f"{name} in {Path(code.co_filename).name}:{code.co_name}")
             return original(*args, **kwargs)
         return call
+
+
+def _masks(index) -> bool:
+    """Whether a tensor index selects with a boolean mask (its size then depends on the values)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
 
 
 def tiny_run(overrides: list[str], world: int = 1, rank: int = 0):

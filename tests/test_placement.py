@@ -51,6 +51,7 @@ def test_a_commands_raymcn_settings_reach_every_process_of_its_job(monkeypatch):
     monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(cluster.ray, "init", lambda **kw: calls.append(kw))
     monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "wait_for_gcs", lambda target, why, say: None)  # no cluster at 10.0.0.1 here
     settings = {"RAYMCN_TRACE": "/shared/trace", "RAYMCN_CACHE": "/data/cache"}
     with cluster.ray_session("10.0.0.1:6379", settings) as started:
         assert not started

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from raymcn.cli import main
+from raymcn.config import RETRIEVAL_METRICS
 
 pytestmark = pytest.mark.ray
 
@@ -47,6 +49,19 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
     run_dir = Path(summary["run_dir"])
     for history in (mlflow_history(run_dir, "text_to_video_R_at_10"), tensorboard_history(run_dir, "text_to_video_R@10")):
         assert history == pytest.approx(list(table["text_to_video_R@10"]))
+    # The 2 ranks' evaluation scored one model, the one the last checkpoint holds: `raymcn eval` of
+    # it in one process (with the ranks' thread count) gives the run's own last metrics.
+    from raymcn.train.checkpoints import payload as checkpoint
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert main(["eval", "--checkpoint", str(checkpoint.list_checkpoints(run_dir)[-1]), "--device", "cpu",
+                     "--json"]) == 0
+    finally:
+        torch.set_num_threads(previous)
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: evaluated[k] for k in RETRIEVAL_METRICS} == {k: summary[k] for k in RETRIEVAL_METRICS}
 
 
 def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_path):

@@ -121,7 +121,7 @@ def _crc(req: Request) -> list[str]:
         return [f"{r.video_id} in {r.shard}: {r.error}" for r in read_step_records(req.shards_dir, job)
                 if r.record is None]
     except Exception as e:  # noqa: BLE001 - reported as the check's failure
-        return [f"{type(e).__name__}: {e}"]
+        return [reason(e)]
 
 
 def _storage(req: Request) -> dict[str, str]:

@@ -105,7 +105,7 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
 
         for it in range(iters):
             labels, best = _best_cosine(part, centroids, part_norm, chunk_rows)
-            counts = comm.all_reduce_sum_(torch.bincount(labels, minlength=k))
+            counts = comm.all_reduce_sum_(cluster_counts(labels, k))
             sums = comm.all_reduce_sum_(cluster_sums(part, labels, k))
             new = sums / counts.clamp_min(1).to(sums.dtype)[:, None]
             new = _reseeded(new, counts, x, comm.all_gather(labels, sizes), comm.all_gather(best, sizes))
@@ -116,6 +116,14 @@ def cosine_kmeans(x: torch.Tensor, k: int, iters: int, tol: float, init: torch.T
                 break
         labels, _ = _best_cosine(part, centroids, part_norm, chunk_rows)
         return centroids, comm.all_gather(labels, sizes)
+
+
+def cluster_counts(labels: torch.Tensor, k: int) -> torch.Tensor:
+    """(k,) int64: how many of ``labels`` (n,) name each cluster. Added into a tensor of ``k``
+    zeros, not by ``torch.bincount``, which on CUDA reads the labels' largest value on the host to
+    size its output: a host sync per call, two per Lloyd iteration with its minimum check. Integer
+    additions are exact, so the order the device adds them in does not matter."""
+    return torch.zeros(k, dtype=torch.int64, device=labels.device).index_add_(0, labels, torch.ones_like(labels))
 
 
 def cluster_sums(rows: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:

@@ -474,11 +474,10 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
              comm: Collectives | None = None) -> dict[str, float]:
     """Text-to-video retrieval on ``eval_set`` with all three branches; restores train mode after.
 
-    With ``comm`` of several ranks every rank embeds its contiguous share of the clips (⌈N/world⌉,
-    the last rank fewer), the shares are all-gathered (in rank order they are the set in order),
-    rank 0 scores the whole set and broadcasts the metrics:
-    each clip is embedded once instead of once per rank, and the metrics are those of one
-    process scoring everything. Every rank must call it (collectives).
+    With ``comm`` of several ranks the set is embedded sharded (:func:`embed_eval_set`), rank 0
+    scores the whole set and broadcasts the metrics: each clip is embedded once instead of once per
+    rank, and the metrics are those of one process scoring everything with rank 0's model (the one
+    the epoch's checkpoint holds). Every rank must call it (collectives).
 
     Args:
         eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
@@ -486,8 +485,36 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
         chunk: clips embedded at a time.
         comm: this rank's collectives (default: one process).
     """
+    comm = comm or Collectives()
+    everyone = embed_eval_set(model, eval_set, device, chunk, comm)
+    n = everyone.shape[0]
+    total = float(getattr(eval_set, "num_queries_total", None) or n)
+    keys = [*RETRIEVAL_METRICS, "eval_size"]
+    values = torch.zeros(len(keys), dtype=torch.float64, device=device)
+    if comm.rank == 0:
+        metrics = retrieval_metrics(ranks_of_matches(everyone[:, 0], everyone[:, 1]), int(total))
+        metrics["eval_size"] = total
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
+    return dict(zip(keys, comm.broadcast_from_rank0(values).tolist()))
+
+
+@torch.no_grad()
+def embed_eval_set(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
+                   comm: Collectives | None = None) -> torch.Tensor:
+    """Every clip of ``eval_set`` embedded by one model, in eval mode (train mode restored after):
+    (N, 2, D) fp32, [:, 0] the text and [:, 1] the gallery (video + audio), in the set's order.
+
+    With ``comm`` of several ranks each rank embeds its contiguous share of the clips (⌈N/world⌉,
+    the last rank fewer) and the shares are all-gathered. One model on every rank: the ranks'
+    buffers (BatchNorm's running statistics) are first made rank 0's. DDP copies rank 0's buffers to
+    every rank before each forward and each rank then updates its own from its share, so after an
+    epoch's last step they differ; scored with its own, each rank's share would come from another
+    model, and the metrics would depend on the world size. The next training forward copies rank
+    0's again, so training is unchanged."""
     net = getattr(model, "module", model)  # bypass DDP: evaluation needs no gradient sync
     comm = comm or Collectives()
+    for buffer in net.buffers():
+        comm.broadcast_from_rank0(buffer)
     was_training = net.training
     net.eval()
     try:
@@ -502,14 +529,6 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
                 out = net.encode(batch)  # all three branches, no reconstruction heads
             rows[s - start:sl.stop - start, 0] = out["text"].float()
             rows[s - start:sl.stop - start, 1] = out["video"].float() + out["audio"].float()
-        everyone = comm.all_gather(rows, sizes=comm.share_sizes(n))  # (N, 2, D): every clip once, in order
-        total = float(getattr(eval_set, "num_queries_total", None) or n)
-        keys = [*RETRIEVAL_METRICS, "eval_size"]
-        values = torch.zeros(len(keys), dtype=torch.float64, device=device)
-        if comm.rank == 0:
-            metrics = retrieval_metrics(ranks_of_matches(everyone[:, 0], everyone[:, 1]), int(total))
-            metrics["eval_size"] = total
-            values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
-        return dict(zip(keys, comm.broadcast_from_rank0(values).tolist()))
+        return comm.all_gather(rows, sizes=comm.share_sizes(n))  # (N, 2, D): every clip once, in order
     finally:
         net.train(was_training)

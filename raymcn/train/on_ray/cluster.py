@@ -1,7 +1,15 @@
 """The driver's Ray cluster: connect to it (or start a local one), and check what a run asks of it.
 
 Every command that needs Ray connects the same way (:func:`ray_session`): to the given address,
-else ``RAY_ADDRESS``, else the cluster this machine belongs to, else a new local instance.
+else ``RAY_ADDRESS``, else the cluster this machine belongs to (the Ray instance whose raylet runs
+here; of several, the one ``ray start`` last recorded), else a new local instance.
+
+Never silent at the connection: the console says which instance and why before it waits; Ray's
+own connect retries for over ten minutes against a GCS that does not answer (a leftover of a
+stopped cluster, a hung head), printing only to its log. So the GCS is first asked for a
+connection with a deadline: one that has not answered in :data:`CONNECT_NAMED_AFTER_S` is named
+on the console with what to do, and after :data:`CONNECT_LIMIT_S` the command ends with
+:class:`RayUnavailable`. Ray failing to start or connect is that error too, never a run's failure.
 
 Pinned to its own cluster: a local instance raymcn starts hands every one of its processes (the
 driver, Tune's trial drivers, Train's controller and its placement-group cleaner, the workers, the
@@ -18,11 +26,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import ray
 
-from raymcn.config import Config, ConfigError
+from raymcn.config import Config, ConfigError, RayUnavailable, reason
 
 # Read by the daemons of an instance this process starts (a running cluster keeps its own); a value
 # already in the environment wins. Ray keeps as many idle worker processes as a node has CPUs and
@@ -36,6 +47,11 @@ LOCAL_RAY_ENV = {"RAY_idle_worker_killing_time_threshold_ms": "60000"}
 # workers every 0.5 s instead of 2 s notices a run's end (and each report) sooner.
 LOCAL_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"  # Ray's State API client reads it before RAY_ADDRESS
+CONNECT_NAMED_AFTER_S = 30.0  # a GCS that has not answered this long is named on the console, with what to do
+CONNECT_LIMIT_S = 60.0  # ... and after this long the command ends (a GCS answers a connection in milliseconds)
+ADVICE = ("if that Ray instance is a leftover, stop it (`ray stop`); to start a new local instance instead, "
+          "set RAY_ADDRESS=local or pass --address local; to use another cluster, pass --address HOST:PORT")
+
 
 
 def free_port() -> int:
@@ -63,7 +79,8 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None, variables: dict[str, str] | None = None, **init_kwargs) -> Iterator[bool]:
+def ray_session(address: str | None, variables: dict[str, str] | None = None, say: Callable[[str], None] = print,
+                **init_kwargs) -> Iterator[bool]:
     """Ray for one command (module doc); yields True when this call started a local instance,
     which is shut down at the end. Already connected (a test, a caller's own ``ray.init``): that
     connection, left alone.
@@ -71,45 +88,131 @@ def ray_session(address: str | None, variables: dict[str, str] | None = None, **
     ``variables`` (the command's ``RAYMCN_*`` settings, ``Environment.variables``) go into the job's
     runtime environment, so every process of the command's job sees them at its start: Tune's trial
     drivers, Train's controllers and workers, the read tasks. On a cluster those processes are
-    started by raylets that never saw this command's environment.
+    started by raylets that never saw this command's environment. ``say``: the console's lines.
 
     Raises:
         ConfigError: no address was given and several Ray instances run on this machine.
+        RayUnavailable: the instance chosen did not answer within :data:`CONNECT_LIMIT_S`, or Ray
+            failed to start or connect (its error named).
     """
     if ray.is_initialized():
         yield False
         return
     variables = dict(variables or {})
-    if _connect(address or os.environ.get("RAY_ADDRESS") or None,
-                {**init_kwargs, **({"runtime_env": {"env_vars": variables}} if variables else {})}):
+    target, why = chosen_instance(address)
+    if target is not None:
+        say(f"Ray: connecting to the instance at {target} ({why})")
+        wait_for_gcs(target, why, say)
+        kwargs = {**init_kwargs, **({"runtime_env": {"env_vars": variables}} if variables else {})}
+        with _named_if_slow(f"Ray's connection to {target} ({why})", say):
+            try:
+                ray.init(address=target, log_to_driver=True, **kwargs)
+            except Exception as e:  # noqa: BLE001 - any failure to connect: the command cannot run
+                raise RayUnavailable(f"Ray could not connect to {target} ({why}): {reason(e)}; {ADVICE}") from e
         yield False
         return
     port = free_port()
     env = local_instance_env(port)
     with scoped_env(env):  # the daemons read it at their start; this driver (Train's settings) for the block
-        ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
-                 log_to_driver=True, runtime_env={"env_vars": {**variables, **env}}, **init_kwargs)
+        try:
+            ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
+                     log_to_driver=True, runtime_env={"env_vars": {**variables, **env}}, **init_kwargs)
+        except Exception as e:  # noqa: BLE001 - any failure to start: the command cannot run
+            raise RayUnavailable(f"a local Ray instance did not start ({why}): {reason(e)}") from e
         try:
             yield True
         finally:
             ray.shutdown()
 
 
-def _connect(address: str | None, init_kwargs: dict) -> bool:
-    """Connect to ``address``, or (None) to the cluster this machine belongs to; False when a new
-    local instance is asked for ("local") or no cluster runs here."""
+def chosen_instance(address: str | None) -> tuple[str | None, str]:
+    """The GCS address (host:port) a command connects to, or None for a new local instance, and why
+    that one, in the order of the module doc.
+
+    Raises:
+        ConfigError: no address given and several Ray instances run on this machine, none of them
+            the one ``ray start`` last recorded.
+    """
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    else:
+        source = "--address"
     if address == "local":
-        return False
+        return None, f"{source}=local: a new local instance"
+    if address and address != "auto":
+        return address, f"given by {source}"
+    running, recorded = running_instances(), recorded_instance()
+    if len(running) == 1:
+        return running[0], "the Ray instance running on this machine"
+    if recorded in running:
+        return recorded, f"the last `ray start` of the {len(running)} Ray instances running on this machine"
+    if running:
+        raise ConfigError([f"several Ray instances run on this machine ({', '.join(running)}); say which one with "
+                           "--address or RAY_ADDRESS (e.g. the cluster's HEAD_IP:6379), or 'local' for a new one"])
+    return None, "no Ray instance runs on this machine"
+
+
+def running_instances() -> list[str]:
+    """The GCS address of every Ray instance whose raylet runs on this machine (a raylet is started
+    with ``--gcs-address=HOST:PORT``; Ray's own ``address="auto"`` looks the same way)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+        except psutil.Error:  # gone, or another user's: not ours to join
+            continue
+        if cmdline and "raylet" in os.path.basename(cmdline[0]):
+            found |= {arg.split("=", 1)[1] for part in cmdline for arg in part.split(" ")
+                      if arg.startswith("--gcs-address=") and arg.split("=", 1)[1] not in ("", "None")}
+    return sorted(found)
+
+
+def recorded_instance() -> str | None:
+    """The address ``ray start`` on this machine last recorded (``ray_current_cluster`` in Ray's
+    temp folder: ``$RAY_TMPDIR``, else ``$TMPDIR``, else /tmp, then ``ray``), if any."""
+    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
     try:
-        ray.init(address=address or "auto", log_to_driver=True, **init_kwargs)
-    except ConnectionError as e:
-        if address is not None:
-            raise
-        if "multiple" in str(e).lower():
-            raise ConfigError([f"several Ray instances run on this machine ({e}); say which one with --address "
-                               "or RAY_ADDRESS (e.g. the cluster's HEAD_IP:6379), or 'local' for a new one"]) from None
-        return False  # none runs here
-    return True
+        return (Path(root) / "ray" / "ray_current_cluster").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_s: float = CONNECT_NAMED_AFTER_S,
+                 limit_s: float = CONNECT_LIMIT_S) -> None:
+    """Wait until the GCS at ``target`` accepts a gRPC connection (its HTTP/2 handshake: no Ray
+    call, so no token or version is needed yet); named on the console after ``named_after_s``.
+
+    Raises:
+        RayUnavailable: no answer within ``limit_s``.
+    """
+    import grpc
+
+    started = time.monotonic()
+    with grpc.insecure_channel(target.removeprefix("ray://")) as channel:
+        ready = grpc.channel_ready_future(channel)
+        for until_s in (named_after_s, limit_s):
+            try:
+                ready.result(timeout=max(0.0, until_s - (time.monotonic() - started)))
+                return
+            except grpc.FutureTimeoutError:
+                if until_s < limit_s:
+                    say(f"Ray: no answer from {target} ({why}) for {until_s:g} s; {ADVICE}. Giving up at {limit_s:g} s.")
+        ready.cancel()
+    raise RayUnavailable(f"the Ray instance at {target} ({why}) did not answer within {limit_s:g} s; {ADVICE}")
+
+
+@contextlib.contextmanager
+def _named_if_slow(what: str, say: Callable[[str], None], after_s: float = CONNECT_NAMED_AFTER_S) -> Iterator[None]:
+    """Say so when ``what`` (the block) takes longer than ``after_s``, with what to do."""
+    timer = threading.Timer(after_s, lambda: say(f"Ray: {what} has taken {after_s:g} s so far; {ADVICE}"))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
@@ -125,16 +228,24 @@ def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:
                         f"{cfg.scale.cpus_per_worker} x {concurrent_runs} concurrent run(s) reserves {need_cpu:g} CPUs "
                         f"and Ray Data needs some left; the cluster has {have.get('CPU', 0):g} (Ray would wait "
                         "forever): lower scale.cpus_per_worker or scale.num_workers")
-    if cfg.scale.use_gpu and workers > have.get("GPU", 0):
-        problems.append(f"scale.use_gpu=true with scale.num_workers={cfg.scale.workers_text} needs {workers} GPUs; "
+    gpus = workers * cfg.scale.gpus_per_worker
+    if cfg.scale.use_gpu and gpus > have.get("GPU", 0) + 1e-9:
+        problems.append(f"scale.use_gpu=true with scale.num_workers={cfg.scale.workers_text} x scale.gpus_per_worker="
+                        f"{cfg.scale.gpus_per_worker:g} needs {gpus:g} GPUs; "
                         f"the cluster has {have.get('GPU', 0):g}")
     return problems
 
 
 def worker_resources(cfg: Config) -> dict[str, float]:
-    """What one Train worker reserves: ``scale.cpus_per_worker`` CPUs, and one GPU with ``scale.use_gpu``
-    (one GPU per worker: DDP, never DataParallel)."""
-    return {"CPU": cfg.scale.cpus_per_worker, **({"GPU": 1} if cfg.scale.use_gpu else {})}
+    """What one Train worker reserves: ``scale.cpus_per_worker`` CPUs, and with ``scale.use_gpu`` its
+    share of a GPU (``scale.gpus_per_worker``, one by default: DDP, never DataParallel)."""
+    return {"CPU": cfg.scale.cpus_per_worker, **({"GPU": cfg.scale.gpus_per_worker} if cfg.scale.use_gpu else {})}
+
+
+def process_group_backend(cfg: Config) -> str | None:
+    """The ranks' process group: Ray Train's default (NCCL on GPUs, gloo on CPUs), except gloo for
+    workers sharing a GPU (``scale.gpus_per_worker`` < 1), which NCCL refuses."""
+    return "gloo" if cfg.scale.use_gpu and cfg.scale.gpus_per_worker < 1 else None
 
 
 def placement_strategy(cfg: Config, nodes: list[dict[str, float]]) -> str:

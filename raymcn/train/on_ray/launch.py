@@ -151,7 +151,8 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
         # A collective one rank never joins fails after run.collective_timeout_s (default 2 x
         # run.stall_timeout_s; Ray's default: 30 min), a backstop: the ranks' watchdogs end such a
         # wait first, their limits capped below it (monitor/watchdog.py).
-        torch_config=ray.train.torch.TorchConfig(timeout_s=math.ceil(cfg.run.collective_timeout)),
+        torch_config=ray.train.torch.TorchConfig(backend=cluster.process_group_backend(cfg),
+                                                 timeout_s=math.ceil(cfg.run.collective_timeout)),
         scaling_config=ray.train.ScalingConfig(num_workers=cfg.scale.num_workers, use_gpu=cfg.scale.use_gpu,
                                                resources_per_worker=cluster.worker_resources(cfg),
                                                placement_strategy=cluster.placement_strategy(cfg, cluster.node_resources()),

@@ -10,6 +10,7 @@ vocabulary, the eval-set file, per-worker memory, the weights a run starts from
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -174,8 +175,10 @@ def _device_bytes(cfg: Config) -> tuple[int | None, str]:
         if not gpus:
             return None, ""
         least = min(gpus, key=lambda g: g.free)
-        return least.free, (f" (free memory of GPU {least.index}, the least free of this machine's {len(gpus)}, "
-                            "read through NVML)")
+        sharing = max(1, math.floor(1 / cfg.scale.gpus_per_worker + 1e-9))  # workers Ray may place on one GPU
+        return least.free // sharing, (f" (free memory of GPU {least.index}, the least free of this machine's "
+                                       f"{len(gpus)}, read through NVML" + (f", shared by {sharing} workers"
+                                                                           if sharing > 1 else "") + ")")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return ram // max(1, cfg.scale.max_workers), ""  # as many workers as may share this machine
 
