@@ -269,6 +269,29 @@ def test_every_page_is_what_the_generator_writes():
     assert not stale, f"{stale}: run `python -m tools.docgen` (docs/development.md says how the pages are generated)"
 
 
+def _measurements() -> list[Path]:
+    return sorted((ROOT / "docs" / "measurements").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _measurements(), ids=lambda p: p.name)
+def test_every_measurement_names_its_machine_its_commit_and_its_command(path):
+    """A figure is only as good as the machine and the code it was measured with: every JSON the pages
+    are written from names both (a commit of this repository) and the command that wrote it, and a
+    benchmark's command parses with that benchmark's parser."""
+    import importlib
+    import subprocess
+
+    figures = json.loads(path.read_text())
+    assert all(figures.get(k) for k in ("machine", "commit", "command")), \
+        f"{path.name}: name the machine, the commit and the command (bench.harness stamps what a benchmark writes)"
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{figures['commit']}^{{commit}}"],
+                           capture_output=True, check=False).returncode == 0
+    assert known, f"{path.name}: commit {figures['commit']!r} is not a commit of this repository"
+    words = shlex.split(figures["command"])
+    if words[:2] == ["python", "-m"] and words[2].startswith("bench."):
+        importlib.import_module(words[2]).build_parser().parse_args(words[3:])  # exits on an unknown flag
+
+
 def test_every_generator_is_used_and_every_marker_has_one():
     from tools import docgen
 
