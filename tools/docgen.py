@@ -201,7 +201,7 @@ def _named(faults: list[dict]) -> str:
 
 # --- memory ------------------------------------------------------------------------------------------
 def _preflight(device: str) -> dict:
-    return next(p for p in m("grad_cache")["preflight"] if p["device"].startswith(device))
+    return next(p for p in m("preflight")["preflight"] if p["device"].startswith(device))
 
 
 def preflight_24gb() -> str:
