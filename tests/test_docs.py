@@ -292,6 +292,29 @@ def test_every_measurement_names_its_machine_its_commit_and_its_command(path):
         importlib.import_module(words[2]).build_parser().parse_args(words[3:])  # exits on an unknown flag
 
 
+def test_every_measurement_has_the_code_that_writes_it_listed():
+    """`python -m tools.docgen --stale` can judge every JSON: each has its producing files in
+    docgen.PRODUCERS, and each file listed exists."""
+    from tools import docgen
+
+    assert {p.stem for p in _measurements()} == set(docgen.PRODUCERS), "list the JSON's producing code in PRODUCERS"
+    gone = sorted({p for paths in docgen.PRODUCERS.values() for p in paths if not (ROOT / p).exists()})
+    assert not gone, f"PRODUCERS names files that do not exist: {gone}"
+
+
+def test_a_measurement_older_than_its_code_is_listed_stale():
+    import subprocess
+
+    from tools import docgen
+
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    stale = docgen.stale_measurements({"preflight": {"commit": first}, "kmeans": {"commit": "HEAD"},
+                                       "memory": {"commit": "0" * 40}})
+    assert set(stale) == {"preflight", "memory"}, stale
+    assert "not in this repository" in stale["memory"] and "changed its code" in stale["preflight"]
+
+
 def test_every_generator_is_used_and_every_marker_has_one():
     from tools import docgen
 

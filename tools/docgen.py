@@ -390,6 +390,63 @@ CAPTURES = {
 }
 
 
+# --- which code wrote each measurement (``--stale``) ---------------------------------------------------
+_RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py", "raymcn/config.py")
+# NAME -> the files and folders whose code decides docs/measurements/NAME.json's figures: the benchmark
+# (or the tests) that measured them and the raymcn code it measured. A JSON whose commit is older than
+# a change to one of them may no longer describe today's code.
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    "chaos": ("bench/chaos.py", *_RUN, "raymcn/servers", "raymcn/sweep", "raymcn/phases.py", "raymcn/data/read"),
+    "compression": ("bench/compression.py", "raymcn/data/formats", "raymcn/data/read"),
+    "drain_check": ("bench/drain_check.py", "raymcn/train/on_ray/cluster.py"),
+    "eval_sharding": ("bench/eval_sharding.py", *_RUN, "raymcn/data/evalsets.py"),
+    "grad_cache": ("bench/grad_cache.py", "bench/step.py", *_RUN),
+    "gpu_runs": ("tests/test_gpu_path.py", "tests/test_gpu_smoke.py", "tests/test_feed.py", *_RUN, "raymcn/sweep",
+                 "raymcn/doctor", "raymcn/data/read"),
+    "gpu_smoke": ("bench/gpu_smoke.py", *_RUN),
+    "kmeans": ("bench/kmeans.py", "raymcn/losses/cluster.py", "raymcn/collectives.py"),
+    "loader": ("bench/loader.py", "bench/readers.py", "raymcn/data"),
+    "loader_short_and_long": ("bench/loader.py", "bench/readers.py", "raymcn/data"),
+    "memory": ("bench/memory.py", "raymcn/losses", "raymcn/collectives.py", "raymcn/train/preflight/footprint.py"),
+    "overhead": ("bench/overhead.py", *_RUN, "raymcn/data/read"),
+    "preflight": ("bench/grad_cache.py", "raymcn/train/preflight", "raymcn/config.py"),
+    "rung_correlation": ("bench/rung_correlation.py", *_RUN, "raymcn/sweep"),
+    "scale": ("bench/scale.py", "raymcn/data"),
+    "shard_dtype": ("bench/shard_dtype.py", *_RUN, "raymcn/data"),
+    "sweep_efficiency": ("bench/sweep_efficiency.py", *_RUN, "raymcn/sweep"),
+    "sweep_time": ("bench/sweep_time.py", "raymcn", "sweep.py"),
+    "trial_cost": ("bench/trial_cost.py", *_RUN, "raymcn/sweep", "raymcn/data/read"),
+}
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+
+
+def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
+    """The commits after ``commit`` that changed any of ``paths`` (``git log --oneline``, newest
+    first); None when ``commit`` is not a commit of this repository."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return None
+    return _git("log", "--format=%h %s", f"{commit}..HEAD", "--", *paths).stdout.splitlines()
+
+
+def stale_measurements(measurements: dict[str, dict] | None = None) -> dict[str, str]:
+    """NAME -> why, for each JSON under docs/measurements (or of ``measurements``, NAME -> its
+    figures) whose producing code (:data:`PRODUCERS`) changed since the commit it names."""
+    if measurements is None:
+        measurements = {p.stem: json.loads(p.read_text()) for p in sorted(MEASURED.glob("*.json"))}
+    out = {}
+    for name, figures in measurements.items():
+        since = changes_since(figures["commit"], PRODUCERS[name])
+        if since is None:
+            out[name] = f"its commit {figures['commit']} is not in this repository"
+        elif since:
+            newest = since[0][:72] + ("…" if len(since[0]) > 72 else "")
+            out[name] = f"{len(since)} commits since {figures['commit']} changed its code (newest: {newest})"
+    return out
+
+
 def capture(name: str) -> str:
     """Run CAPTURES[name] as the user types it; its console text, the command line first."""
     argv = CAPTURES[name]
@@ -425,7 +482,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale page")
     parser.add_argument("--capture", metavar="NAME", choices=sorted(CAPTURES),
                         help="rerun a captured command and store its console text in docs/measurements/NAME.txt")
+    parser.add_argument("--stale", action="store_true",
+                        help="list each measurement whose producing code changed since its commit, with the command "
+                             "that rewrites it; exit 1 if any")
     args = parser.parse_args(argv)
+    if args.stale:
+        stale = stale_measurements()
+        for name, why in stale.items():
+            print(f"docs/measurements/{name}.json: {why}\n  rerun: {m(name)['command']}")
+        return 1 if stale else 0
     if args.capture:
         (MEASURED / f"{args.capture}.txt").write_text(capture(args.capture) + "\n")
     stale = stale_pages()
