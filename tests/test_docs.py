@@ -3,7 +3,8 @@ console block is what ``python -m tools.docgen`` writes from docs/measurements (
 console texts still have the form today's code prints), the settings page is the generated
 reference, every relative link resolves, every ``raymcn ...`` and ``python -m bench.NAME`` command
 shown parses with the real parsers, every command in the README's and the lab's guide's code
-blocks is mapped to the tests that run it, and a quoted default equals the settings page."""
+blocks says how the suite runs it (tools/doc_commands.py: one marked run is run as written by a
+named test), and a quoted default equals the settings page."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from test_sweep_summary import confirmed  # noqa: F401 (a fixture: a sweep of th
 
 from raymcn.cli import build_parser
 from raymcn.reference import field_comments, reference
+from tools.doc_commands import COMMANDS, RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -152,47 +154,9 @@ def test_every_benchmark_command_shown_runs_a_real_benchmark_with_its_flags(path
     assert not bad, f"{path.name}: " + "; ".join(bad)
 
 
-# --- every command of the README's and the guide's code blocks is run by a named test -----------------
+# --- every command of the README's and the guide's code blocks: how the suite runs it --------------------
 GUIDE = ROOT / "docs" / "lab-guide.md"
 RUN_PAGES = [ROOT / "README.md", GUIDE]
-DEV = ROOT / "docs" / "development.md"
-L, R, S = "tests/test_launcher.py", "tests/test_rehearsals.py", "tests/test_servers.py"
-
-# A command's shape (see `signature`) -> (where it runs: "FILE::NAME", NAME a function or fixture of a
-# test file, or a string another file must hold; the cue under which docs/development.md lists it when
-# the suite runs its shape but not the command as written, else None).
-DOC_COMMANDS: dict[str, tuple[list[str], str | None]] = {
-    "make sweep": ([f"{R}::test_make_sweep_killed_in_its_confirmation_resumes_it",
-                    f"{R}::test_the_default_preset_is_what_make_sweep_runs"], "`make sweep`, `make test`"),
-    "make test": ([".ci/run::make test"], "`make sweep`, `make test`"),
-    "make install": ([".ci/run::make test", "Makefile::install: $(VENV)/.installed"], None),
-    "source .venv/bin/activate": (["Makefile::VENV ?= .venv"], None),
-    "raymcn train --config --json --num-workers": (["tests/test_train_ray.py::test_cli_smoke_run_learns"], None),
-    "pip install": (["tests/test_docs.py::test_the_pin_the_guide_installs_is_the_clusters"], "`pip install"),
-    "ray get-auth-token --generate": ([f"{L}::cluster"], None),
-    "raymcn shards --audio-features --captions --dry-run --features --out --video-list --word-vectors": (
-        ["tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing"], "`raymcn shards ..."),
-    "raymcn shards --audio-features --captions --features --out --video-list --word-vectors --workers": (
-        ["tests/test_e2e.py::test_synth_shards_train_eval"], "`raymcn shards ..."),
-    "ray up": ([f"{L}::cluster", f"{L}::test_ray_up_installs_raymcn_and_pins_the_head"], None),
-    "ray up --no-restart": (["tests/test_cluster_yaml.py::test_config_is_valid_for_ray_up"], "`ray up --no-restart`"),
-    "ray exec | raymcn doctor --config --rehearse --step": (
-        ["tests/test_multinode.py::test_the_doctor_checks_every_node_and_estimates_the_sweep",
-         "tests/test_multinode.py::test_the_doctor_rehearses_the_lab_sweep_on_the_cluster"], "'raymcn doctor ... --step --rehearse'"),
-    "ray submit --tmux | sweep.py --config": ([f"{L}::test_a_killed_sweep_resumed_by_hand",
-                                               f"{R}::test_the_cluster_smoke_sweep_runs_to_its_end_and_its_terminal_reads_well"],
-                                              "`ray submit --tmux ... sweeps/cluster_smoke.yaml`"),
-    "ray attach --tmux": ([f"{L}::_submit_and_kill"], "`ray attach --tmux`"),
-    "ray exec | raymcn watch --once": (["tests/test_watch.py::test_once_console_contract"], "'raymcn watch ... --once'"),
-    "ray exec | raymcn table": (["tests/test_confirm.py::test_the_table_of_a_confirmed_sweep_shows_both_phases_and_the_answer"],
-                                "'raymcn table ...'"),
-    "raymcn drain --reboot": ([f"{L}::test_drain_before_a_planned_reboot", f"{S}::test_drain_drains_this_node_then_reboots"],
-                              "`raymcn drain --reboot`"),
-    "ray submit --tmux | sweep.py --resume": ([f"{L}::test_a_killed_sweep_resumed_by_hand",
-                                               f"{R}::test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer"], None),
-    "raymcn sweep --stop": ([f"{L}::test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots",
-                             f"{S}::test_sweep_stop_latest_marks_the_sweep_a_boot_would_continue"], None),
-}
 
 
 def _flags(words: list[str]) -> list[str]:
@@ -233,27 +197,106 @@ def test_signature_keeps_the_shape_and_drops_values():
 
 
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: p.name)
-def test_every_command_of_the_readme_and_the_guide_is_run_by_a_named_test(page):
+def test_every_command_of_the_readme_and_the_guide_says_how_the_suite_runs_it(page):
     lines = _bash_lines(page.read_text())
     assert lines, f"{page.name}: no ```bash block found"
-    missing = sorted({f"{line}  [{signature(line)}]" for line in lines if signature(line) not in DOC_COMMANDS})
-    assert not missing, (f"{page.name}: commands no test is named for (add them to DOC_COMMANDS in "
-                         "tests/test_docs.py with the tests that run them):\n" + "\n".join(missing))
+    missing = sorted({f"{line}  [{signature(line)}]" for line in lines if signature(line) not in COMMANDS})
+    assert not missing, (f"{page.name}: commands the registry does not have (add them to tools/doc_commands.py "
+                         "with the tests that run or check them):\n" + "\n".join(missing))
 
 
-@pytest.mark.parametrize("shape", sorted(DOC_COMMANDS))
+@pytest.mark.parametrize("shape", sorted(COMMANDS))
 def test_the_tests_named_for_a_documented_command_exist(shape):
-    where, cue = DOC_COMMANDS[shape]
-    gone = [w for w in where if not _defined(ROOT / w.split("::")[0], w.split("::", 1)[1])]
+    gone = [w for w in COMMANDS[shape].tests if not _defined(ROOT / w.split("::")[0], w.split("::", 1)[1])]
     assert not gone, f"{shape}: named tests or evidence that no longer exist: {gone}"
-    if cue:
-        section = DEV.read_text().split("## Commands the suite cannot run as written", 1)[1]
-        assert cue in section, f"{shape}: docs/development.md does not list it ({cue!r}) among the commands run only in shape"
+    assert COMMANDS[shape].kind == RUN or COMMANDS[shape].how, f"{shape}: say what changes, or why it is not run"
+
+
+def _strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _calls(path: Path, name: str) -> list[set[str]]:
+    """The words of each call's string arguments, one set per call, in ``name`` (a test, fixture or
+    helper of ``path``) and in every function of ``path`` it calls or takes as a fixture."""
+    defs = {n.name: n for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+    seen, todo, calls = set(), [name], []
+    while todo:
+        fn = defs.get(todo.pop())
+        if fn is None or fn.name in seen:
+            continue
+        seen.add(fn.name)
+        todo += [a.arg for a in fn.args.args]
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Name):
+                    todo.append(node.func.id)
+                calls.append({w for arg in node.args for text in _strings(arg) for w in text.split()})
+    return calls
+
+
+def _words(line: str) -> set[str]:
+    """What a test must pass in one call to run ``line`` as written: every word but the program, the
+    cluster file (a test fills in a copy) and ``--``; a `ray exec`'s command word by word."""
+    words = shlex.split(line)[1:]
+    if words[:1] == ["exec"]:
+        words = words[:-1] + shlex.split(words[-1])[1:]
+    return {w for w in words if w not in ("--", "cluster.yaml")}
+
+
+def runs_as_written(line: str, where: str) -> bool:
+    """Whether ``where`` (FILE::NAME) runs ``line`` as written: a Python test through one call that
+    holds every word of it, any other file (CI's script) by holding the line itself."""
+    path, name = ROOT / where.split("::")[0], where.split("::", 1)[1]
+    if path.suffix != ".py":
+        return name == line and line in (s.strip() for s in path.read_text().splitlines())
+    return any(_words(line) <= call for call in _calls(path, name))
+
+
+def test_runs_as_written_reads_what_a_test_passes():
+    assert runs_as_written("ray up cluster.yaml", "tests/test_launcher.py::cluster")
+    assert runs_as_written("ray submit --tmux cluster.yaml sweep.py -- --config sweeps/smoke.yaml",
+                           "tests/test_launcher.py::test_a_killed_sweep_resumed_by_hand")
+    # a test that submits with --tmux and resumes without it runs neither command of the other's words
+    assert not runs_as_written("ray submit --tmux cluster.yaml sweep.py -- --resume latest",
+                               "tests/test_launcher.py::test_a_killed_sweep_resumed_by_hand")
+    assert not runs_as_written("make install", ".ci/run::make test")
+
+
+@pytest.mark.parametrize("shape", sorted(s for s, shown in COMMANDS.items() if shown.kind == RUN))
+def test_a_command_marked_run_is_run_as_written_by_a_named_test(shape):
+    lines = sorted({line for page in RUN_PAGES for line in _bash_lines(page.read_text()) if signature(line) == shape})
+    unrun = [line for line in lines if not any(runs_as_written(line, w) for w in COMMANDS[shape].tests)]
+    assert not unrun, (f"{unrun}: no test named in tools/doc_commands.py runs it as written; name the test that "
+                       "does, or mark it run with changes (saying which) or parsed only")
+
+
+def _parse_ray(line: str) -> None:
+    """Ray's own CLI parses ``line`` (click; nothing runs): an unknown command or flag raises."""
+    import click
+    from ray.scripts.scripts import cli
+
+    words = shlex.split(line)[1:]
+    ctx = click.Context(cli)
+    command = cli.get_command(ctx, words[0])
+    assert command is not None, f"{line}: Ray has no command {words[0]!r}"
+    command.make_context(words[0], words[1:], parent=ctx)
+
+
+@pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: p.name)
+def test_a_ray_command_shown_parses_with_rays_own_cli(page):
+    import click
+
+    with pytest.raises(click.UsageError):
+        _parse_ray("ray attach --tmuxx cluster.yaml")
+    for line in _bash_lines(page.read_text()):
+        if line.startswith("ray "):
+            _parse_ray(line)
 
 
 def test_every_registered_command_is_still_documented():
     shown = {signature(line) for page in RUN_PAGES for line in _bash_lines(page.read_text())}
-    assert not set(DOC_COMMANDS) - shown, f"registered but no longer on a page: {sorted(set(DOC_COMMANDS) - shown)}"
+    assert not set(COMMANDS) - shown, f"registered but no longer on a page: {sorted(set(COMMANDS) - shown)}"
 
 
 def test_the_pin_the_guide_installs_is_the_clusters():
