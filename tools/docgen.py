@@ -14,9 +14,13 @@ runs it). ``--capture NAME`` reruns a cheap, deterministic command and stores it
 ``docs/measurements/NAME.txt`` (:data:`CAPTURES`); the long runs (a sweep, the benchmarks) store
 theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran).
 
-The measurements are read, never recomputed: a figure changes when its benchmark is rerun and its
-JSON replaced, then this script is run. Figures computed by raymcn's own code from a config (the
-preflight's estimate) are not measurements and are not written here.
+Every JSON names the machine, the commit and the command that wrote it (``run.NAME`` shows them
+beside a benchmark's figures); ``--stale`` lists each JSON whose producing code
+(:data:`PRODUCERS`) changed since that commit. The measurements are read, never recomputed here:
+a figure changes when its command is rerun and its JSON replaced, then this script is run. The
+preflight's messages (``preflight.json``) are computed, not measured, so ``tests/test_docs.py``
+recomputes them from today's code. One table is not a measurement: development.md's list of the
+documented commands, from ``tools/doc_commands.py``.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def ran(name: str) -> str:
 
 
 # The measurements whose command and machine a page shows (``run.NAME``).
-SHOWN_RUNS = ("chaos", "drain_check", "eval_sharding", "gpu_smoke", "grad_cache", "kmeans", "loader",
+SHOWN_RUNS = ("chaos", "drain_check", "eval_sharding", "grad_cache", "kmeans", "loader",
               "loader_short_and_long", "memory", "overhead", "preflight", "rung_correlation", "scale", "shard_dtype",
               "sweep_efficiency", "sweep_time", "trial_cost", "compression")
 
@@ -494,7 +498,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
     "drain.share-10": drain_share,
     "drain.gpu-step": lambda: f"{_gpu_step():.3f} s",
-    "gpu.where": gpu_where, "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.tier": gpu_tier,
+    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.tier": gpu_tier,
     "gpu.unrun": gpu_unrun, "gpu.unrun-short": functools.partial(gpu_unrun, False),
     "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
