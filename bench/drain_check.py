@@ -15,11 +15,12 @@ check costs every ``run.log_every`` steps (``payload.CheckpointSchedule``).
 
 From the cost c and a step time t, asking every N steps costs c / (N t) of training; the choice of
 ``run.drain_check_every`` is the smallest N of 1, 2, 5, 10, 20, 50 under 1 % of the shortest paper
-step the repository has a figure for (``--step-s``; docs/faults.md says which).
+step measured on a GPU (``--step-s``, by default read from docs/measurements/gpu_smoke.json).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -27,13 +28,21 @@ import time
 from bench import harness
 from raymcn.results.render import render_table
 
-# The shortest paper-dims step on the lab's A100s the repository states: the model's 25.7 TFLOP of
-# bf16 work at the A100's 312 TFLOPS peak (>= 82 ms) plus the fp32 products at 19.5 (>= 34 ms),
-# docs/memory.md: an estimate from peak rates (no A100 step is measured yet), so a lower bound.
-A100_STEP_FLOOR_S = 0.116
-# The measured paper-dims step on this repository's CPU machine (docs/measurements/grad_cache.json:
-# 64 clips, plain step, one process, 2 threads): 8.45 s.
-CPU_PAPER_STEP_S = 8.45
+MEASURED = harness.REPO / "docs" / "measurements"
+
+
+def gpu_step_s() -> float:
+    """The shortest paper step measured on a GPU: one of 4 ranks' share (bench.gpu_smoke's plain
+    variant). A slower GPU's step is longer, so asking costs a smaller share of it."""
+    return json.loads((MEASURED / "gpu_smoke.json").read_text())["variants"]["plain"]["s_per_step_wall"]
+
+
+def cpu_step_s() -> float:
+    """The measured paper-dims step on a CPU machine: bench.grad_cache's plain step at 64 clips."""
+    rows = json.loads((MEASURED / "grad_cache.json").read_text())["step"]
+    return next(r["step_s"] for r in rows if r["clips"] == 64 and not r["chunk"])
+
+
 CANDIDATES = (1, 2, 5, 10, 20, 50)
 SMOKE = {"questions": 5, "repeats": 1, "warmup": 2}
 
@@ -97,7 +106,7 @@ def summarise(raw: dict, step_s: float) -> dict:
     share = {n: ask / (n * step_s) for n in CANDIDATES}
     chosen = next((n for n in CANDIDATES if share[n] < 0.01), None)
     return {"ask_ms": ask * 1e3, "broadcast_ms": bcast * 1e3, "step_s": step_s, "share_of_step": share,
-            "share_of_cpu_paper_step": {n: ask / (n * CPU_PAPER_STEP_S) for n in CANDIDATES},
+            "share_of_cpu_paper_step": {n: ask / (n * cpu_step_s()) for n in CANDIDATES},
             "chosen_every": chosen}
 
 
@@ -107,8 +116,9 @@ def build_parser():
     ap.add_argument("--questions", type=int, default=200, help="questions per timed repeat (default 200)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed questions first (default 20)")
-    ap.add_argument("--step-s", type=float, default=A100_STEP_FLOOR_S,
-                    help=f"the step the cost is a share of, seconds (default {A100_STEP_FLOOR_S}: the A100 floor)")
+    ap.add_argument("--step-s", type=float, default=gpu_step_s(),
+                    help=f"the step the cost is a share of, seconds (default {gpu_step_s():.3f}: the shortest paper "
+                         "step measured on a GPU)")
     return ap
 
 
@@ -122,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render_table([{"": "get_preemption_info (the question)", "ms": figures["ask_ms"]},
                             {"": "gloo broadcast of one float", "ms": figures["broadcast_ms"]}]))
         print(render_table([{"every N steps": n, f"share of a {args.step_s} s step": figures["share_of_step"][n],
-                             f"of {CPU_PAPER_STEP_S} s (CPU)": figures["share_of_cpu_paper_step"][n]}
+                             f"of {cpu_step_s():.2f} s (CPU)": figures["share_of_cpu_paper_step"][n]}
                             for n in CANDIDATES]))
         print(f"smallest N under 1 % of a {args.step_s} s step: {figures['chosen_every']}")
         results.finish(figures)

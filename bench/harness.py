@@ -9,8 +9,11 @@ Every benchmark (``python -m bench.NAME``) takes
 * ``--json``: every figure as one JSON line, printed last;
 * ``--out FILE``: every figure as JSON in ``FILE``.
 
-The figures carry ``machine`` (:func:`machine_line`): a benchmark's figures are only as good as
-the machine they were measured on. While a benchmark runs, what it has measured so far is in a
+The figures carry where they come from (:func:`stamp`): ``machine`` (:func:`machine_line`, and
+``gpus`` where a GPU is visible), ``commit`` (the checkout's, with ``commit_note`` when tracked files
+had uncommitted changes) and ``command`` (the ``python -m bench.NAME ...`` that wrote them): a
+benchmark's figures are only as good as the machine and the code they were measured with, and
+``python -m tools.docgen --stale`` lists the JSONs whose code changed since their commit. While a benchmark runs, what it has measured so far is in a
 partial file (``FILE.partial`` beside ``--out``, else under ``$RAYMCN_BENCH_DIR/partial``),
 rewritten after every measurement, so a benchmark that dies in its third repeat keeps its first
 two; the file goes once the benchmark completes, and its path is printed when it does not.
@@ -22,6 +25,9 @@ import argparse
 import json
 import os
 import platform
+import shlex
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,9 +50,57 @@ def machine_line() -> str:
             f"{torch.get_num_threads()} threads")
 
 
+def gpu_names() -> list[str]:
+    """The GPUs ``nvidia-smi`` lists (none without it): asked of the driver, so that stamping a
+    benchmark's figures never opens a CUDA context."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                          text=True, check=False)
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+
+
+def git_commit() -> tuple[str, str | None]:
+    """(the checkout's short commit, a note when tracked files differ from it); ("unknown", why)
+    outside a git checkout (a copied tree)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False)
+
+    try:
+        head = git("rev-parse", "--short=7", "HEAD")
+    except OSError:
+        return "unknown", "git is not installed"
+    if head.returncode != 0:
+        return "unknown", "not run from a git checkout"
+    changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip(), "measured with uncommitted changes to tracked files" if changed else None
+
+
+def stamp(name: str, argv: list[str] | None) -> dict:
+    """Where a benchmark's figures come from: machine, GPUs, commit and the command that wrote them."""
+    commit, note = git_commit()
+    out = {"machine": machine_line(), "commit": commit}
+    if note:
+        out["commit_note"] = note
+    if gpus := gpu_names():
+        out["gpus"] = gpus
+    out["command"] = shlex.join(["python", "-m", f"bench.{name}", *(argv or [])])
+    return out
+
+
 def bench_dir() -> Path:
     """Where benchmarks keep what outlives a run (corpora reused across runs, partial figures)."""
     return Path(os.environ.get("RAYMCN_BENCH_DIR", "/tmp/raymcn-bench"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that keeps the arguments it was given (``argv`` of the namespace), so that
+    the figures can name the command that wrote them whether it ran from a shell or from a test."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.argv = list(sys.argv[1:] if args is None else args)
+        return ns, rest
 
 
 def parser(doc: str | None, smoke: str, raw: bool = False) -> argparse.ArgumentParser:
@@ -56,7 +110,7 @@ def parser(doc: str | None, smoke: str, raw: bool = False) -> argparse.ArgumentP
     text = doc or ""
     spec = getattr(sys.modules["__main__"], "__spec__", None)  # `python -m bench.NAME`: usage says so
     by_name = spec is not None and spec.name.startswith("bench.")
-    p = argparse.ArgumentParser(prog=f"python -m {spec.name}" if by_name else None,
+    p = _Parser(prog=f"python -m {spec.name}" if by_name else None,
                                 description=text if raw else text.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter if raw
                                 else argparse.HelpFormatter)
@@ -117,15 +171,21 @@ class Results:
         else:
             self.partial = bench_dir() / "partial" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.json"
         self.parts: dict = {}
-        self._machine: str | None = None
+        self.argv: list[str] | None = getattr(args, "argv", None)
+        self._stamp: dict | None = None
+
+    @property
+    def stamp(self) -> dict:
+        if self._stamp is None:
+            self._stamp = stamp(self.name, self.argv)
+        return self._stamp
 
     @property
     def machine(self) -> str:
-        if self._machine is None:
-            self._machine = machine_line()
-        return self._machine
+        return self.stamp["machine"]
 
     def __enter__(self) -> Results:
+        self.stamp  # noqa: B018 (the commit and machine as the measurements start, not as they end)
         return self
 
     def __exit__(self, kind, error, tb) -> None:
@@ -137,14 +197,15 @@ class Results:
         self.parts.update(parts)
         self.partial.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.partial.with_name(self.partial.name + ".tmp")
-        tmp.write_text(dumps({"bench": self.name, "machine": self.machine, "partial": True, **self.parts},
+        tmp.write_text(dumps({"bench": self.name, **self.stamp, "partial": True, **self.parts},
                              indent=1) + "\n")
         os.replace(tmp, self.partial)  # never half a file, even if the benchmark dies while writing
 
     def finish(self, figures: dict) -> dict:
-        """The benchmark's final figures (with ``machine`` unless they have it): to ``--out``, to
-        stdout as one JSON line with ``--json``; the partial file removed. Returns them."""
-        figures.setdefault("machine", self.machine)
+        """The benchmark's final figures, stamped (:func:`stamp`; a key the figures have is kept): to
+        ``--out``, to stdout as one JSON line with ``--json``; the partial file removed. Returns them."""
+        for key, value in self.stamp.items():
+            figures.setdefault(key, value)
         if self.out:
             Path(self.out).parent.mkdir(parents=True, exist_ok=True)
             Path(self.out).write_text(dumps(figures, indent=1) + "\n")

@@ -49,7 +49,7 @@ def smoke(module, tmp_path: Path, *args: str) -> dict:
     assert module.main(["--smoke", "--out", str(out), *args]) == 0
     assert not Path(f"{out}.partial").exists()
     figures = json.loads(out.read_text())
-    assert figures["machine"]
+    assert figures["machine"] and figures["commit"] and figures["command"].startswith("python -m bench.")
     return figures
 
 
@@ -71,6 +71,23 @@ def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
         results.finish({"runs": {}})
     assert json.loads(out.read_text())["runs"] == {} and not Path(f"{out}.partial").exists()
     assert last_json(capsys.readouterr().out)["machine"]
+
+
+def test_the_figures_name_the_machine_the_commit_and_the_command(tmp_path):
+    """Every benchmark's JSON says where it comes from, whether it ran from a shell or a test: the
+    command as typed, the checkout's commit; a key the benchmark set itself is kept."""
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    p = harness.parser("An example.", smoke="nothing")
+    args = harness.parse_args(p, ["--smoke", "--out", str(out)])
+    with harness.Results("example", args) as results:
+        results.finish({"machine": "as the benchmark saw it"})
+    figures = json.loads(out.read_text())
+    head = subprocess.run(["git", "-C", str(harness.REPO), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert figures["commit"] == head and figures["machine"] == "as the benchmark saw it"
+    assert figures["command"] == f"python -m bench.example --smoke --out {out}"
 
 
 # --- no Ray ----------------------------------------------------------------------------------------------------

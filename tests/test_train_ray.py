@@ -31,7 +31,8 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     chance = 100 * 10 / summary["eval_size"]
     assert summary["eval_size"] == 256 and summary["epochs"] == 4
-    # Measured 37 % on this machine (README); 3x chance leaves room for scheduling noise.
+    # Well above chance, not a figure measured on one machine: R@10 moves with the kernels and the
+    # scheduling, and 3x chance leaves room for both.
     assert summary["text_to_video_R@10"] > 3 * chance
     for key in ("text_to_video_R@1", "text_to_video_R@5", "text_to_video_MedR", "total_loss", "cluster_loss",
                 "recon_loss", "contrastive_loss", "run_dir"):

@@ -14,9 +14,13 @@ runs it). ``--capture NAME`` reruns a cheap, deterministic command and stores it
 ``docs/measurements/NAME.txt`` (:data:`CAPTURES`); the long runs (a sweep, the benchmarks) store
 theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran).
 
-The measurements are read, never recomputed: a figure changes when its benchmark is rerun and its
-JSON replaced, then this script is run. Figures computed by raymcn's own code from a config (the
-preflight's estimate) are not measurements and are not written here.
+Every JSON names the machine, the commit and the command that wrote it (``run.NAME`` shows them
+beside a benchmark's figures); ``--stale`` lists each JSON whose producing code
+(:data:`PRODUCERS`) changed since that commit. The measurements are read, never recomputed here:
+a figure changes when its command is rerun and its JSON replaced, then this script is run. The
+preflight's messages (``preflight.json``) are computed, not measured, so ``tests/test_docs.py``
+recomputes them from today's code. One table is not a measurement: development.md's list of the
+documented commands, from ``tools/doc_commands.py``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,90 @@ def ci(lo: float, hi: float, fmt: str = ".1f") -> str:
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
+# --- where and how each measurement was made --------------------------------------------------------------
+def machine(name: str) -> str:
+    """NAME.json's machine, short: ``AMD EPYC, 2 cores, torch 2.13.0+cpu`` (the host's name and the
+    thread count left out); for a GPU's figures the GPU, torch and CUDA."""
+    f = m(name)
+    if f.get("gpus"):
+        return f"{f['gpus'][0]}, torch {f['torch']}, CUDA {f['cuda']}"
+    line = re.sub(r", [^,]+(?=, torch )", "", f["machine"])  # the host's name
+    return re.sub(r"\(R\)| Processor| with \d+ threads?", "", line)
+
+
+def ran(name: str) -> str:
+    """The command that wrote NAME.json, then where: ``python -m bench.kmeans --json`` (AMD EPYC, 2
+    cores, torch 2.13.0+cpu; commit f6a06d7)."""
+    return f"`{m(name)['command']}` ({machine(name)}; commit {m(name)['commit']})"
+
+
+# The measurements whose command and machine a page shows (``run.NAME``).
+SHOWN_RUNS = ("chaos", "drain_check", "eval_sharding", "grad_cache", "kmeans", "loader",
+              "loader_short_and_long", "memory", "overhead", "preflight", "rung_correlation", "scale", "shard_dtype",
+              "sweep_efficiency", "sweep_time", "trial_cost", "compression")
+
+
+# --- the first GPU: bench.gpu_smoke and the runs of gpu_runs.json ------------------------------------------
+def gpu_where() -> str:
+    g = m("gpu_runs")
+    return f"one {g['gpus'][0]} (torch {g['torch']}, CUDA {g['cuda']}, ray {g['ray']}; commit {g['commit']})"
+
+
+def gpu_smoke() -> str:
+    rows = [[name, v["clips"], f"{v['s_per_step_wall']:.3f}", f"{v['samples_per_s']:.0f}", f"{v['peak_bytes'] / 2**30:.2f}",
+             f"{v['estimate_bytes'] / 2**30:.2f}", f"{v['estimate_over_peak']:.2f}"]
+            for name, v in m("gpu_smoke")["variants"].items()]
+    return table(["variant", "clips", "s per step", "samples/s", "peak GiB", "estimate GiB", "estimate / peak"], rows)
+
+
+def gpu_ratios() -> str:
+    r = [v["estimate_over_peak"] for v in m("gpu_smoke")["variants"].values()]
+    return f"{min(r):.2f}–{max(r):.2f}"
+
+
+def gpu_tier() -> str:
+    t = m("gpu_runs")["gpu_tier"]
+    return f"{len(t['passed'])} passed, {len(t['skipped'])} skipped ({', '.join(sorted(set(t['skipped'].values())))})"
+
+
+# What each test of the gpu tier checks (in short, in full), for the sentences that say what is unrun.
+GPU_TESTS = {
+    "test_on_two_gpus_a_prefetch_thread_feeding_gpu_1_leaves_no_context_on_gpu_0": (
+        "a rank on a second GPU", "a rank on GPU 1 leaving GPU 0 alone"),
+    "test_on_gpus_the_multi_rank_run_under_nccl": (
+        "NCCL between ranks with SyncBatchNorm across them",
+        "NCCL between 2–4 ranks with SyncBatchNorm, evaluation and a resume on GPU"),
+    "test_on_gpus_the_paper_step_peaks_below_the_estimate_at_each_rank": (
+        "the 4-rank memory", "the 4 ranks' memory at the paper's step"),
+}
+
+
+def gpu_unrun(full: bool = True) -> str:
+    """What the gpu tier skipped on the GPUs it had: each skipped test's subject."""
+    subjects = [GPU_TESTS[t.split("::")[1]][full] for t in m("gpu_runs")["gpu_tier"]["skipped"]]
+    if full:
+        return "; ".join(subjects)
+    return ", ".join(subjects[:-1]) + " and " + subjects[-1] if len(subjects) > 1 else "".join(subjects)
+
+
+def gpu_train() -> str:
+    t = m("gpu_runs")["train"]
+    return (f"{t['epochs']} epochs, held-out R@10 {t['text_to_video_R@10']:.1f}; only "
+            f"`{'`, `'.join(t['processes_on_the_gpu'])}` on the GPU, never the driver")
+
+
+def gpu_sweep() -> str:
+    s = m("gpu_runs")["sweep"]
+    return (f"{s['trials_finished']} of its {s['trials']} trials trained its {s['epochs_per_trial']} epochs through "
+            f"Tune before the run's {s['timeout_s']} s limit")
+
+
+def gpu_doctor() -> str:
+    d = m("gpu_runs")["doctor_step"]
+    (row, why), = d["failed"].items()
+    return f"{d['rows_passed']} rows passed; `{row}` failed {d['failed_note']}"
+
+
 # --- the loader at HowTo100M size (bench.loader --sizes long --repeat 3) -------------------------------
 def _long() -> dict:
     return m("loader")["results"]["long"]
@@ -76,18 +164,23 @@ def _vps(dtype: str, arm: str = "b") -> float:
     return _long()["dtypes"][dtype][arm]["videos_per_s"]
 
 
+def _original() -> float:
+    """The original loader at its best: one `np.load` per npz file in 4 processes (a DataLoader's
+    workers), the honest baseline (arm a2; the single process, arm a, is slower)."""
+    return _long()["a2"]["videos_per_s"]
+
+
 def loader_summary() -> str:
-    original = _long()["a"]["videos_per_s"]
-    rows = [[label, f"{_long()['dtypes'][d]['mb_per_video']:.2f} MB", f"{_vps(d):.0f}", f"{_vps(d) / original:.1f}×"]
+    rows = [[label, f"{_long()['dtypes'][d]['mb_per_video']:.2f} MB", f"{_vps(d):.0f}", f"{_vps(d) / _original():.1f}×"]
             for label, d in (("fp32", "float32"), ("fp16 (default)", "float16"))]
-    return table(["shards", "on disk per video", "videos/s, clips drawn", f"vs one `np.load` per npz file ({original:.0f}/s)"],
-                 rows)
+    return table(["shards", "on disk per video", "videos/s, clips drawn",
+                  f"vs `np.load` per npz file, 4 processes ({_original():.0f}/s)"], rows)
 
 
 LOADER_ARMS = [("a", "(a) original: one `np.load` per npz, 1 process"), ("a2", "(a2) the same, 4 processes (a DataLoader's workers)"),
-               ("b", "**(b) raymcn: per-rank step reads, CRC, 32 clips drawn**"), ("c", "(c) sequential tar reader, no Ray, no clips"),
-               ("c2", "(c2) (b)'s work in one process without Ray"), ("d", "(d) `cat` of the shard bytes, one stream"),
-               ("d2", "(d2) the same bytes, 4 `cat`s at once")]
+               ("b", "**(b) raymcn: per-rank step reads, CRC, 32 clips drawn**"),
+               ("c2", "(c2) (b)'s work in one process without Ray"), ("d2", "(d2) `cat` of the shard bytes, 4 at once")]
+# The JSON also holds (c), a sequential tar reader, and (d), one `cat`: between the rows shown.
 
 
 def loader_full() -> str:
@@ -157,7 +250,11 @@ def sweep_progress() -> str:
     tail = _tail()
     end = next(i for i, line in enumerate(tail) if line.startswith("search: "))
     lines = [line for line in tail[:end] if line.strip()]
-    return fence("\n".join(lines[-9:]))
+    return fence("\n".join(lines[-5:]))
+
+
+def sweep_runs() -> str:
+    return f"{len(m('sweep_time')['runs']['current'])} runs"
 
 
 def sweep_lines() -> str:
@@ -201,7 +298,7 @@ def _named(faults: list[dict]) -> str:
 
 # --- memory ------------------------------------------------------------------------------------------
 def _preflight(device: str) -> dict:
-    return next(p for p in m("grad_cache")["preflight"] if p["device"].startswith(device))
+    return next(p for p in m("preflight")["preflight"] if p["device"].startswith(device))
 
 
 def preflight_24gb() -> str:
@@ -293,7 +390,12 @@ def scale() -> str:
     return table(["figure", *[f"1/{x['fraction']} of HowTo100M" for x in s]], rows)
 
 
-RUNG_EPOCHS = (1, 2, 3, 4, 7, 10)  # the pages show these; the JSON holds every epoch
+def bytes_per_pickle_byte() -> str:
+    """The most memory per pickle byte any measured scale needed."""
+    return f"{max(x['bytes_per_pickle_byte'] for x in m('scale')['scales']):.2f}"
+
+
+RUNG_EPOCHS = (1, 2, 3, 4, 10)  # the pages show these; the JSON holds every epoch
 
 
 def rung_correlation() -> str:
@@ -364,19 +466,52 @@ def trial_fixed() -> str:
     return f"{m('trial_cost')['steady']['current']['fixed_s']:.1f} s"
 
 
+def drain_share(every: int = 10) -> str:
+    """Asking every ``every`` steps, as a share of the shortest paper step measured on a GPU (the
+    H200's at a 4-GPU server's share: a slower GPU's step is longer, its share smaller)."""
+    return f"{100 * m('drain_check')['ask_ms'] / 1e3 / (every * _gpu_step()):.2f}"
+
+
+def _gpu_step() -> float:
+    return m("gpu_smoke")["variants"]["plain"]["s_per_step_wall"]
+
+
+def commands() -> str:
+    """development.md's list: the README's and the guide's commands by how the suite runs them
+    (tools/doc_commands.py, which tests/test_docs.py checks)."""
+    from tools.doc_commands import COMMANDS, RUN
+
+    def name(shape: str, shown) -> str:
+        return shown.label or f"`{shape}`"
+
+    def files(shown) -> str:  # the test files' names: where to look
+        return ", ".join(dict.fromkeys(f"`{t.split('::')[0].removeprefix('tests/')}`" for t in shown.tests))
+
+    run = [name(s, c) for s, c in COMMANDS.items() if c.kind == RUN]
+    rows = [[name(s, c), c.kind, c.how, files(c)] for s, c in COMMANDS.items() if c.kind != RUN]
+    return (f"Run as written: {', '.join(run)}.\n\n"
+            + table(["command", "how", "what changes, or why not run", "tests"], rows, right=4))
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    **{f"run.{name}": functools.partial(ran, name) for name in SHOWN_RUNS},
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
-    "drain.share-10": lambda: f"{100 * m('drain_check')['share_of_step']['10']:.2f}",
-    "drain.machine": lambda: m("drain_check")["machine"].split(", vm")[0],
+    "drain.share-10": drain_share,
+    "drain.gpu-step": lambda: f"{_gpu_step():.3f} s",
+    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.tier": gpu_tier,
+    "gpu.unrun": gpu_unrun, "gpu.unrun-short": functools.partial(gpu_unrun, False),
+    "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
+    "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
+    "commands": commands,
     "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
     "loader.fp16": lambda: f"{_vps('float16'):.0f}",
-    "loader.fp16-vs-original": lambda: f"{_vps('float16') / _long()['a']['videos_per_s']:.1f}",
+    "loader.fp16-vs-original": lambda: f"{_vps('float16') / _original():.1f}",
     "shards.bytes": shard_bytes, "shards.paired": shard_dtype_paired,
     "sweep.wall": sweep_wall, "sweep.before": sweep_before, "sweep.end": sweep_end, "sweep.progress": sweep_progress,
-    "sweep.lines": sweep_lines,
+    "sweep.lines": sweep_lines, "sweep.runs": sweep_runs,
     "chaos": chaos, "preflight.24gb": preflight_24gb, "preflight.a100": preflight_a100,
     "grad-cache": grad_cache, "grad-cache.slopes": grad_cache_slopes, "loss-memory": loss_memory,
-    "kmeans": kmeans, "eval-sharding": eval_sharding, "compression": compression, "scale": scale,
+    "kmeans": kmeans, "eval-sharding": eval_sharding, "compression": compression, "scale": scale, "scale.per-pickle-byte": bytes_per_pickle_byte,
     "rung-correlation": rung_correlation, "sweep-efficiency": sweep_efficiency,
     "overhead": overhead, "overhead.goal": overhead_goal, "feed": feed, "trial-cost": trial_cost,
     "trial-cost.fixed": trial_fixed,
@@ -388,6 +523,63 @@ GENERATORS: dict[str, Callable[[], str]] = {
 CAPTURES = {
     "config_error": ["raymcn", "train", "--set", "optim.lrr=1", "--set", "schedule.stage_order=VA_T"],
 }
+
+
+# --- which code wrote each measurement (``--stale``) ---------------------------------------------------
+_RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py", "raymcn/config.py")
+# NAME -> the files and folders whose code decides docs/measurements/NAME.json's figures: the benchmark
+# (or the tests) that measured them and the raymcn code it measured. A JSON whose commit is older than
+# a change to one of them may no longer describe today's code.
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    "chaos": ("bench/chaos.py", *_RUN, "raymcn/servers", "raymcn/sweep", "raymcn/phases.py", "raymcn/data/read"),
+    "compression": ("bench/compression.py", "raymcn/data/formats", "raymcn/data/read"),
+    "drain_check": ("bench/drain_check.py", "raymcn/train/on_ray/cluster.py"),
+    "eval_sharding": ("bench/eval_sharding.py", *_RUN, "raymcn/data/evalsets.py"),
+    "grad_cache": ("bench/grad_cache.py", "bench/step.py", *_RUN),
+    "gpu_runs": ("tests/test_gpu_path.py", "tests/test_gpu_smoke.py", "tests/test_feed.py", *_RUN, "raymcn/sweep",
+                 "raymcn/doctor", "raymcn/data/read"),
+    "gpu_smoke": ("bench/gpu_smoke.py", *_RUN),
+    "kmeans": ("bench/kmeans.py", "raymcn/losses/cluster.py", "raymcn/collectives.py"),
+    "loader": ("bench/loader.py", "bench/readers.py", "raymcn/data"),
+    "loader_short_and_long": ("bench/loader.py", "bench/readers.py", "raymcn/data"),
+    "memory": ("bench/memory.py", "raymcn/losses", "raymcn/collectives.py", "raymcn/train/preflight/footprint.py"),
+    "overhead": ("bench/overhead.py", *_RUN, "raymcn/data/read"),
+    "preflight": ("bench/grad_cache.py", "raymcn/train/preflight", "raymcn/config.py"),
+    "rung_correlation": ("bench/rung_correlation.py", *_RUN, "raymcn/sweep"),
+    "scale": ("bench/scale.py", "raymcn/data"),
+    "shard_dtype": ("bench/shard_dtype.py", *_RUN, "raymcn/data"),
+    "sweep_efficiency": ("bench/sweep_efficiency.py", *_RUN, "raymcn/sweep"),
+    "sweep_time": ("bench/sweep_time.py", "raymcn", "sweep.py"),
+    "trial_cost": ("bench/trial_cost.py", *_RUN, "raymcn/sweep", "raymcn/data/read"),
+}
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
+
+
+def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
+    """The commits after ``commit`` that changed any of ``paths`` (``git log --oneline``, newest
+    first); None when ``commit`` is not a commit of this repository."""
+    if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return None
+    return _git("log", "--format=%h %s", f"{commit}..HEAD", "--", *paths).stdout.splitlines()
+
+
+def stale_measurements(measurements: dict[str, dict] | None = None) -> dict[str, str]:
+    """NAME -> why, for each JSON under docs/measurements (or of ``measurements``, NAME -> its
+    figures) whose producing code (:data:`PRODUCERS`) changed since the commit it names."""
+    if measurements is None:
+        measurements = {p.stem: json.loads(p.read_text()) for p in sorted(MEASURED.glob("*.json"))}
+    out = {}
+    for name, figures in measurements.items():
+        since = changes_since(figures["commit"], PRODUCERS[name])
+        if since is None:
+            out[name] = f"its commit {figures['commit']} is not in this repository"
+        elif since:
+            newest = since[0][:72] + ("…" if len(since[0]) > 72 else "")
+            out[name] = f"{len(since)} commits since {figures['commit']} changed its code (newest: {newest})"
+    return out
 
 
 def capture(name: str) -> str:
@@ -425,7 +617,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every stale page")
     parser.add_argument("--capture", metavar="NAME", choices=sorted(CAPTURES),
                         help="rerun a captured command and store its console text in docs/measurements/NAME.txt")
+    parser.add_argument("--stale", action="store_true",
+                        help="list each measurement whose producing code changed since its commit, with the command "
+                             "that rewrites it; exit 1 if any")
     args = parser.parse_args(argv)
+    if args.stale:
+        stale = stale_measurements()
+        for name, why in stale.items():
+            print(f"docs/measurements/{name}.json: {why}\n  rerun: {m(name)['command']}")
+        return 1 if stale else 0
     if args.capture:
         (MEASURED / f"{args.capture}.txt").write_text(capture(args.capture) + "\n")
     stale = stale_pages()

@@ -38,9 +38,10 @@ from raymcn.config import drain_marks_dir
 REASON = "DRAIN_NODE_REASON_PREEMPTION"
 # Ray titles an actor's process "ray::<class>" (idle) or "ray::<class>.<method>" (in a call).
 TRAIN_WORKER_TITLE = "ray::RayTrainWorker"
-# Long enough for a step, a paper-dims checkpoint (12.5-18.6 s of stall measured, docs/faults.md)
-# and its upload, with room; the command returns as soon as the node's Train workers have marked
-# their drain checkpoint registered, or are gone.
+# Long enough for a step, a paper-dims checkpoint and its upload, with room (a checkpoint's stall
+# depends on the disk: `python -m bench.checkpoint` measures it, docs/faults.md, "Checkpoints");
+# the command returns as soon as the node's Train workers have marked their drain checkpoint
+# registered, or are gone.
 DEFAULT_DEADLINE_S = 300
 POLL_S = 2.0
 REPORT_EVERY_S = 30.0

@@ -1,7 +1,7 @@
 """The caption store: the captions of the videos being converted, read once, memory-mapped by every writer.
 
 The lab's ``caption.pickle`` covers all of HowTo100M (about 136 M ASR segments of 1.17 M videos):
-unpickled, it takes about 2.5 bytes of memory per byte of pickle (``bench/scale.py``), some 24 GB.
+unpickled, it takes about 2.3 bytes of memory per byte of pickle (``bench/scale.py``), some 21 GB.
 A pickle can only be loaded whole, so the conversion loads it once, in the driver, and writes the
 captions of the listed videos here; every writer (a local process or a Ray actor on any node) then
 maps these files and touches only its shards' videos, so a writer's memory does not grow with the
