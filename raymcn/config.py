@@ -312,7 +312,8 @@ class ScaleConfig:
     # would change no similarity logit (the embeddings are bf16 values, which TF32 holds exactly),
     # only the fp32 gradient factors, k-means and the cluster logits, by 2^-11 relative, 8x below the
     # bf16 rounding the embeddings already carry. "highest" (the original's fp32 numerics) stays the
-    # default until the first server measures both (docs/memory.md, the GPU checklist).
+    # default until a server measures both: the one GPU run so far used "highest" only
+    # (docs/memory.md, "On a GPU so far"; its checklist measures both).
     matmul_precision: str = setting("highest", choices=("highest", "high"))
 
 
@@ -325,7 +326,8 @@ class RunSection:
     # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
     # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
     # servers rebooted about an hour into runs: a reboot then costs at most this much training.
-    # 30m keeps the steps' stall at a paper-dims checkpoint under 1 % of training (docs/faults.md).
+    # 30m keeps checkpointing under 1 % of training while a checkpoint stalls the steps under 18 s
+    # (`python -m bench.checkpoint` measures it on the lab's disk; docs/faults.md, "Checkpoints").
     checkpoint_every: str = setting("30m", check=_interval_ok,
                                     why='needs a step count ("500"), a duration ("30m", "2h", "90s") or "0"')
     # Steps between asking whether a node of the run is drained (`raymcn drain`; a barrier over the
@@ -336,8 +338,8 @@ class RunSection:
     # A rank with no progress this long (or 10x its longest step so far, when longer) is named on
     # the terminal and its attempt ended: a restart from the latest checkpoint, and the same stall
     # twice ends the run. The process group's timeout (run.collective_timeout_s) is a backstop
-    # behind the watchdogs. 600 s: far above the longest stall a paper-dims checkpoint causes
-    # (docs/faults.md, "Stalls"); a hang costs minutes, not the night.
+    # behind the watchdogs. 600 s: far above the stall a checkpoint may cause at the default interval
+    # (docs/faults.md, "Checkpoints"); a hang costs minutes, not the night.
     stall_timeout_s: float = setting(600.0, ge=10)
     # The process group's timeout: a collective that waits longer fails (gloo raises; on NCCL its
     # own watchdog aborts the communicators and the next collective raises; both are named as a
