@@ -2,12 +2,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: sweep test install
+.PHONY: sweep test test-slow test-full install
 sweep: $(VENV)/.installed   ## the main job: a small sweep on the embedded default (local Ray, synthetic data)
 	$(PY) sweep.py
 
-test: $(VENV)/.installed    ## the test suite
-	$(PY) -m pytest -q
+# The tiers' marker expressions live in tests/conftest.py (TIERS); docs/development.md says what each runs.
+test: $(VENV)/.installed    ## the fast tier: unit, dist, every shipped file's shrink check, a small Ray core
+	$(PY) -m pytest -q --tier fast $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed    ## the rest of the full tier: every rehearsal, multinode, elastic, chaos, launcher
+	$(PY) -m pytest -q --tier slow $(PYTEST_ARGS)
+
+test-full: $(VENV)/.installed    ## every test (test + test-slow)
+	$(PY) -m pytest -q --tier full $(PYTEST_ARGS)
 
 install: $(VENV)/.installed
 

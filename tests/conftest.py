@@ -2,8 +2,12 @@
 
 import contextlib
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,66 @@ from bench.harness import read_jsonl as read_events
 from bench.services import NODE_STORE, free_port
 
 __all__ = ["NODE_STORE", "free_port", "read_events"]  # for the tests that import them from here
+
+# ---- The two tiers (docs/development.md, "Tests"): the one place their marker expressions live.
+# `make test` runs the fast tier (`--tier fast`), `make test-full` both; CI runs the fast tier, then
+# the slow one, and adds their times. A test marked `multinode` or `launcher` must be `slow` too, and
+# a test that starts Ray must say so (`ray` or costlier): both checked below.
+TIERS = {"fast": "not slow", "slow": "slow", "full": ""}
+STARTS_RAY = ("ray", "slow", "multinode", "launcher")  # markers of the tests that may start Ray
+ALWAYS_SLOW = ("multinode", "launcher")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=sorted(TIERS), help="the tests of one tier: fast (make test), slow (the "
+                     "rest: every rehearsal, multinode, chaos, launcher) or full (make test-full); tests/conftest.py")
+
+
+def pytest_configure(config):
+    tier = config.getoption("--tier")
+    if tier and config.option.markexpr:
+        raise pytest.UsageError("give --tier or -m, not both")
+    if tier:
+        config.option.markexpr = TIERS[tier]
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [i.nodeid for i in items if any(i.get_closest_marker(m) for m in ALWAYS_SLOW)
+                and not i.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError(f"marked {' or '.join(ALWAYS_SLOW)} but not slow (the fast tier would run them): "
+                                + ", ".join(unmarked))
+
+
+def ray_sessions_under(root: str) -> list[str]:
+    """The Ray sessions started with ``RAY_TMPDIR=root`` (Ray makes ``root/ray/session_<date>_<pid>``)."""
+    return sorted(p.name for p in Path(root, "ray").glob("session_2*"))
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_where_marked(request, monkeypatch):
+    """A test not marked as starting Ray (:data:`STARTS_RAY`) gets a Ray temp folder of its own
+    (``RAY_TMPDIR``, read by every process it starts): a Ray session found there afterwards means
+    the test started Ray, in its process or in a child, and it fails, naming the marker it needs.
+    Such a test may not ask for the session's instance (``ray_local``) either."""
+    if any(request.node.get_closest_marker(m) for m in STARTS_RAY):
+        yield
+        return
+    if "ray_local" in request.fixturenames:
+        pytest.fail(f"{request.node.nodeid} uses ray_local: mark it `ray` (or costlier: {', '.join(STARTS_RAY[1:])})")
+    private = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    monkeypatch.setenv("RAY_TMPDIR", private)
+    try:
+        yield
+    finally:
+        started = ray_sessions_under(private)
+        if started and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+        shutil.rmtree(private, ignore_errors=True)
+    if started:
+        pytest.fail(f"{request.node.nodeid} started Ray ({', '.join(started)}) but is not marked as a test that "
+                    f"does: mark it `ray` (or costlier: {', '.join(STARTS_RAY[1:])})")
+
 
 # Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
 TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]

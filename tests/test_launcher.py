@@ -36,7 +36,7 @@ from tune_dirs import result_rows, trial_statuses
 
 from raymcn.servers import sweeps
 
-pytestmark = [pytest.mark.launcher, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.launcher, pytest.mark.slow, pytest.mark.timeout(1800)]
 REPO = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -21,7 +21,7 @@ from test_launcher import RAY, RUNNING_RAY, running_ray
 
 from bench.services import free_port
 
-pytestmark = [pytest.mark.launcher, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.launcher, pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -27,7 +27,7 @@ from conftest import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
 
 

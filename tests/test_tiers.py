@@ -1,0 +1,112 @@
+"""The suite's two tiers and what they rest on: ``--tier`` picks the tests (tests/conftest.py,
+the one place the marker expressions live), a test that starts Ray is marked as one, a multinode
+or launcher test is slow, and the durations file CI writes adds the tiers up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+from conftest import ALWAYS_SLOW, pytest_collection_modifyitems, ray_sessions_under
+
+from tools import test_durations
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = '''
+import os
+
+import pytest
+
+
+def _start_ray_as_ray_does():  # Ray makes its session folder under RAY_TMPDIR/ray at its start
+    os.makedirs(os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "session_2026-01-01_00-00-00_1_1"),
+                exist_ok=True)
+
+
+@pytest.mark.slow
+def test_slow():
+    pass
+
+
+def test_starts_ray_unmarked():
+    _start_ray_as_ray_does()
+
+
+@pytest.mark.ray
+def test_starts_ray_marked(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # a marked test may start Ray; here not in /tmp/ray
+    _start_ray_as_ray_does()
+
+
+def test_plain():
+    pass
+'''
+
+
+def test_the_fast_tier_leaves_slow_tests_out_and_an_unmarked_test_that_starts_ray_fails(tmp_path):
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tier", "fast",
+                           "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert "3 passed, 1 deselected, 1 error" in out, out  # the unmarked one passes, then fails at its teardown
+    assert "test_probe.py::test_starts_ray_unmarked started Ray (session_2026-01-01_00-00-00_1_1)" in out, out
+    assert "mark it `ray`" in out
+
+
+def test_a_multinode_or_launcher_test_that_is_not_slow_stops_the_collection():
+    def item(*marks):
+        return types.SimpleNamespace(nodeid=f"t::{'_'.join(marks)}",
+                                     get_closest_marker=lambda name: name if name in marks else None)
+
+    pytest_collection_modifyitems(None, [item("multinode", "slow"), item("launcher", "slow"), item("ray")])
+    for marker in ALWAYS_SLOW:
+        with pytest.raises(pytest.UsageError, match=f"t::{marker}"):
+            pytest_collection_modifyitems(None, [item(marker)])
+
+
+def test_ray_sessions_are_read_where_ray_makes_them(tmp_path):
+    assert ray_sessions_under(str(tmp_path)) == []
+    (tmp_path / "ray" / "session_2026-11-27_16-33-33_282447_3075").mkdir(parents=True)
+    (tmp_path / "ray" / "session_latest").symlink_to(tmp_path / "ray" / "session_2026-11-27_16-33-33_282447_3075")
+    assert ray_sessions_under(str(tmp_path)) == ["session_2026-11-27_16-33-33_282447_3075"]
+
+
+JUNIT = {"test": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="1" skipped="1" tests="4" time="61.5"><testcase classname="tests.test_tiers" name="test_a" time="1.25"/>
+<testcase classname="tests.test_tiers" name="test_b[x-1]" time="2.0"><failure message="no"/></testcase>
+<testcase classname="tests.test_tiers.TestGroup" name="test_c" time="0.5"/>
+<testcase classname="tests.test_tiers" name="test_gpu" time="0.0"><skipped message="needs CUDA"/></testcase>
+</testsuite></testsuites>''',
+         "test-slow": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="0" skipped="0" tests="1" time="600.25"><testcase classname="tests.test_tiers" name="test_soak"
+time="599.0"/></testsuite></testsuites>'''}
+
+
+def test_the_durations_file_adds_the_tiers_up_and_names_every_test(tmp_path):
+    for name, text in JUNIT.items():
+        (tmp_path / f"{name}.xml").write_text(text)
+    out = tmp_path / "durations.json"
+    assert test_durations.main([str(tmp_path / "test.xml"), str(tmp_path / "test-slow.xml"), "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["tiers"] == {"fast": {"seconds": 61.5, "tests": 3, "skipped": 1, "failed": 1},
+                                "slow": {"seconds": 600.2, "tests": 1, "skipped": 0, "failed": 0},
+                                "full": {"seconds": 661.7, "tests": 4, "skipped": 1, "failed": 1}}
+    assert figures["tests"] == {"fast": {"tests/test_tiers.py::test_b[x-1]": 2.0, "tests/test_tiers.py::test_a": 1.25,
+                                         "tests/test_tiers.py::TestGroup::test_c": 0.5},
+                                "slow": {"tests/test_tiers.py::test_soak": 599.0}}
+    assert list(figures["tests"]["fast"])[0] == "tests/test_tiers.py::test_b[x-1]"  # the slowest first
+    assert figures["command"] == "CI=true bash .ci/run" and figures["machine"] and figures["commit"]
+
+
+def test_a_junit_file_not_named_after_its_target_is_refused(tmp_path):
+    (tmp_path / "fast.xml").write_text(JUNIT["test"])
+    with pytest.raises(ValueError, match="name the file after its make target"):
+        test_durations.summary([tmp_path / "fast.xml"])
