@@ -194,6 +194,7 @@ def test_trial_cost(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_loader(ray_local, tmp_path):
     figures = smoke(loader, tmp_path, "--workdir", str(tmp_path / "work"))
     row = figures["results"]["short"]
@@ -208,6 +209,7 @@ def test_loader(ray_local, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_checkpoint(ray_local, tmp_path):
     figures = smoke(checkpoint, tmp_path, "--workdir", str(tmp_path / "work"))
     assert positive(figures["size_bytes"], figures["save_s"], figures["load"]["load_s"])
@@ -220,6 +222,7 @@ def test_checkpoint(ray_local, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_overhead(ray_local, tmp_path, capsys):
     """Both smoke arms ran their 2 epochs to the end: among them the torchrun arm, whose ranks
     must exit cleanly (a rank's abort at exit fails the arm)."""
@@ -242,6 +245,7 @@ def test_overhead(ray_local, tmp_path, capsys):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_drain_check(ray_local, tmp_path):
     figures = smoke(drain_check, tmp_path)
     ranks = figures["raw"]["ranks"]
@@ -253,6 +257,7 @@ def test_drain_check(ray_local, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_shard_dtype(ray_local, tmp_path):
     figures = smoke(shard_dtype, tmp_path)
     assert figures["bytes"]["float16"] < figures["bytes"]["float32"]  # the features at 2 bytes instead of 4

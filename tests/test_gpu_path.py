@@ -80,7 +80,7 @@ def gpu_head(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(HEAD_GPUS))
     cuda = CudaRecorder(monkeypatch, devices=len(HEAD_GPUS))
-    monkeypatch.setattr(cli, "ray_session", lambda address, env=None: contextlib.nullcontext(False))
+    monkeypatch.setattr(cli, "ray_session", lambda address, env=None, say=None: contextlib.nullcontext(False))
     monkeypatch.setattr(cli, "_check_cluster", lambda cfg: None)  # ray.cluster_resources(): needs Ray
     fits: list = []
 
@@ -329,6 +329,7 @@ def test_on_a_gpu_a_kmeans_refit_syncs_once_per_check_interval():
 
 
 @pytest.mark.gpu
+@pytest.mark.ray
 @needs_cuda
 def test_on_a_gpu_the_doctors_step_passes(ray_local, capsys, tmp_path):
     """The third command of the lab's first hour: ``raymcn doctor --step`` on this GPU node runs the
@@ -344,6 +345,7 @@ def test_on_a_gpu_the_doctors_step_passes(ray_local, capsys, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.ray
 @needs_cuda
 def test_on_one_gpu_two_ray_train_workers_share_it_and_resume(ray_local, capsys, tmp_path):
     """The real path with 2 ranks on the one GPU at hand (``scale.gpus_per_worker=0.5``, gloo): Ray's

@@ -71,7 +71,16 @@ def _keeps_reason(handler: ast.ExceptHandler) -> bool:
                 return True
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id == handler.name:
             return True
+        if isinstance(node, ast.JoinedStr) and _names_class_and_message(node, handler.name):
+            return True
     return False
+
+
+def _names_class_and_message(text: ast.JoinedStr, name: str) -> bool:
+    """An f-string holding ``{type(e).__name__}`` and ``{e}`` (for a module below config, which
+    ``reason`` lives in)."""
+    shown = [ast.unparse(v.value) for v in text.values if isinstance(v, ast.FormattedValue)]
+    return f"type({name}).__name__" in shown and name in shown
 
 
 def test_every_broad_except_in_raymcn_reraises_or_names_its_exception():
@@ -82,11 +91,13 @@ def test_every_broad_except_in_raymcn_reraises_or_names_its_exception():
 
 def test_the_broad_except_check_can_fail():
     swallowed = "try:\n    f()\nexcept Exception:\n    pass\n"
-    class_only = "try:\n    f()\nexcept Exception as e:\n    say(type(e).__name__)\n"
+    class_only = "try:\n    f()\nexcept Exception as e:\n    say(f'{type(e).__name__}')\n"
     assert hidden_reasons(swallowed, "x") == ["x:3"] and hidden_reasons(class_only, "x") == ["x:3"]
     named = "try:\n    f()\nexcept Exception as e:\n    say(reason(e))\n"
     reraised = "try:\n    f()\nexcept BaseException:\n    undo()\n    raise\n"
     handed_on = "try:\n    f()\nexcept BaseException as e:\n    box.error = e\n"
+    formatted = "try:\n    f()\nexcept Exception as e:\n    raise_later(f'{type(e).__name__}: {e}')\n"
+    assert hidden_reasons(formatted, "x") == []
     assert hidden_reasons(named, "x") == hidden_reasons(reraised, "x") == hidden_reasons(handed_on, "x") == []
 
 

@@ -4,8 +4,9 @@ The lab's command lines, on the shipped files: ``raymcn sweep --config FILE`` (h
 ``--rehearse``, the one shrinking function), storage from ``RAYMCN_RESULTS`` as on their nodes, in
 a process of its own with its own Ray. The sweep rehearsals are also the kill-and-resume tests:
 the driver and its Ray are SIGKILLed during the search (a reboot of the head) and the sweep is
-continued with ``raymcn sweep --resume latest``, once per search algorithm; it must end with its
-answer, the trials finished before the kill untouched. The verdict is ``results/rehearsal.py``'s,
+continued with ``raymcn sweep --resume latest``, once per search algorithm a shipped file uses
+(random and optuna on stand-in trials: tests/test_sweep_restore.py); it must end with its answer,
+the trials finished before the kill untouched. The verdict is ``results/rehearsal.py``'s,
 the one ``raymcn doctor --rehearse`` gives.
 
 What each algorithm loses on restore (Ray 2.60), and what that changes in the answer:
@@ -195,25 +196,20 @@ def paused_and_resumed_or_every_trial_started(exp: Path, lines: list[str]) -> bo
     return resumed_after_a_pause(exp, lines) or (every and "confirmation:" not in "".join(lines))
 
 
-REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resume per search algorithm
-    ("sweeps/smoke.yaml", [], in_the_search),  # grid
-    ("raymcn/presets/default.yaml", ["sweep.algorithm=random", "sweep.num_samples=2", "sweep.confirm={}",
-                                     "sweep.space={schedule.stage_order: {choice: [AV_T, joint]}, "
-                                     "optim.lr: {loguniform: [0.001, 0.01]}}"], in_the_search),
-    ("raymcn/presets/default.yaml", ["sweep.algorithm=optuna", "sweep.num_samples=3", "sweep.confirm={}",
-                                     "sweep.space={schedule.stage_order: {choice: [VT_A, joint]}, "
-                                     "optim.lr: {loguniform: [0.001, 0.01]}}"], in_the_search),
+REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resume per shipped algorithm
+    # grid: the fast tier's one real kill-and-resume of a shipped file
+    pytest.param("sweeps/smoke.yaml", [], in_the_search, id="grid"),
     # asha with Optuna's suggestions, 4 trials side by side; 6 of them, so that two start on what
     # finished or stopped trials freed while the suite's own Ray instance runs beside the sweep's
-    ("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1),
-    ("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started),  # the lab's own
-]
+    pytest.param("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1, marks=pytest.mark.slow, id="asha"),
+    pytest.param("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started,  # the lab's own
+                 marks=pytest.mark.slow, id="bohb"),
+]  # random and optuna, which no shipped file uses: on stand-in trials (tests/test_sweep_restore.py)
 
 
 @pytest.mark.ray
-@pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("name, settings, kill_when", REHEARSALS, ids=["grid", "random", "optuna", "asha", "bohb"])
+@pytest.mark.parametrize("name, settings, kill_when", REHEARSALS)
 def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when):
     """``ray_local``: a second Ray instance on the machine for the whole test (the sweep starts its
     own), as a colleague's run or a ``make test`` on the lab's head would be; pinned to its own

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tune_dirs import result_rows, trial_statuses
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 SAMPLES, EPOCHS = 4, 4

@@ -89,7 +89,7 @@ def ran(name: str) -> str:
 
 
 # The measurements whose command and machine a page shows (``run.NAME``).
-SHOWN_RUNS = ("chaos", "drain_check", "eval_sharding", "grad_cache", "kmeans", "loader",
+SHOWN_RUNS = ("chaos", "test_durations", "drain_check", "eval_sharding", "grad_cache", "kmeans", "loader",
               "loader_short_and_long", "memory", "overhead", "preflight", "rung_correlation", "scale", "shard_dtype",
               "sweep_efficiency", "sweep_time", "trial_cost", "compression")
 
@@ -476,6 +476,30 @@ def _gpu_step() -> float:
     return m("gpu_smoke")["variants"]["plain"]["s_per_step_wall"]
 
 
+# --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
+TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "full": "`make test-full`"}
+SLOWEST = 8  # development.md lists each tier's slowest tests; the JSON holds every test's time
+
+
+def tier(name: str) -> str:
+    """``10 min 5 s, 1 180 tests``: a tier's pytest time on the machine of test_durations.json."""
+    t = m("test_durations")["tiers"][name]
+    return f"{minsec(t['seconds'])}, {t['tests']} tests"
+
+
+def tiers() -> str:
+    """development.md's table: each tier's time and tests, and where it ran."""
+    rows = [[TIER_NAMES[n], minsec(t["seconds"]), t["tests"], t["skipped"]] for n, t in m("test_durations")["tiers"].items()]
+    return table(["tier", "pytest time", "tests", "skipped (no GPU)"], rows)
+
+
+def slowest_tests() -> str:
+    """Each tier's slowest tests, the list the next cut between the tiers starts from."""
+    rows = [[TIER_NAMES[n], f"`{test.removeprefix('tests/')}`", f"{seconds:.0f}"]
+            for n, tests in m("test_durations")["tests"].items() for test, seconds in list(tests.items())[:SLOWEST]]
+    return table(["tier", "test", "seconds"], rows, right=2)
+
+
 def commands() -> str:
     """development.md's list: the README's and the guide's commands by how the suite runs them
     (tools/doc_commands.py, which tests/test_docs.py checks)."""
@@ -503,6 +527,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
     "commands": commands,
+    "tests.fast": lambda: tier("fast"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
+    "tests.slowest": slowest_tests, "tests.machine": lambda: f"{machine('test_durations')} (a fresh clone's `.ci/run`)",
     "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
     "loader.fp16": lambda: f"{_vps('float16'):.0f}",
     "loader.fp16-vs-original": lambda: f"{_vps('float16') / _original():.1f}",
@@ -531,6 +557,7 @@ _RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py"
 # (or the tests) that measured them and the raymcn code it measured. A JSON whose commit is older than
 # a change to one of them may no longer describe today's code.
 PRODUCERS: dict[str, tuple[str, ...]] = {
+    "test_durations": ("tests", "pyproject.toml", "Makefile", ".ci/run", *_RUN, "raymcn/sweep", "raymcn/data"),
     "chaos": ("bench/chaos.py", *_RUN, "raymcn/servers", "raymcn/sweep", "raymcn/phases.py", "raymcn/data/read"),
     "compression": ("bench/compression.py", "raymcn/data/formats", "raymcn/data/read"),
     "drain_check": ("bench/drain_check.py", "raymcn/train/on_ray/cluster.py"),

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raymcn.config import reason
-
 BLOCK = 512  # tar block: headers and member data are padded to it
 ZERO_BLOCK = bytes(BLOCK)
 NAME_MAX = 100  # ustar name field; raymcn's names have no "/", so the prefix field cannot help
@@ -401,7 +399,7 @@ def npy_view(mv: memoryview, what: str = "member") -> np.ndarray:
             d = ast.literal_eval(header.decode("latin1"))
             dtype, fortran, shape = np.dtype(d["descr"]), bool(d["fortran_order"]), tuple(d["shape"])
         except Exception as e:  # noqa: BLE001 - any failure means a damaged header
-            raise NpyError(f"{what}: unreadable .npy header ({reason(e)})") from None
+            raise NpyError(f"{what}: unreadable .npy header ({type(e).__name__}: {e})") from None
     if dtype.hasobject:
         raise NpyError(f"{what}: object arrays are not allowed")
     count = math.prod(shape)
