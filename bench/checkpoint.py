@@ -240,8 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = harness.parse_args(build_parser(), argv, SMOKE)
-    from raymcn.cli import preset_path
-    from raymcn.config import Config, load_config
+    from raymcn.config import Config, load_config, preset_path
 
     cfg = load_config(preset_path()) if args.quick else Config()
     work = Path(args.workdir)

@@ -81,8 +81,7 @@ SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "d
 
 
 def make_config(workers: int, epochs: int, overrides: list[str]):
-    from raymcn.cli import preset_path
-    from raymcn.config import load_config
+    from raymcn.config import load_config, preset_path
 
     return load_config(preset_path(), [f"scale.num_workers={workers}", f"schedule.epochs={epochs}", *overrides])
 

@@ -181,8 +181,7 @@ def _jsonable(v):
 
 # --- one sweep ----------------------------------------------------------------------------------------
 def base_config(algorithm: str, seed: int, args: argparse.Namespace):
-    from raymcn.cli import preset_path
-    from raymcn.config import load_config
+    from raymcn.config import load_config, preset_path
 
     return load_config(preset_path(), {
         "scale.num_workers": 0, "schedule.epochs": args.epochs, "schedule.stage1_fraction": STAGE1_FRACTION,

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from raymcn.config import (
@@ -24,17 +23,13 @@ from raymcn.config import (
     ConfigError,
     RayUnavailable,
     load_config,
+    preset_path,
 )
 from raymcn.environment import Environment
 from raymcn.train.monitor.console import Console
 from raymcn.train.preflight import checks as preflight
 
-DEFAULT_PRESET = "default.yaml"
 LATEST = "latest"  # --resume latest
-
-
-def preset_path(name: str = DEFAULT_PRESET) -> Path:
-    return Path(str(resources.files("raymcn") / "presets" / name))
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:

@@ -138,7 +138,7 @@ def apply_precision(cfg: Config) -> None:
       retrieval scores compute in fp32 (they disable autocast themselves).
     * Those fp32 matrix products use ``scale.matmul_precision``: ``"highest"`` = true fp32 (TF32
       off for matmuls and for cuDNN), ``"high"`` = TF32 allowed on Ampere and later GPUs (the
-      default argued in ``config.py`` and docs/memory.md).
+      default argued in ``config/sections.py`` and docs/memory.md).
     * ``cudnn.benchmark`` on: a run's convolutions see few shapes (a share of ⌊B/N⌋ or ⌈B/N⌉ videos,
       gradient-caching chunks, the evaluation), so each is tuned once and reused for the whole run.
       The price on CUDA: each process picks its algorithms by timing them, and some of cuDNN's use
