@@ -60,9 +60,9 @@ def full_run(cfg):
         p.grad = torch.zeros_like(p)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    queue = run.objective.queue
+    queue = run.objective.cluster.queue
     queue.push(torch.randn(queue.capacity, queue.dim))
-    run.objective.centroids = torch.randn(cfg.loss.num_clusters, cfg.model.embed_dim)
+    run.objective.cluster.centroids = torch.randn(cfg.loss.num_clusters, cfg.model.embed_dim)
     return run
 
 

@@ -76,7 +76,7 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
         batch = stepbench.make_batch(cfg, clips)
-        run.objective.queue.push(torch.randn(run.objective.queue.capacity, cfg.model.embed_dim))
+        run.objective.cluster.queue.push(torch.randn(run.objective.cluster.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
             return train_one_epoch(run, [batch])

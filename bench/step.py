@@ -158,7 +158,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
     """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from raymcn.losses.objective import KMEANS_REFIT
+    from raymcn.losses.cluster import KMEANS_REFIT
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
     from raymcn.train.run_plan import make_plan
@@ -181,7 +181,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         out, saved = meters.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
         del out  # frees the graph and its saved tensors
         # A full queue, so the warm-up refit builds the k-means input the estimate counts.
-        objective.queue.push(torch.randn(objective.queue.capacity, cfg.model.embed_dim))
+        objective.cluster.queue.push(torch.randn(objective.cluster.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
             if zero_grad_late:
@@ -203,7 +203,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         "batch": sum(t.nbytes for t in inputs),
         "activations": saved,
         "conv_workspace": max(t for _, t in meters.op_transient_bytes(prof)),
-        "queue": objective.queue._buf.nbytes,
+        "queue": objective.cluster.queue._buf.nbytes,
         "kmeans_input": max(t for _, t in meters.op_transient_bytes(prof, (KMEANS_REFIT,))),
         "optimizer_workspace": max(t for _, t in meters.op_transient_bytes(prof, ("Optimizer.step#Adam.step",))),
         "loss": _loss_peak(model, objective, batch, active, state.step),

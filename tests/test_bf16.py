@@ -17,6 +17,7 @@ variant of the step: the gathered and the ring contrastive loss, plain and with 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -76,7 +77,7 @@ def _step(run, batch, *, ring: bool, chunk: int, bf16: bool, monkeypatch) -> tup
     monkeypatch.setattr(loop, "autocast", bf16_autocast if bf16 else fp32)
     model = copy.deepcopy(run.model)
     objective = copy.deepcopy(run.objective)
-    objective.ring = ring
+    objective.layout = dataclasses.replace(objective.layout, ring=ring)
     step = run.cfg.loss.refresh_every * 100  # a refit step
     model.zero_grad(set_to_none=True)
     if chunk:
@@ -91,7 +92,7 @@ def _step(run, batch, *, ring: bool, chunk: int, bf16: bool, monkeypatch) -> tup
     with torch.no_grad(), loop.autocast(run.device):
         emb = model.embed(batch, ALL) if hasattr(model, "embed") else model(batch, ALL)
     fused = sum(emb[m].float() for m in sorted(ALL)) / 3
-    labels = assign_clusters(fused, objective.centroids)
+    labels = assign_clusters(fused, objective.cluster.centroids)
     return {k: v.detach() for k, v in terms.items()}, grads, labels
 
 

@@ -437,7 +437,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     payload.restore(payload.load(f"{where}/ckpt"), **again.parts())
     results["restored"] = True
     run_epochs(again)
-    results.update(centroids=again.objective.centroids.cpu(), held=_gpus_holding_this_process())
+    results.update(centroids=again.objective.cluster.centroids.cpu(), held=_gpus_holding_this_process())
     return results
 
 

@@ -122,7 +122,7 @@ def run(model, cfg: Config, order: str, step_fn, bn_eval: bool = False, seed: in
             "where": f"order={order} step={step} active={sorted(active)}",
             "terms": {k: v.detach().clone() for k, v in terms.items()},
             "grads": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
-            "centroids": objective.centroids.clone(), "queue": objective.queue.contents(),
+            "centroids": objective.cluster.centroids.clone(), "queue": objective.cluster.queue.contents(),
             "buffers": {n: b.clone() for n, b in model.named_buffers()}, "rng": torch.get_rng_state()})
     return records
 
@@ -226,7 +226,8 @@ def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
         model, seed = linear_mcn(12, 32), None
         real = MCNObjective.recon_term  # a chunk's part (fraction < 1) weighted twice; the whole share's as before
         monkeypatch.setattr(MCNObjective, "recon_term",
-                            lambda self, pairs, fraction=1.0: real(self, pairs, fraction) * (2 if fraction < 1 else 1))
+                            lambda self, pairs, rows, fraction=1.0: real(self, pairs, rows, fraction) * (
+                                2 if fraction < 1 else 1))
         reference = plain
     else:
         model, seed = tiny_mcn(cfg), None

@@ -19,7 +19,7 @@ from torch import nn
 
 from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.losses import MCNObjective
+from raymcn.losses import Clustering, Layout, MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
 from raymcn.train.feed import Prefetcher
@@ -38,17 +38,17 @@ from raymcn.train.run_plan import RunPlan
 
 def build_objective(cfg: Config, plan: RunPlan, device: torch.device | str,
                     comm: Collectives | None = None) -> MCNObjective:
-    """The objective of a run: its loss settings and the quantities the plan fixed, every rank's
-    share of each step among them (the ranks exchange no row counts)."""
+    """The objective of a run: its loss settings, its clustering state (on ``device``) and the
+    layout of its steps' rows the plan fixed, every rank's share of each step among them (the
+    ranks exchange no row counts)."""
     comm = comm or Collectives()
 
     def shares(step: int) -> list[int]:
         return [v * plan.clips_per_video for v in plan.shares(comm.world, step)]
 
-    return MCNObjective(cfg.loss, embed_dim=cfg.model.embed_dim, clips_per_video=plan.clips_per_video,
-                        queue_rows=plan.queue_rows, queue_clips_per_video=plan.queue_clips_per_video,
-                        seed=cfg.run.seed, device=device, comm=comm, ring=cfg.scale.ring_contrastive,
-                        shares=shares)
+    cluster = Clustering(cfg.loss, embed_dim=cfg.model.embed_dim, queue_rows=plan.queue_rows,
+                         queue_clips_per_video=plan.queue_clips_per_video, seed=cfg.run.seed, device=device)
+    return MCNObjective(cfg.loss, cluster, comm, Layout(plan.clips_per_video, shares, cfg.scale.ring_contrastive))
 
 
 def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", comm: Collectives | None = None,

@@ -3,7 +3,8 @@ installs into its run at its start (:func:`install`), only for what its environm
 
 ``RAYMCN_FAULT="kind=value[,kind=value]"``. Kinds: ``raise_after_epoch=N`` (raise once epoch N is
 checkpointed), ``kill_at_step=S`` (SIGKILL this worker process at global step S; rank
-``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S`` (make the loss of step S non-finite),
+``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S`` (make the loss of step S, and so its
+gradients, non-finite),
 ``hold_after_epoch=N`` (after epoch N and every later one is reported, wait while the file
 ``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between epochs, e.g. until a node it added
 has joined), ``hold_at_step=S`` (the same, every rank, before global step S: a test kills the
@@ -46,14 +47,14 @@ class InjectedFault(RuntimeError):
 def install(run: Run, env: Environment) -> None:
     """The hooks ``env`` asks for, into ``run`` (nothing when it asks for none): the trace first
     among the run's ``after_step`` hooks (a step is traced before it is checkpointed), the faults
-    where each strikes (before a step, in the objective's loss, after an epoch, in the batches)."""
+    where each strikes (before a step, after its backward, after an epoch, in the batches)."""
     if env.trace:
         run.hooks.after_step.insert(0, Trace(Path(env.trace)))
     faults = Faults.of(env)
     if any(kind in faults.kinds for kind in AT_STEP):
         run.hooks.before_step.append(faults.at_step)
     if "nan_at_step" in faults.kinds:
-        run.objective.register_forward_hook(lambda objective, args, terms: faults.poison(run, terms))
+        run.hooks.after_backward.append(faults.poison)
     if any(kind in faults.kinds for kind in AFTER_EPOCH):
         run.hooks.after_epoch.append(faults.after_epoch)
     if "stall_data_at_step" in faults.kinds and run.hooks.batches is not None:
@@ -93,10 +94,13 @@ class Faults:
             _forever()
 
     def poison(self, run: Run, terms: dict) -> None:
-        """After the objective's call (its forward hook): step ``nan_at_step``'s loss, and so its
-        gradients, non-finite."""
+        """After a step's backward: step ``nan_at_step``'s loss and gradients non-finite, as a
+        non-finite loss's backward leaves them."""
         if run.state.step == self.kinds["nan_at_step"]:
             terms["total_loss"] = terms["total_loss"] * float("nan")
+            for p in run.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(float("nan"))
 
     def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
         epoch = run.state.epoch

@@ -7,7 +7,8 @@ objective once on those embeddings as leaves, whose backward leaves the cached g
 d total / d embedding; (3) each chunk re-forwarded with autograd (its pass-1 RNG state replayed,
 through the DDP wrapper) and its rows of the cached gradients pushed through it, with its part of
 the reconstruction term, which is per clip and so not cached (the objective weights it:
-``MCNObjective.recon_term``). BatchNorm's running statistics are updated once per step
+``MCNObjective.recon_term``). Only the objective's public calls are used: its step's rows
+(``rows``), the loss on given rows, and the reconstruction term's weight (``recon_term``, ``in_total``). BatchNorm's running statistics are updated once per step
 (:class:`ChunkedBatchNorm`). Terms, gradients, queue and centroids equal the plain step's to 1e-5
 (tests/test_gradcache.py, tests/test_dist_losses.py); what is exact and why: docs/memory.md,
 "Gradient caching: what is exact".
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymcn.config import MODALITIES
-from raymcn.losses import MCNObjective
+from raymcn.losses import MCNObjective, StepRows
 from raymcn.model.syncbn import GlobalBatchNorm2d
 
 
@@ -143,7 +144,7 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
         objective: the run's :class:`~raymcn.losses.MCNObjective` (called once, on the whole share;
             it weights the reconstruction term, which runs chunk by chunk).
         batch: this rank's share, b clips, video-major (the batch contract of ``train_one_epoch``).
-        chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.clips_per_video``).
+        chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.layout.clips_per_video``).
         forward_context: entered around every forward (the loop's autocast).
         lap: called with a phase name as each phase ends: "forward" (pass 1), "loss",
             "backward" (the loss's backward, then each chunk's), "reforward" (each chunk's forward).
@@ -154,7 +155,7 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
     """
     lap = lap or (lambda phase: None)
     b = share_clips(batch)
-    cpv = getattr(objective, "clips_per_video", 1)
+    cpv = objective.layout.clips_per_video
     if chunk_clips < 1 or chunk_clips % cpv:
         raise ValueError(f"scale.grad_cache_clips={chunk_clips}: chunks must be whole videos of {cpv} clips")
     chunks = _Chunks(model, batch, active, chunk_bounds(b, chunk_clips), forward_context)
@@ -163,10 +164,11 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
         cache = chunks.embed(bn)  # 1.
         after_pass1 = _rng_state(chunks.device)
         lap("forward")
-        terms, grads = _objective_backward(objective, cache, active, step, lap)  # 2.
+        rows = objective.rows(b, step, chunks.device)  # the share's place in the step (and its terms' weight)
+        terms, grads = _objective_backward(objective, cache, active, step, rows, lap)  # 2.
         del cache
         lap("backward")
-        recon = chunks.reforward(grads, objective, lap)  # 3.
+        recon = chunks.reforward(grads, objective, rows, lap)  # 3.
         _set_rng_state(after_pass1, chunks.device)
     bn.commit()
     if recon is not None:
@@ -208,7 +210,7 @@ class _Chunks:
                 del out
         return cache
 
-    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, lap) -> Tensor | None:
+    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, rows: StepRows, lap) -> Tensor | None:
         """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its
         rows of the cached gradients pushed through it, with its part of the reconstruction term
         (weighted by the objective) and that part's own gradient; DDP syncs only the last chunk's
@@ -226,7 +228,7 @@ class _Chunks:
                 seeds = [g[s:e] for g in grads.values()]
                 pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in self.active and f"recon_{m}" in out}
                 if pairs:
-                    part = objective.recon_term(pairs, (e - s) / self.clips)
+                    part = objective.recon_term(pairs, rows, (e - s) / self.clips)
                     recon_parts.append(part.detach())
                     outputs.append(objective.in_total(part))
                     seeds.append(torch.ones_like(outputs[-1]))
@@ -237,11 +239,11 @@ class _Chunks:
 
 
 def _objective_backward(objective: MCNObjective, cache: dict[str, Tensor], active: frozenset[str], step: int,
-                        lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+                        rows: StepRows, lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Pass 2: the objective once, on the whole share; its backward fills the cached embeddings'
     gradients. Returns (the detached terms, {m: (b, D) gradient})."""
     leaves = {m: x.requires_grad_() for m, x in cache.items()}
-    terms = objective(leaves, active, step)
+    terms = objective(leaves, active, step, rows)
     lap("loss")
     terms["total_loss"].backward()
     grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}

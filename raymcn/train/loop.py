@@ -238,6 +238,8 @@ class Hooks:
         evaluate: run -> retrieval metrics after each epoch (its wall time is ``time_eval_s``).
         before_step: run -> None before each step's compute, in order (fault injection,
             ``faults.install``, adds its hooks here only when a fault is asked for).
+        after_backward: (run, the step's loss terms) -> None after its backward, before the
+            update, in order (fault injection: a non-finite step).
         after_step: (run, the step's loss terms, its batch) -> None after each step, in order
             (mid-epoch checkpoints, progress lines, the step trace); their time is the
             ``checkpoint`` phase.
@@ -252,6 +254,7 @@ class Hooks:
     batches: Callable[[Run, int, int], tuple[Iterable[dict], Any]] | None = None
     evaluate: Callable[[Run], dict[str, float]] | None = None
     before_step: list[Callable[[Run], None]] = field(default_factory=list)
+    after_backward: list[Callable[[Run, dict[str, torch.Tensor]], None]] = field(default_factory=list)
     after_step: list[Callable[[Run, dict[str, float], dict], None]] = field(default_factory=list)
     after_epoch: list[Callable[[Run, dict[str, float]], None]] = field(default_factory=list)
     log: Callable[[str], None] | None = None
@@ -287,7 +290,7 @@ class Run:
     def parts(self) -> dict[str, Any]:
         """What a checkpoint holds and restores, by name (``checkpoint.save/restore``)."""
         return {"model": self.net, "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "objective": self.objective, "loop": self.state}
+                "objective": self.objective.cluster, "loop": self.state}
 
 
 def train_one_epoch(run: Run, batches: Iterable[dict], data_stats: Any = None) -> dict[str, float]:
@@ -356,6 +359,8 @@ class _Epoch:
         for hook in run.hooks.before_step:
             hook(run)
         terms = forward_backward(run, batch, active, self.chunk_clips, self.timer.lap)
+        for hook in run.hooks.after_backward:
+            hook(run, terms)
         values = self.update(terms)
         run.scheduler.step()
         state.step += 1
