@@ -75,8 +75,8 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     import torch
 
     from raymcn.config import PRIMARY_METRIC, load_config, preset_path
-    from raymcn.train.build import assemble, run_epochs
-    from raymcn.train.loop import NonFiniteLossError
+    from raymcn.train.build import assemble
+    from raymcn.train.loop import NonFiniteLossError, run_epochs
     from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)

@@ -408,8 +408,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from raymcn.data.evalsets import EvalSetError
     from raymcn.model import MCN
     from raymcn.train.checkpoints import payload as checkpoint
+    from raymcn.train.evaluate import evaluate
     from raymcn.train.inputs import eval_set_of
-    from raymcn.train.loop import evaluate
 
     path = Path(args.checkpoint)
     try:

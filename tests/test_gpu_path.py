@@ -390,10 +390,13 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     assembled run. Returns what the test compares."""
     from raymcn.collectives import Collectives
     from raymcn.data.read.order import rank_slots
-    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.build import assemble
     from raymcn.train.checkpoints import payload
-    from raymcn.train.loop import Hooks, apply_precision, evaluate
+    from raymcn.train.evaluate import evaluate
+    from raymcn.train.loop import run_epochs
+    from raymcn.train.optim import apply_precision
     from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.run import Hooks
     from raymcn.train.run_plan import make_plan
 
     cuda = device.type == "cuda"
@@ -450,7 +453,8 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     from raymcn.data.read.order import rank_slots
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
-    from raymcn.train.loop import apply_precision, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.optim import apply_precision
     from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
     from raymcn.train.preflight.step_probe import host_batch
     from raymcn.train.run_plan import make_plan
@@ -659,7 +663,8 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     from raymcn.config import MODALITIES
     from raymcn.train.build import assemble
     from raymcn.train.feed import to_device
-    from raymcn.train.loop import apply_precision, forward_backward
+    from raymcn.train.loop import forward_backward
+    from raymcn.train.optim import apply_precision
     from raymcn.train.preflight.step_probe import host_batch
     from raymcn.train.run_plan import make_plan
 

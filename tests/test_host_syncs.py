@@ -98,7 +98,8 @@ def rank_batches(cfg, plan, rank: int, world: int) -> list[dict]:
 def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, int]:
     """Host syncs counted from each step's start to its end (``train_one_epoch``'s ``watch`` and
     ``after_step``); the epoch's closing metrics come after the last step and are not a step's."""
-    from raymcn.train.loop import Hooks, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.run import Hooks
 
     start: dict[int, int] = {}
     per_step: dict[int, int] = {}

@@ -24,7 +24,9 @@ from raymcn.collectives import Collectives
 from raymcn.config import Config
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
-from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
+from raymcn.train.loop import train_one_epoch
+from raymcn.train.monitor.epoch_metrics import EpochProgress
+from raymcn.train.optim import apply_precision
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
 from raymcn.train.run_plan import make_plan
 
