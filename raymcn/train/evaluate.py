@@ -1,4 +1,5 @@
-"""Evaluation: zero-shot text-to-video retrieval of a model on an eval set, and its metrics. No Ray.
+"""Evaluation: zero-shot text-to-video retrieval of a model on an eval set, its metrics, and
+``raymcn eval`` (:func:`run`: a checkpoint's). No Ray.
 
 Every clip is embedded once (sharded over the ranks, :func:`embed_eval_set`) by one model, rank 0's,
 and rank 0 scores the whole set: ``M = t · (v + a)ᵀ``, chunked, in fp32. The rank of query i is the
@@ -8,14 +9,23 @@ match down (the original's ``np.where`` equality search misaligns on ties).
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
 
 from raymcn.collectives import Collectives
-from raymcn.config import METRIC_PREFIX, RETRIEVAL_METRICS
+from raymcn.config import METRIC_PREFIX, RETRIEVAL_METRICS, Config, ConfigError
+from raymcn.data.evalsets import EvalSetError
+from raymcn.model import MCN
 from raymcn.train import optim
+from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.feed import to_device
+from raymcn.train.inputs import eval_set_of
+from raymcn.train.monitor.console import final_summary
 
 
 @torch.no_grad()
@@ -120,3 +130,37 @@ def retrieval_metrics(ranks: torch.Tensor, num_queries_total: int | None = None,
     out = {f"{prefix}_R@{k}": 100.0 * float((r < k).sum()) / total for k in (1, 5, 10)}
     out[f"{prefix}_MedR"] = float(np.median(r)) + 1.0
     return out
+
+
+# --- `raymcn eval`: a checkpoint's retrieval ------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    """``raymcn eval``: zero-shot retrieval of a checkpoint on an eval set, its model scored as a
+    run scores it; the same JSON keys as ``train --json``."""
+    path = Path(args.checkpoint)
+    try:
+        payload = checkpoint.load(path if path.is_dir() else path.parent)
+    except checkpoint.CheckpointError as e:
+        raise ConfigError([str(e)]) from None
+    cfg = Config.from_dict(payload["config"])
+    if args.eval_set:
+        cfg = cfg.replace({"data.eval_set": args.eval_set})
+    if args.word_vectors:
+        cfg = cfg.replace({"data.word_vectors": args.word_vectors})
+    try:
+        eval_set = eval_set_of(cfg)  # the eval pickle and its words, as a run of this config reads them
+    except (EvalSetError, OSError) as e:
+        raise ConfigError([f"--eval-set {cfg.data.eval_set}: {e}"]) from None
+    if eval_set.note:
+        print(eval_set.note)
+    model = MCN(cfg.model)
+    model.load_state_dict(payload["model"])
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    metrics = evaluate(model.to(device), eval_set, device)
+    metrics.update({k: v for k, v in payload.get("metrics", {}).items() if k.endswith("_loss")})
+    metrics["epoch"] = payload["loop"]["epoch"]
+    summary = final_summary(metrics, path if path.is_dir() else path.parent)
+    for k, v in summary.items():
+        print(f"  {k:32s} {v}")
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    return 0
