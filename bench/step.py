@@ -88,6 +88,7 @@ import torch
 from bench import harness, meters
 from bench.procstat import status_bytes
 from raymcn.config import Config
+from raymcn.data.formats.batch import random_batch
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint
 
@@ -117,18 +118,6 @@ def step_config(clips: int, cpv: int = 8, smoke: bool = False) -> Config:
     return Config().replace({**(SMOKE_DIMS if smoke else {}), "data.batch_size": clips // cpv,
                              "data.clips_per_video": cpv, "loss.num_clusters": min(256, clips),
                              "scale.num_workers": 0})
-
-
-def make_batch(cfg: Config, clips: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    m, d = cfg.model, cfg.data
-    return {
-        "video": torch.rand(clips, m.video_dim, generator=g),
-        "audio": (-40 * torch.rand(clips, m.mel_bins, d.audio_frames, generator=g)).half(),  # dB <= 0
-        "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
-        "text": torch.randn(clips, d.max_words, m.word_dim, generator=g),
-        "key": [f"v{i // d.clips_per_video}" for i in range(clips)],
-    }
 
 
 def zero_grad_late_step(model, objective, optimizer, scheduler, batch: dict, *, cfg: Config, state) -> dict:
@@ -174,7 +163,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         # allocated at its first step, inside the trace.
         run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
         model, optimizer, scheduler, objective, state = run.model, run.optimizer, run.scheduler, run.objective, run.state
-        batch = make_batch(cfg, clips)
+        batch = random_batch(cfg, clips)
         inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
         # 1. saved activations of one forward (the graph is dropped right after)
         state_tensors = tuple(model.parameters()) + tuple(model.buffers())

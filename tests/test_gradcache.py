@@ -23,6 +23,7 @@ import torch
 from conftest import TINY_MODEL, config, linear_mcn, objective_for, run_of
 
 from raymcn.config import STAGE_ORDERS, Config, ConfigError
+from raymcn.data.formats.batch import random_batch
 from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.train import gradcache
@@ -39,13 +40,7 @@ BASE = {**TINY_MODEL, "model.recon": True, "data.batch_size": VIDEOS, "data.clip
 
 
 def _batch(cfg: Config, step: int) -> dict:
-    g = torch.Generator().manual_seed(100 + step)
-    m, frames = cfg.model, cfg.data.audio_frames
-    return {"video": torch.rand(CLIPS, m.video_dim, generator=g),
-            "audio": (-40 * torch.rand(CLIPS, m.mel_bins, frames, generator=g)).half(),  # dB <= 0, fp16
-            "nframes": torch.randint(frames // 4, frames + 40, (CLIPS,), generator=g, dtype=torch.int32),
-            "text": torch.randn(CLIPS, cfg.data.max_words, m.word_dim, generator=g),
-            "key": [f"v{i // CPV}" for i in range(CLIPS)]}
+    return random_batch(cfg, CLIPS, seed=100 + step)
 
 
 def _linear_batch(cfg: Config, step: int) -> dict:

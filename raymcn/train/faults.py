@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raymcn.data.formats.batch import Batch
 from raymcn.environment import Environment
 from raymcn.train.run import Run
 
@@ -102,7 +103,7 @@ class Faults:
         if "hold_after_epoch" in self.kinds and epoch >= self.kinds["hold_after_epoch"]:
             self._hold()
 
-    def stalling(self, batches: Callable[[Run, int, int], tuple[Iterable[dict], Any]]):
+    def stalling(self, batches: Callable[[Run, int, int], tuple[Iterable[Batch], Any]]):
         """``batches`` (the run's hook), except that the faulty rank's batch of global step
         ``stall_data_at_step`` never arrives (once per run)."""
         def stalled(run: Run, epoch: int, start: int) -> tuple[Iterator, Any]:
@@ -113,7 +114,7 @@ class Faults:
 
         return stalled
 
-    def _stall_in(self, batches: Iterable[dict], first_step: int) -> Iterator[dict]:
+    def _stall_in(self, batches: Iterable[Batch], first_step: int) -> Iterator[Batch]:
         for step, batch in enumerate(batches, start=first_step):
             if step == self.kinds["stall_data_at_step"] and self._first_time("stall_data_at_step"):
                 _forever()

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymcn.config import MODALITIES
+from raymcn.data.formats.batch import Batch
 from raymcn.losses import MCNObjective, StepRows
 from raymcn.model.syncbn import GlobalBatchNorm2d
 
@@ -35,7 +36,7 @@ def chunk_bounds(clips: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, clips)) for s in range(0, clips, chunk)]
 
 
-def share_clips(batch: dict) -> int:
+def share_clips(batch: Batch) -> int:
     """Clips in ``batch`` (the common first dimension of its tensors)."""
     sizes = {v.shape[0] for v in batch.values() if isinstance(v, Tensor)}
     if len(sizes) != 1:
@@ -43,7 +44,7 @@ def share_clips(batch: dict) -> int:
     return sizes.pop()
 
 
-def slice_batch(batch: dict, start: int, end: int) -> dict:
+def slice_batch(batch: Batch, start: int, end: int) -> Batch:
     """Rows ``start:end`` of every per-clip entry of ``batch`` (tensors and per-clip lists)."""
     clips = share_clips(batch)
     return {k: v[start:end] if isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and len(v) == clips) else v
@@ -122,14 +123,14 @@ def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) ->
         torch.cuda.set_rng_state(state[1], device)
 
 
-def _embeddings(net: nn.Module, batch: dict, active: frozenset[str]) -> dict[str, Tensor]:
+def _embeddings(net: nn.Module, batch: Batch, active: frozenset[str]) -> dict[str, Tensor]:
     embed = getattr(net, "embed", None)
     if embed is not None:
         return embed(batch, active)
     return {m: x for m, x in net(batch, active).items() if m in MODALITIES}  # a model without ``embed``
 
 
-def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: frozenset[str], step: int,
+def cached_step(model: nn.Module, objective: MCNObjective, batch: Batch, active: frozenset[str], step: int,
                 chunk_clips: int, *, forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                 lap: Callable[[str], None] | None = None) -> dict[str, Tensor]:
     """Forward, objective and backward of one step with gradient caching; returns the detached terms.
@@ -182,7 +183,7 @@ class _Chunks:
     modalities, each chunk's (start, end) rows and the RNG state each chunk's first forward started
     from (filled by pass 1, replayed by pass 3)."""
 
-    def __init__(self, model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+    def __init__(self, model: nn.Module, batch: Batch, active: frozenset[str], bounds: list[tuple[int, int]],
                  forward_context: Callable[[], contextlib.AbstractContextManager]):
         self.model, self.batch, self.active, self.bounds = model, batch, active, bounds
         self.forward_context = forward_context

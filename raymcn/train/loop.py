@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from raymcn.config import Config, PermanentError
-from raymcn.data.batch import Batch
+from raymcn.data.formats.batch import Batch
 from raymcn.train import optim
 from raymcn.train.feed import Prefetcher, to_device
 from raymcn.train.gradcache import cached_step
@@ -96,7 +96,7 @@ def train_one_epoch(run: Run, batches: Iterable[Batch], data_stats: Any = None) 
     combined over ``run.comm``'s ranks (a collective at the epoch's end).
 
     Args:
-        batches: this rank's batches (``raymcn.data.batch.Batch``): video (b,4096), audio
+        batches: this rank's batches (``raymcn.data.formats.batch.Batch``): video (b,4096), audio
             (b,40,T), nframes (b,), text (b,W,300), key; b = local videos × clips per video, video-major.
         data_stats: the epoch's data counters as they fill (``as_metrics()``), kept in
             ``run.state.progress`` after every step so a mid-epoch checkpoint holds them.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from raymcn.data.batch import Batch
+from raymcn.data.formats.batch import Batch
 from raymcn.environment import Environment
 from raymcn.train.monitor import timeline
 from raymcn.train.run import Run

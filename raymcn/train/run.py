@@ -14,7 +14,7 @@ from torch import nn
 
 from raymcn.collectives import Collectives
 from raymcn.config import Config
-from raymcn.data.batch import Batch
+from raymcn.data.formats.batch import Batch
 from raymcn.losses import MCNObjective
 from raymcn.train.checkpoints.policy import CheckpointPolicy
 from raymcn.train.monitor.epoch_metrics import EpochProgress

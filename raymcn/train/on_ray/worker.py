@@ -25,8 +25,8 @@ import torch
 
 from raymcn.collectives import Collectives
 from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError, reason
-from raymcn.data.batch import Batch
 from raymcn.data.evalsets import EvalSet, load_eval_set
+from raymcn.data.formats.batch import Batch
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
