@@ -40,7 +40,12 @@ BASE = {**TINY_MODEL, "model.recon": True, "data.batch_size": VIDEOS, "data.clip
 
 
 def _batch(cfg: Config, step: int) -> dict:
-    return random_batch(cfg, CLIPS, seed=100 + step)
+    batch = random_batch(cfg, CLIPS, seed=100 + step)
+    # per-clip audio lengths, some beyond T (as an eval set stores them): every chunk pools with its own masks
+    frames = cfg.data.audio_frames
+    g = torch.Generator().manual_seed(step)
+    batch["nframes"] = torch.randint(frames // 4, frames + 40, (CLIPS,), generator=g, dtype=torch.int32)
+    return batch
 
 
 def _linear_batch(cfg: Config, step: int) -> dict:

@@ -69,8 +69,8 @@ class Hooks:
         after_backward: (run, the step's loss terms) -> None after its backward, before the
             update, in order (fault injection: a non-finite step).
         after_step: (run, the step's loss terms, its batch) -> None after each step, in order
-            (progress lines, the probes); with a mid-epoch checkpoint, their time is the
-            ``checkpoint`` phase.
+            (progress lines, the probes); their time, and a mid-epoch checkpoint's after them, is
+            the ``checkpoint`` phase.
         after_epoch: (run, the epoch's metrics) -> None after each epoch's checkpoint, in order
             (metrics.csv and the epoch line, a Tune report, fault injection).
         log: progress lines (rank 0 passes print).

@@ -34,16 +34,14 @@ class Batch(TypedDict):
 
 def random_batch(cfg: Config, clips: int, seed: int = 0) -> Batch:
     """``clips`` rows of the batch contract at ``cfg``'s dims, on the host, drawn from ``seed``:
-    video U[0, 1), audio N(0, 1) in float16, text N(0, 1) in the dtype the reader delivers it in
-    (bfloat16 with ``scale.use_gpu``), nframes uniform in [T/4, T] (the audio pooling's masks
-    differ per clip), keys of ``data.clips_per_video`` clips per video. One rank's whole step:
-    ``clips = cfg.clips_per_step``."""
+    video U[0, 1), audio N(0, 1) in float16 with every frame counted (nframes = T), text N(0, 1) in
+    the dtype the reader delivers it in (bfloat16 with ``scale.use_gpu``), keys of
+    ``data.clips_per_video`` clips per video. One rank's whole step: ``clips = cfg.clips_per_step``."""
     m, d = cfg.model, cfg.data
     g = torch.Generator().manual_seed(seed)
-    video = torch.rand(clips, m.video_dim, generator=g)
-    audio = torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half()
-    text = torch.randn(clips, d.max_words, m.word_dim, generator=g)
-    nframes = torch.randint(d.audio_frames // 4, d.audio_frames + 1, (clips,), generator=g, dtype=torch.int32)
-    return {"video": video, "audio": audio, "nframes": nframes,
-            "text": text.to(torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
+    return {"video": torch.rand(clips, m.video_dim, generator=g),
+            "audio": torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half(),
+            "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
+            "text": torch.randn(clips, d.max_words, m.word_dim, generator=g).to(
+                torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
             "key": [f"v{i // d.clips_per_video}#{i % d.clips_per_video}" for i in range(clips)]}

@@ -41,7 +41,6 @@ from ray.data.datasource import Datasource, ReadTask
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from raymcn.config import Config
-from raymcn.data.formats.batch import Batch
 from raymcn.data.read.order import VideoIndex, rank_steps
 from raymcn.data.read.stream import (
     STEP_SCHEMA,
@@ -231,7 +230,7 @@ class RankStream:
                             self._rank, self._world, start)
         return step_jobs(self._index, slices)
 
-    def epoch(self, epoch: int, start: int = 0) -> tuple[Iterator[Batch], EpochStats]:
+    def epoch(self, epoch: int, start: int = 0) -> tuple[Iterator[dict], EpochStats]:
         """The batches of ``epoch`` from in-epoch step ``start`` to its end, and its counters
         (filled as the rows arrive; complete when the iterator is exhausted)."""
         ahead = self._next
@@ -242,7 +241,7 @@ class RankStream:
         stats = EpochStats()
         return self._batches(opened, stats), stats
 
-    def _batches(self, opened: _OpenEpoch, stats: EpochStats) -> Iterator[Batch]:
+    def _batches(self, opened: _OpenEpoch, stats: EpochStats) -> Iterator[dict]:
         expected = opened.epoch * self._steps + opened.start
         last = (opened.epoch + 1) * self._steps - 1
         for batch, info in opened.resume():
