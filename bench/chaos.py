@@ -55,8 +55,7 @@ import yaml
 
 from bench import harness, procstat
 from bench.services import multinode_cluster
-from raymcn.cli import preset_path
-from raymcn.config import RUN_CONFIG_FILE, load_config
+from raymcn.config import RUN_CONFIG_FILE, load_config, preset_path
 from raymcn.train.monitor.timeline import process_started
 from raymcn.train.monitor.watchdog import STALLS_DIR
 

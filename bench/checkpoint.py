@@ -60,9 +60,9 @@ def full_run(cfg):
         p.grad = torch.zeros_like(p)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    queue = run.objective.queue
+    queue = run.objective.cluster.queue
     queue.push(torch.randn(queue.capacity, queue.dim))
-    run.objective.centroids = torch.randn(cfg.loss.num_clusters, cfg.model.embed_dim)
+    run.objective.cluster.centroids = torch.randn(cfg.loss.num_clusters, cfg.model.embed_dim)
     return run
 
 
@@ -240,8 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = harness.parse_args(build_parser(), argv, SMOKE)
-    from raymcn.cli import preset_path
-    from raymcn.config import Config, load_config
+    from raymcn.config import Config, load_config, preset_path
 
     cfg = load_config(preset_path()) if args.quick else Config()
     work = Path(args.workdir)

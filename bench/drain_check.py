@@ -11,7 +11,7 @@ off there, which does not change the question's path: the watcher only sets what
 each rank times ``--questions`` questions in a row, ``--repeats`` times, after ``--warmup`` untimed
 ones; the figure is the slowest rank's mean per question, median over repeats. Beside it, for
 scale: a one-float gloo broadcast from rank 0, which is what ``run.checkpoint_every``'s duration
-check costs every ``run.log_every`` steps (``payload.CheckpointSchedule``).
+check costs every ``run.log_every`` steps (``checkpoints/policy.CheckpointPolicy``).
 
 From the cost c and a step time t, asking every N steps costs c / (N t) of training; the choice of
 ``run.drain_check_every`` is the smallest N of 1, 2, 5, 10, 20, 50 under 1 % of the shortest paper

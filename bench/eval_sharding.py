@@ -6,7 +6,7 @@
 
 Before, every rank embedded and scored the whole eval set after each epoch (``worker.py``); now
 each rank embeds its contiguous share (⌈N/world⌉ clips), the shares are gathered and rank 0 scores
-once (``raymcn.train.loop.evaluate`` with ``comm``). Both run here on ``--world`` gloo processes
+once (``raymcn.train.evaluate.evaluate`` with ``comm``). Both run here on ``--world`` gloo processes
 (1 torch thread each, the model at initialisation in eval mode, random inputs of the eval set's
 shapes, 1000 audio frames at paper dims), ``--repeats`` times each, alternating; the figure is the
 slowest rank's wall time (the epoch waits for it), median over repeats. Both must give the same
@@ -29,7 +29,7 @@ from raymcn.collectives import Collectives
 from raymcn.config import ModelConfig
 from raymcn.model import MCN
 from raymcn.results.render import render_table
-from raymcn.train.loop import evaluate
+from raymcn.train.evaluate import evaluate
 
 TINY = ModelConfig(embed_dim=128, audio_channels=(16, 16, 32, 32, 64), recon_hidden=64)
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from raymcn.train.rank_exit import end_rank
+from bench.rank_exit import end_rank
 
 
 def gloo_ranks(fn: Callable[..., Any], world: int, *args, threads: int = 1, timeout_s: float | None = None) -> list:

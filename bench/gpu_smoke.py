@@ -33,10 +33,10 @@ import math
 import torch
 
 from bench import harness
+from bench.rank_exit import end_rank
 from raymcn.config import Config
 from raymcn.train.preflight.footprint import GIB
 from raymcn.train.preflight.step_probe import measure_step, one_rank_group
-from raymcn.train.rank_exit import end_rank
 
 PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ranks' share of 128 videos
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}

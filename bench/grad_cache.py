@@ -47,6 +47,7 @@ import torch
 from bench import harness
 from bench import step as stepbench
 from raymcn.config import Config
+from raymcn.data.formats.batch import random_batch
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint
 
@@ -75,8 +76,8 @@ def measure(clips: int, chunk: int, repeats: int, smoke: bool = False) -> dict:
     cpu = torch.device("cpu")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
-        batch = stepbench.make_batch(cfg, clips)
-        run.objective.queue.push(torch.randn(run.objective.queue.capacity, cfg.model.embed_dim))
+        batch = random_batch(cfg, clips)
+        run.objective.cluster.queue.push(torch.randn(run.objective.cluster.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
             return train_one_epoch(run, [batch])

@@ -164,8 +164,8 @@ def raymcn_peak(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True
     b = clips // world
     src = _sources(b, dim, recon)
     objective = build_objective(cfg, make_plan(cfg, videos=cfg.data.batch_size), "cpu", comm=Rank0Of(world))
-    objective.centroids = torch.randn(cfg.loss.num_clusters, dim, generator=torch.Generator().manual_seed(1))
-    objective.active = frozenset(MODALITIES)
+    objective.cluster.centroids = torch.randn(cfg.loss.num_clusters, dim, generator=torch.Generator().manual_seed(1))
+    objective.cluster.active = frozenset(MODALITIES)
 
     def step() -> None:
         out = _inputs(src)
@@ -258,7 +258,7 @@ def kmeans_input_current(queue: FeatureQueue, current: torch.Tensor) -> torch.Te
 
 
 def kmeans_input_lean(queue: FeatureQueue, current: torch.Tensor) -> torch.Tensor:
-    """X as ``MCNObjective._cluster_loss`` builds it now: the only large allocation is X itself."""
+    """X as ``Clustering.refit`` builds it now: the only large allocation is X itself."""
     n = len(queue)
     x = torch.empty(n + current.shape[0], queue.dim, dtype=torch.float32, device=current.device)
     queue.copy_into(x)

@@ -8,7 +8,7 @@
                                                    # repeats a run that died had finished
 
 Four arms, the same step in each: the embedded default preset (``scale.num_workers`` ranks, gloo
-on CPU), assembled by ``raymcn.train.build.assemble`` and run by ``build.run_epochs``, seeded the
+on CPU), assembled by ``raymcn.train.build.assemble`` and run by ``loop.run_epochs``, seeded the
 same, over the same shards, the same batches (the step rows of ``data/read/stream.py``: the same videos,
 clips and bytes in every arm), the same number of torch threads per rank (``scale.torch_threads``;
 every rank records ``torch.get_num_threads()``, ``OMP_NUM_THREADS`` and its niceness):
@@ -21,8 +21,8 @@ every rank records ``torch.get_num_threads()``, ``OMP_NUM_THREADS`` and its nice
    1 -> 2 is Ray's runtime: worker processes, their niceness, Ray's daemons beside the ranks.
 3. ``train-local``: ``TorchTrainer`` running raymcn's own worker (``train/on_ray/worker.py``:
    evaluation, checkpoint and report every epoch, progress, watchdog), its batches built in-process
-   as in 1 and 2 (:func:`local_reader_worker`: ``on_ray/worker.run_rank`` with
-   ``bench.readers.LocalStream``). 2 -> 3 is the Train layer.
+   as in 1 and 2 (:func:`local_reader_worker`: ``on_ray/worker.train_func_per_worker`` with
+   ``bench.readers.LocalStream`` as its stream). 2 -> 3 is the Train layer.
 4. ``train-raydata``: raymcn as it runs: ``TorchTrainer``, each rank's batches from its own Ray Data
    stream (``datasource.RankStream``: read tasks build the step rows). 3 -> 4 is the data path.
 
@@ -61,9 +61,9 @@ from pathlib import Path
 
 from bench import harness, procstat
 from bench.harness import read_jsonl
+from bench.rank_exit import end_rank, leave_group
 from bench.services import free_port
 from raymcn.train.monitor import timeline
-from raymcn.train.rank_exit import end_rank, leave_group
 
 ARMS = ("torchrun", "ray-ddp", "train-local", "train-raydata")
 NOPREFETCH = "train-raydata-noprefetch"  # optional: arm 4 with each batch fetched in the step (data.prefetch_batches=0)
@@ -81,8 +81,7 @@ SMOKE_SETTINGS = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "d
 
 
 def make_config(workers: int, epochs: int, overrides: list[str]):
-    from raymcn.cli import preset_path
-    from raymcn.config import load_config
+    from raymcn.config import load_config, preset_path
 
     return load_config(preset_path(), [f"scale.num_workers={workers}", f"schedule.epochs={epochs}", *overrides])
 
@@ -97,20 +96,24 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
     import torch.distributed as dist
 
     from bench.readers import LocalStream
-    from raymcn.collectives import Collectives
+    from raymcn.collectives import Collectives, world_info
     from raymcn.config import Config
-    from raymcn.train.build import assemble, run_epochs
-    from raymcn.train.loop import Hooks, apply_precision
+    from raymcn.environment import Environment
+    from raymcn.train import probes
+    from raymcn.train.build import assemble
+    from raymcn.train.loop import run_epochs
+    from raymcn.train.optim import apply_precision
+    from raymcn.train.run import Hooks
 
-    timeline.start(spec["trace"])
+    settings = Environment(timeline=spec["trace"])  # the timeline's marks, as a Ray Train rank makes them
     cfg, plan = Config.from_dict(spec["config"]), spec["plan"]
     threads = cfg.scale.torch_threads
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    timeline.worker_entered(rank, torch.get_num_threads())
+    probes.rank_started(settings, rank)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        comm = Collectives.from_process_group()
+        comm = Collectives(*world_info())
         stream = LocalStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
                              steps_per_epoch=plan.steps_per_epoch, log=None)
         unused = cfg.schedule.stage_order != "joint" and cfg.scale.find_unused_parameters
@@ -124,6 +127,7 @@ def rank_main(spec: dict, rank: int, world: int) -> None:
         hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start), after_epoch=[record])
         run = assemble(cfg, plan, comm=comm, hooks=hooks, wrap=lambda net: torch.nn.parallel.DistributedDataParallel(
             net, find_unused_parameters=unused, gradient_as_bucket_view=True))
+        probes.install(run, settings)
         run_epochs(run)
     except BaseException:
         dist.destroy_process_group()  # no barrier: the other rank may be gone
@@ -164,10 +168,12 @@ def local_stream(cfg, plan, rank: int, world: int):
 
 
 def local_reader_worker(loop_config: dict) -> dict:
-    """raymcn's worker with :func:`local_stream` in place of its Ray Data stream (arm 3)."""
-    from raymcn.train.on_ray.worker import run_rank
+    """raymcn's worker with :func:`local_stream` in place of its Ray Data stream (arm 3): this
+    worker process's ``worker.ray_data_stream`` is replaced before the worker runs."""
+    from raymcn.train.on_ray import worker
 
-    return run_rank(loop_config, local_stream)
+    worker.ray_data_stream = local_stream
+    return worker.train_func_per_worker(loop_config)
 
 
 def run_train(cfg, plan, reader: str, records: Path, trace: Path, storage: Path) -> None:
@@ -182,9 +188,14 @@ def run_train(cfg, plan, reader: str, records: Path, trace: Path, storage: Path)
             with open(records, "a") as f:
                 f.write(json.dumps({**metrics[0], "reported": time.time()}) + "\n")
 
-    variant = {"train_func": local_reader_worker} if reader == "local" else {}
-    trainer = launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
-                                   env=Environment(timeline=str(trace)), **variant)
+    real = launch.train_func_per_worker
+    if reader == "local":  # what every worker runs: arm 3's variant of raymcn's worker function
+        launch.train_func_per_worker = local_reader_worker
+    try:
+        trainer = launch.build_trainer(cfg, plan, str(storage / f"overhead-{records.stem}"), callbacks=[Record()],
+                                       env=Environment(timeline=str(trace)))
+    finally:
+        launch.train_func_per_worker = real
     with scoped_env(launch.controller_env(cfg)):
         trainer.fit()
 

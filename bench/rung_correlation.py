@@ -74,10 +74,9 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     process); ``corpus``: settings of the synthetic corpus (default the preset's 256 videos)."""
     import torch
 
-    from raymcn.cli import preset_path
-    from raymcn.config import PRIMARY_METRIC, load_config
-    from raymcn.train.build import assemble, run_epochs
-    from raymcn.train.loop import NonFiniteLossError
+    from raymcn.config import PRIMARY_METRIC, load_config, preset_path
+    from raymcn.train.build import assemble
+    from raymcn.train.loop import NonFiniteLossError, run_epochs
     from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)

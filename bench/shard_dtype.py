@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from raymcn.cli import preset_path
-    from raymcn.config import default_cache_dir, load_config
+    from raymcn.config import default_cache_dir, load_config, preset_path
     from raymcn.train.on_ray import launch
 
     base = load_config(preset_path(), [f"schedule.epochs={args.epochs}"])

@@ -88,6 +88,7 @@ import torch
 from bench import harness, meters
 from bench.procstat import status_bytes
 from raymcn.config import Config
+from raymcn.data.formats.batch import random_batch
 from raymcn.results.render import render_table
 from raymcn.train.preflight import footprint
 
@@ -119,18 +120,6 @@ def step_config(clips: int, cpv: int = 8, smoke: bool = False) -> Config:
                              "scale.num_workers": 0})
 
 
-def make_batch(cfg: Config, clips: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    m, d = cfg.model, cfg.data
-    return {
-        "video": torch.rand(clips, m.video_dim, generator=g),
-        "audio": (-40 * torch.rand(clips, m.mel_bins, d.audio_frames, generator=g)).half(),  # dB <= 0
-        "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
-        "text": torch.randn(clips, d.max_words, m.word_dim, generator=g),
-        "key": [f"v{i // d.clips_per_video}" for i in range(clips)],
-    }
-
-
 def zero_grad_late_step(model, objective, optimizer, scheduler, batch: dict, *, cfg: Config, state) -> dict:
     """``train_one_epoch``'s step for a joint run, but with ``zero_grad`` *after* the loss (the
     earlier loop order), so last step's gradients (P × 4 bytes) are held through the forward, the
@@ -158,7 +147,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
     """One clip count, in this process (called in a fresh subprocess by :func:`main`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from raymcn.losses.objective import KMEANS_REFIT
+    from raymcn.losses.cluster import KMEANS_REFIT
     from raymcn.train.build import assemble
     from raymcn.train.loop import train_one_epoch
     from raymcn.train.run_plan import make_plan
@@ -174,14 +163,14 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         # allocated at its first step, inside the trace.
         run = assemble(cfg, make_plan(cfg, videos=cfg.data.batch_size), device=cpu)
         model, optimizer, scheduler, objective, state = run.model, run.optimizer, run.scheduler, run.objective, run.state
-        batch = make_batch(cfg, clips)
+        batch = random_batch(cfg, clips)
         inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
         # 1. saved activations of one forward (the graph is dropped right after)
         state_tensors = tuple(model.parameters()) + tuple(model.buffers())
         out, saved = meters.saved_tensor_bytes(lambda: model(batch, active), exclude=state_tensors + inputs)
         del out  # frees the graph and its saved tensors
         # A full queue, so the warm-up refit builds the k-means input the estimate counts.
-        objective.queue.push(torch.randn(objective.queue.capacity, cfg.model.embed_dim))
+        objective.cluster.queue.push(torch.randn(objective.cluster.queue.capacity, cfg.model.embed_dim))
 
         def one_step() -> dict:
             if zero_grad_late:
@@ -203,7 +192,7 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
         "batch": sum(t.nbytes for t in inputs),
         "activations": saved,
         "conv_workspace": max(t for _, t in meters.op_transient_bytes(prof)),
-        "queue": objective.queue._buf.nbytes,
+        "queue": objective.cluster.queue._buf.nbytes,
         "kmeans_input": max(t for _, t in meters.op_transient_bytes(prof, (KMEANS_REFIT,))),
         "optimizer_workspace": max(t for _, t in meters.op_transient_bytes(prof, ("Optimizer.step#Adam.step",))),
         "loss": _loss_peak(model, objective, batch, active, state.step),

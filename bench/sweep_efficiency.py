@@ -93,7 +93,8 @@ def trial_data(cfg):
 def local_hooks(cfg, plan, videos, eval_set, after_epoch):
     """The epoch loop's hooks of a one-process run: in-memory batches, R@10 on the eval set after
     every epoch, then ``after_epoch(run, metrics)``."""
-    from raymcn.train.loop import Hooks, evaluate
+    from raymcn.train.evaluate import evaluate
+    from raymcn.train.run import Hooks
 
     return Hooks(batches=lambda r, epoch, start: (videos.batches(cfg, epoch, 0, 1, plan.steps_per_epoch, start), None),
                  evaluate=lambda r: evaluate(r.model, eval_set, r.device), after_epoch=[after_epoch])
@@ -109,9 +110,10 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any]) -> None:
 
     from raymcn.config import PRIMARY_METRIC, Config
     from raymcn.sweep.search_space import plain
-    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.build import assemble
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.loop import NonFiniteLossError, apply_precision
+    from raymcn.train.loop import NonFiniteLossError, run_epochs
+    from raymcn.train.optim import apply_precision
     from raymcn.train.run_plan import make_plan
 
     torch.set_num_threads(1)
@@ -181,8 +183,7 @@ def _jsonable(v):
 
 # --- one sweep ----------------------------------------------------------------------------------------
 def base_config(algorithm: str, seed: int, args: argparse.Namespace):
-    from raymcn.cli import preset_path
-    from raymcn.config import load_config
+    from raymcn.config import load_config, preset_path
 
     return load_config(preset_path(), {
         "scale.num_workers": 0, "schedule.epochs": args.epochs, "schedule.stage1_fraction": STAGE1_FRACTION,

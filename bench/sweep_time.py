@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         trees = {"baseline": extract(args.baseline, tmp / "baseline"), "current": REPO}
         cache = tmp / "cache"
-        from raymcn.cli import preset_path
-        from raymcn.config import load_config
+        from raymcn.config import load_config, preset_path
         from raymcn.train.inputs import resolve_inputs
 
         os.environ["RAYMCN_CACHE"] = str(cache)

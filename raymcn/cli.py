@@ -10,31 +10,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from raymcn.config import (
     CONSOLE_LOG_FILE,
-    RETRIEVAL_METRICS,
     SWEEP_CONFIG_FILE,
     Config,
     ConfigError,
     RayUnavailable,
     load_config,
+    preset_path,
 )
 from raymcn.environment import Environment
-from raymcn.train.monitor.console import Console
+from raymcn.train.monitor.console import Console, final_summary
 from raymcn.train.preflight import checks as preflight
 
-DEFAULT_PRESET = "default.yaml"
 LATEST = "latest"  # --resume latest
-
-
-def preset_path(name: str = DEFAULT_PRESET) -> Path:
-    return Path(str(resources.files("raymcn") / "presets" / name))
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -108,18 +101,6 @@ def console_log(where: str, cfg: Config | None = None) -> Path:
     if storage.is_uri(where):
         return default_cache_dir(cfg or Config()) / "logs" / storage.basename(where) / CONSOLE_LOG_FILE
     return Path(where).expanduser() / CONSOLE_LOG_FILE
-
-
-def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
-    """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs,
-    global_step, eval_size."""
-    out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
-    out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
-    out["epochs"] = int(metrics.get("epoch", 0))
-    out["global_step"] = int(metrics.get("global_step", 0))
-    out["eval_size"] = int(metrics.get("eval_size", 0))
-    out["run_dir"] = str(run_dir)
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
 def _check_cluster(cfg: Config) -> None:
@@ -233,7 +214,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
-            what = (f"sweep {exp_dir}:\n  {_describe_sweep(cfg)}" if not existing else
+            what = (f"sweep {exp_dir}:\n  {phases.describe(cfg)}" if not existing else
                     f"{'resuming' if resume else 'confirming'} sweep {exp_dir}")
             console.say(f"{what}\nRay's output: {log}")
             with ray_session(args.address, args.env, console.say), _resource_waits_named(cfg, console):
@@ -253,7 +234,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if result is None:
             return 130
     print()
-    print(_sweep_summary(exp_dir), end="")
+    print(phases.summary(exp_dir), end="")
     if not result.num_unfinished:
         marks.mark_finished(exp_dir)  # a boot never continues it (servers/sweeps.py)
     if args.json:
@@ -322,34 +303,6 @@ def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
     return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
 
 
-def _describe_sweep(cfg: Config) -> str:
-    """Algorithm, trials, epochs and what is swept (the start of a sweep's console); the
-    confirmation, if any, on a line of its own (each line well under 160 characters)."""
-    from raymcn.sweep.tuner import search_trials
-
-    sw = cfg.sweep
-    keys = " x ".join(sw.space) or "nothing"
-    trials = search_trials(cfg)
-    repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
-    c = sw.confirm
-    confirm = (f";\n  then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
-               if c else "")
-    return (f"{sw.algorithm} over {keys}, {trials} trials{repeats}, {cfg.schedule.epochs} epochs each, "
-            f"{cfg.scale.workers_text} worker(s) per trial{confirm}")
-
-
-def _sweep_summary(experiment_dir: str) -> str:
-    """The end of a sweep on one screen (``results.summary``); the wide tables: ``raymcn table``."""
-    from raymcn import storage
-    from raymcn.config import default_cache_dir
-    from raymcn.results.summary import sweep_summary
-
-    local = experiment_dir
-    if storage.is_uri(experiment_dir):  # read (and the plots and CSVs written) through a local copy
-        local = str(storage.local_copy(experiment_dir, default_cache_dir(Config()) / "experiments", skip=storage.CHECKPOINTS))
-    return sweep_summary(local)
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``raymcn doctor``: every node checked for the config (``doctor/checkup.py``); status 1 when a check fails."""
     from raymcn.doctor import checkup as doctor
@@ -371,12 +324,13 @@ def _rehearse(cfg: Config, report: dict, verbose: bool) -> None:
     the console as a sweep's, its rows into the report's head column (``doctor/rehearse.py``)."""
     import ray
 
+    from raymcn import phases
     from raymcn.doctor import rehearse
 
     mini, where = rehearse.miniature(cfg, cpus=ray.cluster_resources().get("CPU", 1.0))
     log = console_log(where, mini)
     with Console(log, verbose=verbose) as console:
-        console.say(f"rehearsal {where}:\n  {_describe_sweep(mini)}\nRay's output: {log}")
+        console.say(f"rehearsal {where}:\n  {phases.describe(mini)}\nRay's output: {log}")
         rows = rehearse.rehearse(mini, where, console)
     rehearse.rows_in_head_column(report, rows)
 
@@ -407,43 +361,10 @@ def cmd_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Zero-shot retrieval of a checkpoint on an eval set; same JSON keys as ``train --json``."""
-    import torch
+    """Zero-shot retrieval of a checkpoint (``train/evaluate.py``, imported here: it needs torch)."""
+    from raymcn.train import evaluate
 
-    from raymcn.data.evalsets import EvalSetError
-    from raymcn.model import MCN
-    from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.inputs import eval_set_of
-    from raymcn.train.loop import evaluate
-
-    path = Path(args.checkpoint)
-    try:
-        payload = checkpoint.load(path if path.is_dir() else path.parent)
-    except checkpoint.CheckpointError as e:
-        raise ConfigError([str(e)]) from None
-    cfg = Config.from_dict(payload["config"])
-    if args.eval_set:
-        cfg = cfg.replace({"data.eval_set": args.eval_set})
-    if args.word_vectors:
-        cfg = cfg.replace({"data.word_vectors": args.word_vectors})
-    try:
-        eval_set = eval_set_of(cfg)  # the eval pickle and its words, as a run of this config reads them
-    except (EvalSetError, OSError) as e:
-        raise ConfigError([f"--eval-set {cfg.data.eval_set}: {e}"]) from None
-    if eval_set.note:
-        print(eval_set.note)
-    model = MCN(cfg.model)
-    model.load_state_dict(payload["model"])
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    metrics = evaluate(model.to(device), eval_set, device)
-    metrics.update({k: v for k, v in payload.get("metrics", {}).items() if k.endswith("_loss")})
-    metrics["epoch"] = payload["loop"]["epoch"]
-    summary = final_summary(metrics, path if path.is_dir() else path.parent)
-    for k, v in summary.items():
-        print(f"  {k:32s} {v}")
-    if args.json:
-        print(json.dumps(summary), flush=True)
-    return 0
+    return evaluate.run(args)
 
 
 DESCRIPTION = ("raymcn: train the Multimodal Clustering Network (video, audio and text in one space) with DDP "

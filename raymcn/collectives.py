@@ -39,11 +39,6 @@ class Collectives:
             raise ValueError(f"rank {rank} is not in a world of {world}")
         self.rank, self.world = int(rank), int(world)
 
-    @classmethod
-    def from_process_group(cls) -> Collectives:
-        """This process's rank and world in torch.distributed's default group (0 of 1 without one)."""
-        return cls(*world_info())
-
     @torch.no_grad()
     def sizes(self, n: int, device: torch.device | str = "cpu") -> list[int]:
         """Every rank's ``n`` (e.g. its rows this step), in rank order: one all-gather of one number."""

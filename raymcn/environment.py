@@ -20,8 +20,8 @@ RAYMCN_VENV         venv          ``raymcn doctor``: the environment every node'
 RAYMCN_FAULT        fault         fault injection (``train/faults.py``), installed into a rank's run
 RAYMCN_FAULT_DIR    fault_dir     the faults' once-per-run markers and hold file
 RAYMCN_FAULT_RANK   fault_rank    the rank a rank-specific fault hits (default 1)
-RAYMCN_TRACE        trace         every step's loss terms and inputs, per rank (``train/faults.py``)
-RAYMCN_TIMELINE     timeline      the benchmarks' event timeline (``train/monitor/timeline.py``)
+RAYMCN_TRACE        trace         every step's loss terms and inputs, per rank (``train/probes.py``)
+RAYMCN_TIMELINE     timeline      the benchmarks' event timeline (``train/probes.py``)
 ==================  ============  ===================================================================
 
 Stdlib only: the config layer and every process's first lines import it.

@@ -67,3 +67,27 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
                     f"trial(s) at the {c.basis})")
     return tuner.run_confirmation(cfg, experiment_dir, confirmation.trial_configs(candidates, seeds),
                                   confirmation.plan_text(settings, candidates, seeds), console, inputs)
+
+
+def describe(cfg: Config) -> str:
+    """Algorithm, trials, epochs and what is swept (the start of a sweep's console); the
+    confirmation, if any, on a line of its own (each line well under 160 characters)."""
+    sw = cfg.sweep
+    keys = " x ".join(sw.space) or "nothing"
+    trials = tuner.search_trials(cfg)
+    repeats = f" ({sw.repeats} seeds per configuration, run.seed {cfg.run.seed}..)" if sw.repeats > 1 else ""
+    c = sw.confirm
+    confirm = (f";\n  then the best {c.get('top', 1)} per {c['per']} again over {c['repeats']} fresh seeds"
+               if c else "")
+    return (f"{sw.algorithm} over {keys}, {trials} trials{repeats}, {cfg.schedule.epochs} epochs each, "
+            f"{cfg.scale.workers_text} worker(s) per trial{confirm}")
+
+
+def summary(experiment_dir: str) -> str:
+    """The end of a sweep on one screen (``results.summary``); the wide tables: ``raymcn table``."""
+    from raymcn.results.summary import sweep_summary
+
+    local = experiment_dir
+    if storage.is_uri(experiment_dir):  # read (and the plots and CSVs written) through a local copy
+        local = str(storage.local_copy(experiment_dir, default_cache_dir(Config()) / "experiments", skip=storage.CHECKPOINTS))
+    return sweep_summary(local)

@@ -322,13 +322,14 @@ def preset(*overrides):
 
 
 def run_of(cfg, model, *, objective=None, state=None, comm=None, hooks=None):
-    """A :class:`raymcn.train.loop.Run` from a test's own model (a stand-in for MCN, a DDP wrapper),
+    """A :class:`raymcn.train.run.Run` from a test's own model (a stand-in for MCN, a DDP wrapper),
     as ``raymcn.train.build.assemble`` would hold it: the config's one-step plan (the plan
     :func:`objective_for` builds the objective from), Adam, the LR curve over 100 steps."""
     import torch
 
     from raymcn.collectives import Collectives
-    from raymcn.train.loop import Hooks, LoopState, Run, build_optimizer, build_scheduler
+    from raymcn.train.optim import build_optimizer, build_scheduler
+    from raymcn.train.run import Hooks, LoopState, Run
     from raymcn.train.run_plan import make_plan
 
     optimizer = build_optimizer(model, cfg)

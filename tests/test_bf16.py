@@ -2,7 +2,7 @@
 forward under bf16 autocast, everything else as the loop does it), compared with fp32 on the same
 batch and the same model and clustering state.
 
-``raymcn.train.loop.autocast`` is what the loop, gradient caching and the evaluation enter around
+``raymcn.train.optim.autocast`` is what the loop, gradient caching and the evaluation enter around
 the model's forward (bf16 on CUDA, nothing on CPU); here it is replaced by CPU bf16 autocast, so
 the loop's own calls run in bf16 where the GPU's would. CPU autocast's op lists differ from CUDA's,
 so the assertions are invariants (every loss term and every retrieval score in fp32) and stated
@@ -17,6 +17,7 @@ variant of the step: the gathered and the ring contrastive loss, plain and with 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -26,11 +27,14 @@ from bench.readers import train_videos
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 from raymcn.losses.cluster import assign_clusters
-from raymcn.train import loop
+from raymcn.train import evaluate as evaluation
+from raymcn.train import optim
 from raymcn.train.build import assemble
+from raymcn.train.evaluate import evaluate
 from raymcn.train.gradcache import cached_step
 from raymcn.train.inputs import eval_set_of
-from raymcn.train.loop import apply_precision, evaluate, train_one_epoch
+from raymcn.train.loop import train_one_epoch
+from raymcn.train.optim import apply_precision
 from raymcn.train.run_plan import make_plan
 
 ALL = frozenset({"video", "audio", "text"})
@@ -73,25 +77,25 @@ def _step(run, batch, *, ring: bool, chunk: int, bf16: bool, monkeypatch) -> tup
     """One training step's terms and gradients from a copy of the run's model and objective state,
     as the loop computes them; and the objective's k-means labels of the step's fused rows."""
     fp32 = lambda device: torch.autocast("cpu", enabled=False)  # noqa: E731
-    monkeypatch.setattr(loop, "autocast", bf16_autocast if bf16 else fp32)
+    monkeypatch.setattr(optim, "autocast", bf16_autocast if bf16 else fp32)
     model = copy.deepcopy(run.model)
     objective = copy.deepcopy(run.objective)
-    objective.ring = ring
+    objective.layout = dataclasses.replace(objective.layout, ring=ring)
     step = run.cfg.loss.refresh_every * 100  # a refit step
     model.zero_grad(set_to_none=True)
     if chunk:
         terms = cached_step(model, objective, batch, ALL, step, chunk,
-                            forward_context=lambda: loop.autocast(run.device))
+                            forward_context=lambda: optim.autocast(run.device))
     else:
-        with loop.autocast(run.device):
+        with optim.autocast(run.device):
             out = model(batch, ALL)
         terms = objective(out, ALL, step)
         terms["total_loss"].backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    with torch.no_grad(), loop.autocast(run.device):
+    with torch.no_grad(), optim.autocast(run.device):
         emb = model.embed(batch, ALL) if hasattr(model, "embed") else model(batch, ALL)
     fused = sum(emb[m].float() for m in sorted(ALL)) / 3
-    labels = assign_clusters(fused, objective.centroids)
+    labels = assign_clusters(fused, objective.cluster.centroids)
     return {k: v.detach() for k, v in terms.items()}, grads, labels
 
 
@@ -125,15 +129,15 @@ def test_a_bf16_step_stays_within_the_stated_tolerances_of_fp32(trained, monkeyp
 def test_bf16_retrieval_scores_in_fp32_within_the_stated_tolerances(trained, monkeypatch):
     cfg, run, _, eval_set = trained
     seen = []
-    real_ranks = loop.ranks_of_matches
+    real_ranks = evaluation.ranks_of_matches
 
     def ranks(text, gallery):  # the scores are computed from fp32 rows, outside autocast
         seen.append((text.dtype, gallery.dtype, torch.is_autocast_cpu_enabled()))
         return real_ranks(text, gallery)
 
-    monkeypatch.setattr(loop, "ranks_of_matches", ranks)
+    monkeypatch.setattr(evaluation, "ranks_of_matches", ranks)
     ref = evaluate(run.model, eval_set, run.device)
-    monkeypatch.setattr(loop, "autocast", bf16_autocast)
+    monkeypatch.setattr(optim, "autocast", bf16_autocast)
     got = evaluate(run.model, eval_set, run.device)
     assert seen == [(torch.float32, torch.float32, False)] * 2
     assert ref["text_to_video_R@10"] > 3 * 100 * 10 / ref["eval_size"]  # trained: not chance

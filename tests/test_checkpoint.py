@@ -9,7 +9,7 @@ import torch
 
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.checkpoints.payload import CheckpointError
-from raymcn.train.loop import LoopState
+from raymcn.train.run import LoopState
 
 
 def write(run, name, step):

@@ -72,7 +72,7 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: 
         objective = objective_for(cfg, comm=Collectives(rank, world))
         if state is not None:
             net.load_state_dict(state[cluster_on]["model"])
-            objective.load_state_dict(state[cluster_on]["objective"])
+            objective.cluster.load_state_dict(state[cluster_on]["objective"])
         model, calls = net, []
         if world > 1:  # as the Ray worker wraps the model
             model = DDP(net, find_unused_parameters=True, gradient_as_bucket_view=True)
@@ -100,8 +100,8 @@ def _run(rank: int, world: int, steps: range, state: dict | None = None, chunk: 
             records.append({"cluster_on": cluster_on, "step": step, "active": sorted(active), "shares": shares,
                             "terms": {k: objective.comm.all_reduce_mean(v) for k, v in terms.items()},
                             "grads": grads, "allreduce_calls": len(calls),
-                            "centroids": objective.centroids.clone(), "queue": objective.queue.contents()})
-        end[cluster_on] = {"model": net.state_dict(), "objective": objective.state_dict()}
+                            "centroids": objective.cluster.centroids.clone(), "queue": objective.cluster.queue.contents()})
+        end[cluster_on] = {"model": net.state_dict(), "objective": objective.cluster.state_dict()}
     records.sort(key=lambda r: (r["cluster_on"], r["step"]))
     return records, end
 

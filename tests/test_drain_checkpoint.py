@@ -1,5 +1,5 @@
 """When the ranks ask whether a node of the run is drained, and what the first yes does
-(``raymcn/train/drain.py``), without Ray: the question is a stand-in that counts its calls.
+(``raymcn/train/checkpoints/policy.py``), without Ray: the question is a stand-in that counts its calls.
 The drain on a real multi-node cluster: tests/test_multinode.py."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from raymcn.cli import preset_path
 from raymcn.config import ConfigError, load_config
-from raymcn.train.checkpoints.payload import CheckpointSchedule
-from raymcn.train.drain import DrainAware, describe
+from raymcn.train.checkpoints.policy import CheckpointPolicy, describe
 
 DRAIN = SimpleNamespace(preempted_ranks=[1], deadline_ms=None)
 
@@ -29,14 +28,14 @@ class Ask:
         return DRAIN if self.yes_from is not None and self.calls >= self.yes_from else None
 
 
-def run(watch: DrainAware, steps: int) -> list[int]:
+def run(watch: CheckpointPolicy, steps: int) -> list[int]:
     """The global steps after which ``watch`` made a checkpoint due (steps 1..steps, as the loop calls it)."""
     return [s for s in range(1, steps + 1) if watch.due(s)]
 
 
 def test_it_asks_on_every_nth_step_only_and_a_no_checkpoints_nothing():
     ask = Ask()
-    watch = DrainAware(CheckpointSchedule("0", 100), every=10, steps_per_epoch=100, ask=ask)
+    watch = CheckpointPolicy("0", 100, drain_every=10, ask=ask)
     assert run(watch, 95) == []
     assert ask.calls == watch.asked == 9  # steps 10, 20, ..., 90: the same steps on every rank (a barrier)
 
@@ -44,7 +43,7 @@ def test_it_asks_on_every_nth_step_only_and_a_no_checkpoints_nothing():
 def test_the_first_yes_checkpoints_after_that_step_and_then_it_stops_asking():
     said = []
     ask = Ask(yes_from=3)  # the drain is seen at the third question: after step 6
-    watch = DrainAware(CheckpointSchedule("0", 100), every=2, steps_per_epoch=100, ask=ask, say=said.append)
+    watch = CheckpointPolicy("0", 100, drain_every=2, ask=ask, say=said.append)
     assert run(watch, 40) == [6]
     assert ask.calls == 3 and watch.drain is DRAIN  # no barrier after the answer, for the rest of the attempt
     assert len(said) == 1 and "after global step 6" in said[0] and "ranks [1]" in said[0]
@@ -52,21 +51,21 @@ def test_the_first_yes_checkpoints_after_that_step_and_then_it_stops_asking():
 
 def test_the_run_s_own_checkpoints_go_on_beside_it():
     ask = Ask(yes_from=2)
-    watch = DrainAware(CheckpointSchedule("3", 4), every=1, steps_per_epoch=4, ask=ask)
+    watch = CheckpointPolicy("3", 4, drain_every=1, ask=ask)
     # every 3rd step (not at the epoch ends 4, 8, 12: those checkpoint anyway), plus step 2 (the drain)
     assert run(watch, 12) == [2, 3, 6, 9]
 
 
 def test_a_drain_learnt_when_a_checkpoint_is_due_anyway_adds_none():
     ask = Ask(yes_from=3)
-    watch = DrainAware(CheckpointSchedule("3", 100), every=1, steps_per_epoch=100, ask=ask)
+    watch = CheckpointPolicy("3", 100, drain_every=1, ask=ask)
     assert run(watch, 7) == [3, 6]  # the yes at step 3 is that step's checkpoint; none at 4
     assert ask.calls == 3
 
 
 def test_a_drain_learnt_at_an_epoch_end_leaves_it_to_the_epoch_end_checkpoint():
     ask = Ask(yes_from=2)
-    watch = DrainAware(CheckpointSchedule("0", 4), every=4, steps_per_epoch=4, ask=ask)
+    watch = CheckpointPolicy("0", 4, drain_every=4, ask=ask)
     assert run(watch, 12) == [] and ask.calls == 2 and watch.drain is DRAIN
     assert watch.pending  # the epoch-end checkpoint that follows is the drain's
 
@@ -74,7 +73,7 @@ def test_a_drain_learnt_at_an_epoch_end_leaves_it_to_the_epoch_end_checkpoint():
 def test_the_checkpoint_after_a_drain_is_pending_until_registered():
     """``pending``: the next checkpoint is the drain's (the worker then waits for Ray Train to
     register it and marks it for ``raymcn drain``); once registered, never again in this attempt."""
-    watch = DrainAware(CheckpointSchedule("0", 100), every=2, steps_per_epoch=100, ask=Ask(yes_from=2))
+    watch = CheckpointPolicy("0", 100, drain_every=2, ask=Ask(yes_from=2))
     assert not watch.due(2) and not watch.pending
     assert watch.due(4) and watch.pending
     watch.registered = True
@@ -83,7 +82,7 @@ def test_the_checkpoint_after_a_drain_is_pending_until_registered():
 
 def test_a_mark_names_the_step_and_rank_and_is_written_whole(tmp_path):
     from raymcn.config import DRAIN_MARKS_DIR, drain_marks_dir
-    from raymcn.train.drain import mark_registered
+    from raymcn.train.checkpoints.policy import mark_registered
 
     before = time.time()
     path = mark_registered(8, 1, tmp_path / "marks", pid=4242)
@@ -95,15 +94,15 @@ def test_a_mark_names_the_step_and_rank_and_is_written_whole(tmp_path):
 
 @pytest.mark.parametrize("every, ask", [(0, Ask(yes_from=1)), (5, None)])
 def test_never_asked_when_off_or_when_there_is_no_one_to_ask(every, ask):
-    watch = DrainAware(CheckpointSchedule("0", 10), every=every, steps_per_epoch=10, ask=ask)
+    watch = CheckpointPolicy("0", 10, drain_every=every, ask=ask)
     assert run(watch, 30) == [] and watch.asked == 0
     assert ask is None or ask.calls == 0
 
 
 def test_done_restarts_the_wrapped_schedule_s_clock():
     clock = iter([0.0, 50.0]).__next__
-    inner = CheckpointSchedule("60s", 100, clock=clock)
-    DrainAware(inner, every=1, steps_per_epoch=100, ask=None).done()
+    inner = CheckpointPolicy("60s", 100, drain_every=1, ask=None, clock=clock)
+    inner.done()
     assert inner.last == 50.0
 
 
@@ -142,4 +141,4 @@ def test_ray_s_failure_policy_counts_a_drain_apart(monkeypatch):
     for value in ("0", "1", "true", "True", "false", "yes", ""):
         monkeypatch.setenv(preemption.WATCHER_VARIABLE, value)
         assert preemption.watcher_on() == env_bool(preemption.WATCHER_VARIABLE, DEFAULT_ENABLE_PREEMPTION_WATCHER), value
-    assert preemption.drain_aware(CheckpointSchedule("0", 4), cfg, 4).ask is None
+    assert CheckpointPolicy("0", 4, drain_every=cfg.run.drain_check_every, ask=preemption.drain_question()).ask is None

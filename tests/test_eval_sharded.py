@@ -1,7 +1,7 @@
 """Evaluation sharded over the ranks equals one process scoring the whole set.
 
 Every rank embeds its contiguous share of the eval clips (⌈N/world⌉, the last rank fewer), the
-shares are gathered and rank 0 scores once (``raymcn.train.loop.evaluate`` with ``comm``). With 2
+shares are gathered and rank 0 scores once (``raymcn.train.evaluate.evaluate`` with ``comm``). With 2
 and 3 gloo ranks and a set that does not divide evenly, every rank must return the metrics of one
 process over the whole set, and the model must be back in training mode. After a DDP training
 step, whose forward leaves each rank with BatchNorm statistics of its own share, the sharded
@@ -20,7 +20,7 @@ from bench.readers import random_eval_set
 from raymcn.collectives import Collectives
 from raymcn.config import MODALITIES, RETRIEVAL_METRICS, ModelConfig
 from raymcn.model import MCN
-from raymcn.train.loop import embed_eval_set, evaluate
+from raymcn.train.evaluate import embed_eval_set, evaluate
 
 pytestmark = pytest.mark.dist
 

@@ -7,7 +7,7 @@ import pytest
 
 from raymcn.cli import preset_path
 from raymcn.config import Config, ConfigError, load_config
-from raymcn.train.loop import lr_factor
+from raymcn.train.optim import lr_factor
 from raymcn.train.run_plan import make_plan, warmup_steps
 
 HOWTO100M_VIDEOS = 1_238_911  # any corpus of the paper's size; the default does not depend on it

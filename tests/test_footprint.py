@@ -14,6 +14,7 @@ from conftest import TINY_MODEL, config, last_json, objective_for, run_of
 
 from bench import meters
 from raymcn.config import Config, ModelConfig
+from raymcn.data.formats.batch import random_batch
 from raymcn.train.preflight import footprint, model_size
 from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
 
@@ -248,15 +249,6 @@ def test_fits_never_suggests_fewer_clips_than_clusters():
 
 
 # --- formulas against measurement (tiny model, fast) -------------------------------------------------------
-def _tiny_batch(cfg: Config, clips: int) -> dict:
-    g = torch.Generator().manual_seed(0)
-    m, d = cfg.model, cfg.data
-    return {"video": torch.rand(clips, m.video_dim, generator=g),
-            "audio": torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half(),
-            "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
-            "text": torch.randn(clips, d.max_words, m.word_dim, generator=g)}
-
-
 @pytest.mark.parametrize("active", [("video",), ("audio",), ("text",), ("video", "audio", "text")])
 def test_activation_formula_equals_the_saved_tensors(active):
     from raymcn.model import MCN
@@ -265,7 +257,7 @@ def test_activation_formula_equals_the_saved_tensors(active):
     torch.manual_seed(0)
     model = MCN(cfg.model)
     clips = 6
-    batch = _tiny_batch(cfg, clips)
+    batch = random_batch(cfg, clips)
     inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
     state = tuple(model.parameters()) + tuple(model.buffers())
     out, saved = meters.saved_tensor_bytes(lambda: model(batch, active), exclude=state + inputs)
@@ -284,7 +276,7 @@ def test_global_batchnorm_extra_bounds_its_saved_tensors():
     from raymcn.model.syncbn import global_batchnorm
 
     cfg = config(**TINY_MODEL)
-    clips, batch = 6, _tiny_batch(cfg, 6)
+    clips, batch = 6, random_batch(cfg, 6)
     inputs = tuple(v for v in batch.values() if isinstance(v, torch.Tensor))
     saved = []
     for sync in (False, True):
@@ -325,7 +317,7 @@ def _measured_tiny_step(grad_cache_clips: int = 0) -> dict:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model = MCN(cfg.model)
-        batch = _tiny_batch(cfg, 32)
+        batch = random_batch(cfg, 32)
         run = run_of(cfg, model)
         for _ in range(2):
             train_one_epoch(run, [batch])

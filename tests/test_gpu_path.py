@@ -391,11 +391,14 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     evaluation, a checkpoint after epoch 1); then epoch 2 again from that checkpoint in a freshly
     assembled run. Returns what the test compares."""
     from raymcn.collectives import Collectives
+    from raymcn.data.formats.batch import random_batch
     from raymcn.data.read.order import rank_slots
-    from raymcn.train.build import assemble, run_epochs
+    from raymcn.train.build import assemble
     from raymcn.train.checkpoints import payload
-    from raymcn.train.loop import Hooks, apply_precision, evaluate
-    from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.evaluate import evaluate
+    from raymcn.train.loop import run_epochs
+    from raymcn.train.optim import apply_precision
+    from raymcn.train.run import Hooks
     from raymcn.train.run_plan import make_plan
 
     cuda = device.type == "cuda"
@@ -414,7 +417,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
         out = []
         for step in range(epoch * RANK_STEPS + start, (epoch + 1) * RANK_STEPS):
             lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
-            out.append({k: v[lo:hi] for k, v in host_batch(cfg, seed=step).items()})
+            out.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step).items()})
         return out, None
 
     results: dict = {"epochs": [], "resumed": []}
@@ -439,7 +442,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
     payload.restore(payload.load(f"{where}/ckpt"), **again.parts())
     results["restored"] = True
     run_epochs(again)
-    results.update(centroids=again.objective.centroids.cpu(), held=_gpus_holding_this_process())
+    results.update(centroids=again.objective.cluster.centroids.cpu(), held=_gpus_holding_this_process())
     return results
 
 
@@ -449,12 +452,13 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     preflight's estimate of it."""
     from raymcn.collectives import Collectives
     from raymcn.config import Config
+    from raymcn.data.formats.batch import random_batch
     from raymcn.data.read.order import rank_slots
     from raymcn.train.build import assemble
     from raymcn.train.feed import Prefetcher
-    from raymcn.train.loop import apply_precision, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.optim import apply_precision
     from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
-    from raymcn.train.preflight.step_probe import host_batch
     from raymcn.train.run_plan import make_plan
 
     cfg = Config().replace({"scale.num_workers": world, "scale.use_gpu": True, "optim.warmup_steps": 1})
@@ -466,7 +470,7 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     batches = []
     for step in range(2):
         lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
-        batches.append({k: v[lo:hi] for k, v in host_batch(cfg, seed=step).items()})
+        batches.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step).items()})
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)  # before the model: the estimate counts it
     apply_precision(cfg)  # the rank's start, as the Ray worker's
@@ -659,10 +663,11 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
     chunks of 2 videos, from the same weights; BatchNorm by its running statistics (eval mode), so a
     clip's forward does not depend on its chunk. Returns each step's loss terms and flat gradient."""
     from raymcn.config import MODALITIES
+    from raymcn.data.formats.batch import random_batch
     from raymcn.train.build import assemble
     from raymcn.train.feed import to_device
-    from raymcn.train.loop import apply_precision, forward_backward
-    from raymcn.train.preflight.step_probe import host_batch
+    from raymcn.train.loop import forward_backward
+    from raymcn.train.optim import apply_precision
     from raymcn.train.run_plan import make_plan
 
     cfg = load_config(preset_path(), ["scale.num_workers=1", f"scale.use_gpu={device.type == 'cuda'}"])
@@ -672,7 +677,7 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
         apply_precision(cfg)  # a rank's start, as the Ray worker's
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
-        terms = forward_backward(run, to_device(host_batch(cfg), device), frozenset(MODALITIES), chunk,
+        terms = forward_backward(run, to_device(random_batch(cfg, cfg.clips_per_step), device), frozenset(MODALITIES), chunk,
                                  lap=lambda phase: None)
         grads = torch.cat([p.grad.flatten().double() for p in run.net.parameters() if p.grad is not None])
         out.append(({k: v.item() for k, v in terms.items()}, grads.cpu()))

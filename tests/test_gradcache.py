@@ -23,6 +23,7 @@ import torch
 from conftest import TINY_MODEL, config, linear_mcn, objective_for, run_of
 
 from raymcn.config import STAGE_ORDERS, Config, ConfigError
+from raymcn.data.formats.batch import random_batch
 from raymcn.losses import MCNObjective
 from raymcn.model import MCN
 from raymcn.train import gradcache
@@ -39,13 +40,12 @@ BASE = {**TINY_MODEL, "model.recon": True, "data.batch_size": VIDEOS, "data.clip
 
 
 def _batch(cfg: Config, step: int) -> dict:
-    g = torch.Generator().manual_seed(100 + step)
-    m, frames = cfg.model, cfg.data.audio_frames
-    return {"video": torch.rand(CLIPS, m.video_dim, generator=g),
-            "audio": (-40 * torch.rand(CLIPS, m.mel_bins, frames, generator=g)).half(),  # dB <= 0, fp16
-            "nframes": torch.randint(frames // 4, frames + 40, (CLIPS,), generator=g, dtype=torch.int32),
-            "text": torch.randn(CLIPS, cfg.data.max_words, m.word_dim, generator=g),
-            "key": [f"v{i // CPV}" for i in range(CLIPS)]}
+    batch = random_batch(cfg, CLIPS, seed=100 + step)
+    # per-clip audio lengths, some beyond T (as an eval set stores them): every chunk pools with its own masks
+    frames = cfg.data.audio_frames
+    g = torch.Generator().manual_seed(step)
+    batch["nframes"] = torch.randint(frames // 4, frames + 40, (CLIPS,), generator=g, dtype=torch.int32)
+    return batch
 
 
 def _linear_batch(cfg: Config, step: int) -> dict:
@@ -122,7 +122,7 @@ def run(model, cfg: Config, order: str, step_fn, bn_eval: bool = False, seed: in
             "where": f"order={order} step={step} active={sorted(active)}",
             "terms": {k: v.detach().clone() for k, v in terms.items()},
             "grads": {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
-            "centroids": objective.centroids.clone(), "queue": objective.queue.contents(),
+            "centroids": objective.cluster.centroids.clone(), "queue": objective.cluster.queue.contents(),
             "buffers": {n: b.clone() for n, b in model.named_buffers()}, "rng": torch.get_rng_state()})
     return records
 
@@ -226,7 +226,8 @@ def test_a_broken_cache_fails_the_equality(monkeypatch, sabotage):
         model, seed = linear_mcn(12, 32), None
         real = MCNObjective.recon_term  # a chunk's part (fraction < 1) weighted twice; the whole share's as before
         monkeypatch.setattr(MCNObjective, "recon_term",
-                            lambda self, pairs, fraction=1.0: real(self, pairs, fraction) * (2 if fraction < 1 else 1))
+                            lambda self, pairs, rows, fraction=1.0: real(self, pairs, rows, fraction) * (
+                                2 if fraction < 1 else 1))
         reference = plain
     else:
         model, seed = tiny_mcn(cfg), None

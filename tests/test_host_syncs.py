@@ -85,20 +85,21 @@ def tiny_run(overrides: list[str], world: int = 1, rank: int = 0):
 
 def rank_batches(cfg, plan, rank: int, world: int) -> list[dict]:
     """Each step's rows of this rank: its share of a random batch of the contract (the plan's rotation)."""
+    from raymcn.data.formats.batch import random_batch
     from raymcn.data.read.order import rank_slots
-    from raymcn.train.preflight.step_probe import host_batch
 
     batches = []
     for step in range(STEPS):
         lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
-        batches.append({k: v[lo:hi] for k, v in host_batch(cfg, seed=step).items()})
+        batches.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step).items()})
     return batches
 
 
 def syncs_per_step(counter: SyncCounter, run, cfg, plan, batches) -> dict[int, int]:
     """Host syncs counted from each step's start to its end (``train_one_epoch``'s ``watch`` and
     ``after_step``); the epoch's closing metrics come after the last step and are not a step's."""
-    from raymcn.train.loop import Hooks, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.run import Hooks
 
     start: dict[int, int] = {}
     per_step: dict[int, int] = {}

@@ -71,8 +71,8 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     where = folder(module)
     if module == "raymcn.environment":  # the process's RAYMCN_* variables: stdlib only, below everything
         return set(), set(), set()
-    if module == "raymcn.config":
-        return {"raymcn.environment"}, set(), {"yaml"}
+    if where == "raymcn.config":  # a package: names, errors, sections, checks, loading
+        return {"raymcn.environment", "raymcn.config"}, set(), {"yaml"}
     if module == "raymcn.collectives":  # the ranks' collectives: torch only, under the losses
         return set(), set(), {"torch"}
     if module == "raymcn.storage":

@@ -133,7 +133,7 @@ def test_objective_with_ring_equals_gathered_in_one_process():
     results = []
     for ring in (False, True):
         objective = objective_for(config(BASE, **{"scale.ring_contrastive": ring}))
-        assert objective.ring is ring
+        assert objective.layout.ring is ring
         out = {m: r.clone().requires_grad_() for m, r in rows.items()}
         terms = objective(out, frozenset(rows), step=0)
         terms["total_loss"].backward()
@@ -331,14 +331,14 @@ def test_objective_all_pairs_and_cluster_variants():
     obj = objective_for(cfg)
     terms = obj(out, frozenset({"video", "text"}), 0)
     fused = (out["video"] + out["text"]) / 2
-    labels = assign_clusters(fused, obj.centroids)
-    expected = (cluster_ce(out["video"], obj.centroids, labels, cfg.loss.margin)
-                + cluster_ce(out["text"], obj.centroids, labels, cfg.loss.margin)) / 2
+    labels = assign_clusters(fused, obj.cluster.centroids)
+    expected = (cluster_ce(out["video"], obj.cluster.centroids, labels, cfg.loss.margin)
+                + cluster_ce(out["text"], obj.cluster.centroids, labels, cfg.loss.margin)) / 2
     torch.testing.assert_close(terms["cluster_loss"], expected)
     cfg_f = config(BASE, **{"loss.cluster_on": "fused"})
     obj = objective_for(cfg_f)
     terms = obj(out, frozenset({"video", "text"}), 0)
-    torch.testing.assert_close(terms["cluster_loss"], cluster_ce(fused, obj.centroids, labels, cfg.loss.margin))
+    torch.testing.assert_close(terms["cluster_loss"], cluster_ce(fused, obj.cluster.centroids, labels, cfg.loss.margin))
 
 
 def test_objective_queue_slice_from_config_refresh_and_stage_switch():
@@ -348,30 +348,30 @@ def test_objective_queue_slice_from_config_refresh_and_stage_switch():
     active = frozenset({"video", "audio"})
     out0 = _out(24, 8, 0, recon=False)
     obj(out0, active, 0)
-    assert len(obj.queue) == 12
+    assert len(obj.cluster.queue) == 12
     fused = ((out0["video"] + out0["audio"]) / 2).detach()
     expected_rows = fused.view(4, 6, 8)[:, :3].reshape(12, 8)
-    torch.testing.assert_close(obj.queue.contents(), expected_rows)
-    c0 = obj.centroids.clone()
+    torch.testing.assert_close(obj.cluster.queue.contents(), expected_rows)
+    c0 = obj.cluster.centroids.clone()
     obj(_out(24, 8, 1, recon=False), active, 1)  # not a refresh step: centroids fixed
-    assert torch.equal(obj.centroids, c0) and len(obj.queue) == 24
+    assert torch.equal(obj.cluster.centroids, c0) and len(obj.cluster.queue) == 24
     obj(_out(24, 8, 2, recon=False), active, 2)  # refresh (warm start) on 24 queued + 24 current rows
-    assert not torch.equal(obj.centroids, c0) and len(obj.queue) == 36
+    assert not torch.equal(obj.cluster.centroids, c0) and len(obj.cluster.queue) == 36
     obj(_out(24, 8, 3, recon=False), active, 3)
-    assert len(obj.queue) == 36  # at capacity
-    state = obj.state_dict()
+    assert len(obj.cluster.queue) == 36  # at capacity
+    state = obj.cluster.state_dict()
     assert state["active"] == ["audio", "video"] and state["centroids"].shape == (3, 8)
     # stage switch: queue and centroids start over; the new active set is remembered
     obj(_out(24, 8, 4), frozenset({"video", "audio", "text"}), 5)
-    assert len(obj.queue) == 12 and obj.active == frozenset({"video", "audio", "text"})
+    assert len(obj.cluster.queue) == 12 and obj.cluster.active == frozenset({"video", "audio", "text"})
     # state round trip into a fresh objective
     obj2 = objective_for(cfg)
-    obj2.load_state_dict(obj.state_dict())
-    assert torch.equal(obj2.queue.contents(), obj.queue.contents())
-    assert torch.equal(obj2.centroids, obj.centroids) and obj2.active == obj.active
+    obj2.cluster.load_state_dict(obj.cluster.state_dict())
+    assert torch.equal(obj2.cluster.queue.contents(), obj.cluster.queue.contents())
+    assert torch.equal(obj2.cluster.centroids, obj.cluster.centroids) and obj2.cluster.active == obj.cluster.active
     out = _out(24, 8, 9)
-    t1 = obj(out, obj.active, 7)
-    t2 = obj2(out, obj2.active, 7)
+    t1 = obj(out, obj.cluster.active, 7)
+    t2 = obj2(out, obj2.cluster.active, 7)
     torch.testing.assert_close(t1["total_loss"], t2["total_loss"])
 
 
@@ -379,7 +379,7 @@ def test_objective_bf16_queue_and_other_batch_shape():
     cfg = config(BASE, **{"loss.queue_dtype": "bfloat16", "data.clips_per_video": 4, "loss.queue_clip_fraction": 0.25})
     obj = objective_for(cfg)
     obj(_out(16, 8, 0, recon=False), frozenset({"audio", "text"}), 0)
-    assert obj.queue._buf.dtype == torch.bfloat16 and len(obj.queue) == 4  # 4 videos × 1 clip
+    assert obj.cluster.queue._buf.dtype == torch.bfloat16 and len(obj.cluster.queue) == 4  # 4 videos × 1 clip
 
 
 def test_objective_rejects_missing_modality_and_partial_videos():

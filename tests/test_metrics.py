@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from raymcn.train.loop import lr_factor
-from raymcn.train.metrics import ranks_of_matches, retrieval_metrics
+from raymcn.train.evaluate import ranks_of_matches, retrieval_metrics
+from raymcn.train.optim import lr_factor
 from raymcn.train.stages import active_modalities, first_stage, switch_step
 
 

@@ -1,7 +1,7 @@
 """A rank's exit is clean: a process that ran a gloo group with a DDP model ends through
 ``rank_exit.end_rank`` with its own exit status and no abort, even with collectives still in
 flight, the case in which returning from its main function aborted a rank in 4 of 5 runs
-("terminate called without an active exception": raymcn/train/rank_exit.py says why)."""
+("terminate called without an active exception": bench/rank_exit.py says why)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANK = """
 import os, sys
 import torch, torch.distributed as dist
-from raymcn.train.rank_exit import end_rank
+from bench.rank_exit import end_rank
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -52,6 +52,6 @@ def test_ranks_with_collectives_in_flight_end_cleanly(tmp_path):
 
 
 def test_end_rank_exits_with_its_status_after_flushing():
-    code = "from raymcn.train.rank_exit import end_rank; print('figures', end=''); end_rank(3)"
+    code = "from bench.rank_exit import end_rank; print('figures', end=''); end_rank(3)"
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stdout == "figures"

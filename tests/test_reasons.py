@@ -240,9 +240,10 @@ def test_a_drain_checkpoint_that_was_not_registered_is_named(monkeypatch):
 
     monkeypatch.setattr(ray.train, "get_all_reported_checkpoints", registered)
     said: list[str] = []
-    reports = Reports.__new__(Reports)  # the parts the drain's wait uses: a rank's printer and schedule
-    reports.schedule, reports.out, reports.rank = types.SimpleNamespace(), types.SimpleNamespace(say=said.append), 0
-    reports.mark_drain_checkpoint(types.SimpleNamespace(state=types.SimpleNamespace(step=7)))
+    reports = Reports.__new__(Reports)  # the parts the drain's wait uses: a rank's printer, the run's policy
+    reports.out, reports.rank = types.SimpleNamespace(say=said.append), 0
+    reports.mark_drain_checkpoint(types.SimpleNamespace(state=types.SimpleNamespace(step=7),
+                                                        checkpoints=types.SimpleNamespace()))
     assert said and "TimeoutError: the controller did not answer" in said[0], said
 
 

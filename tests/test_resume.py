@@ -25,8 +25,8 @@ from conftest import LOSS_TERMS, TINY, event_log_callback, last_json, read_event
 from raymcn.cli import preset_path
 from raymcn.config import load_config
 from raymcn.train.checkpoints import payload as checkpoint
-from raymcn.train.loop import lr_factor
 from raymcn.train.on_ray import launch
+from raymcn.train.optim import lr_factor
 from raymcn.train.run_plan import warmup_steps
 
 pytestmark = pytest.mark.ray

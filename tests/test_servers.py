@@ -195,7 +195,7 @@ def test_the_wait_ends_when_the_workers_leave_or_at_the_deadline(proc, tmp_path)
 def test_the_wait_ends_once_every_worker_of_the_node_marked_its_drain_checkpoint(proc, tmp_path):
     """The ranks' marks (written as a rank writes them): the node's two workers marked, the
     colleague's worker on the other raylet not; a mark from an earlier drain does not count."""
-    from raymcn.train.drain import mark_registered
+    from raymcn.train.checkpoints.policy import mark_registered
 
     clock, marks, since = Clock(), tmp_path / "marks", time.time()
     mark_registered(7, 1, marks, pid=11)

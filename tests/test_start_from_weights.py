@@ -26,8 +26,8 @@ from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.checkpoints.importer import import_original
 from raymcn.train.checkpoints.payload import CheckpointError
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.loop import LoopState
 from raymcn.train.preflight import checks as preflight
+from raymcn.train.run import LoopState
 
 # Run settings small enough for a CPU test; the model section comes from the weights.
 RUN = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=1",

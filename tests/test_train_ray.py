@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ray
 
 
 def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
-    # Every rank records what it computes with (train/monitor/timeline.py; the workers get RAYMCN_* variables)
+    # Every rank records what it computes with (train/probes.py; the workers get RAYMCN_* variables)
     monkeypatch.setenv("RAYMCN_TIMELINE", str(tmp_path / "timeline.jsonl"))
     code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
                  "--set", f"run.storage_path={tmp_path}", "--set", "run.trackers=mlflow,tensorboard"])

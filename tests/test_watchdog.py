@@ -130,7 +130,8 @@ def test_the_loop_reports_each_phase_with_its_step():
 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
-    from raymcn.train.loop import Hooks, LoopState, train_one_epoch
+    from raymcn.train.loop import train_one_epoch
+    from raymcn.train.run import Hooks, LoopState
 
     cfg = config(BASE, **{"optim.warmup_steps": 0})
     seen: list[tuple[str, int]] = []

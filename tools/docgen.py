@@ -552,7 +552,7 @@ CAPTURES = {
 
 
 # --- which code wrote each measurement (``--stale``) ---------------------------------------------------
-_RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py", "raymcn/config.py")
+_RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py", "raymcn/config")
 # NAME -> the files and folders whose code decides docs/measurements/NAME.json's figures: the benchmark
 # (or the tests) that measured them and the raymcn code it measured. A JSON whose commit is older than
 # a change to one of them may no longer describe today's code.
@@ -571,7 +571,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     "loader_short_and_long": ("bench/loader.py", "bench/readers.py", "raymcn/data"),
     "memory": ("bench/memory.py", "raymcn/losses", "raymcn/collectives.py", "raymcn/train/preflight/footprint.py"),
     "overhead": ("bench/overhead.py", *_RUN, "raymcn/data/read"),
-    "preflight": ("bench/grad_cache.py", "raymcn/train/preflight", "raymcn/config.py"),
+    "preflight": ("bench/grad_cache.py", "raymcn/train/preflight", "raymcn/config"),
     "rung_correlation": ("bench/rung_correlation.py", *_RUN, "raymcn/sweep"),
     "scale": ("bench/scale.py", "raymcn/data"),
     "shard_dtype": ("bench/shard_dtype.py", *_RUN, "raymcn/data"),

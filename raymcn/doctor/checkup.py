@@ -60,7 +60,7 @@ def step_probe(cfg_dict: dict, eval_spec: str, eval_frames: int, words: str, sha
     from raymcn.data.evalsets import load_eval_set
     from raymcn.data.formats.words import load_vocab
     from raymcn.model import MCN
-    from raymcn.train.loop import evaluate
+    from raymcn.train.evaluate import evaluate
     from raymcn.train.preflight.step_probe import measure_step
 
     cfg = Config.from_dict(cfg_dict)

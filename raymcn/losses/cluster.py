@@ -1,4 +1,5 @@
-"""Online clustering pieces: cosine k-means, the global feature queue, and the cluster CE.
+"""Online clustering: cosine k-means, the global feature queue, the cluster CE, and a run's
+clustering state (:class:`Clustering`: queue, centroids, the modalities they were fitted for).
 
 Semantics follow the original: assignment by argmax cosine similarity, centroid =
 plain mean of the *un-normalised* member vectors, raw dot-product logits in the cluster CE. Two
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from raymcn.collectives import Collectives
+from raymcn.config import LossConfig
 from raymcn.losses.contrastive import margin_cross_entropy
 
 _EPS = 1e-12
@@ -255,3 +257,85 @@ class FeatureQueue:
         self.clear()
         if rows.shape[0]:
             self.push(rows[:self.capacity])
+
+
+_QUEUE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KMEANS_REFIT = "raymcn.kmeans_refit"  # profiler label of the refit (building X and Lloyd's iterations)
+
+
+class Clustering:
+    """A run's online clustering state: the global feature queue, the centroids and the modalities
+    they were fitted for. Identical on every rank (every rank pushes the same global rows and takes
+    rank 0's centroids); checkpointed through :meth:`state_dict` (the checkpoint's ``objective``).
+
+    Args:
+        loss: the loss settings (K, the refit's iterations, tolerance and period, the queue's dtype).
+        embed_dim: D, the queue's width.
+        queue_rows: global FIFO length; queue_clips_per_video: clips of each video pushed per step.
+        seed: the run's seed (k-means initialisation, with the step).
+        device: where the queue and centroids live (the worker's device).
+    """
+
+    def __init__(self, loss: LossConfig, *, embed_dim: int, queue_rows: int, queue_clips_per_video: int, seed: int,
+                 device: torch.device | str = "cpu"):
+        self.loss, self.embed_dim = loss, int(embed_dim)
+        self.queue_clips_per_video, self.seed, self.device = int(queue_clips_per_video), int(seed), torch.device(device)
+        self.queue = FeatureQueue(queue_rows, self.embed_dim, _QUEUE_DTYPES[loss.queue_dtype], self.device)
+        self.centroids: torch.Tensor | None = None  # (K, D) fp32, identical on every rank, no grad
+        self.active: frozenset[str] | None = None  # the modalities of the last step
+
+    def track(self, active: frozenset[str]) -> None:
+        """The step's modalities: a change (a stage switch) forgets queue and centroids, whose
+        fused vectors lived in another subspace."""
+        if self.active is not None and active != self.active:
+            self.reset()
+        self.active = active
+
+    def reset(self) -> None:
+        """Forget queue and centroids (their geometry no longer matches the embeddings)."""
+        self.queue.clear()
+        self.centroids = None
+
+    @torch.no_grad()
+    def refit(self, current: torch.Tensor, step: int, comm: Collectives) -> None:
+        """Refit the centroids when due (none yet, or every ``loss.refresh_every`` steps) on the queue
+        as it was before this step's push and ``current`` (B, D), this step's global fused rows.
+
+        The k-means input is written in place (no copy of the queue beside it) and is identical on
+        every rank; every rank assigns its share of the rows and the centroid sums are all-reduced,
+        so the refit takes 1/world of one device's time. The label lets a profile (bench/step.py)
+        find the refit's memory."""
+        lc = self.loss
+        if self.centroids is not None and step % lc.refresh_every:
+            return
+        with torch.profiler.record_function(KMEANS_REFIT):
+            n = len(self.queue)
+            x = torch.empty(n + current.shape[0], self.embed_dim, dtype=torch.float32, device=self.device)
+            self.queue.copy_into(x)
+            x[n:] = current
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step))
+            centroids, _ = cosine_kmeans(x, lc.num_clusters, lc.kmeans_iters, lc.kmeans_tol, init=self.centroids,
+                                         generator=gen, comm=comm)
+            del x
+        # One source of truth: rank 0's centroids, so ranks never drift apart by float noise
+        # (the all-reduced sums may round differently per rank).
+        self.centroids = comm.broadcast_from_rank0(centroids.contiguous())
+
+    def push(self, per_video: torch.Tensor) -> None:
+        """Queue the first ``queue_clips_per_video`` clips of every global video of ``per_video``
+        (videos, clips, D)."""
+        self.queue.push(per_video[:, :self.queue_clips_per_video].reshape(-1, self.embed_dim))
+
+    def state_dict(self) -> dict:
+        return {"queue": self.queue.state_dict(),
+                "centroids": None if self.centroids is None else self.centroids.detach().cpu().clone(),
+                "active": None if self.active is None else sorted(self.active)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue.load_state_dict(state["queue"])
+        c = state.get("centroids")
+        if c is not None and tuple(c.shape) != (self.loss.num_clusters, self.embed_dim):
+            # A resumed run with another K or D: refit from scratch rather than fail.
+            c = None
+        self.centroids = None if c is None else c.to(device=self.device, dtype=torch.float32)
+        self.active = None if state.get("active") is None else frozenset(state["active"])

@@ -109,8 +109,10 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         if done is not None:  # its run ended before Tune saved that (restored after a reboot): say so again
             tune.report(done)
             return
+        timeline.mark("trial: fit started")
         fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id),
             env=env)
+        timeline.mark("trial: fit done")
     except Exception as e:
         cause = permanent_cause(e)
         if cause is None:

@@ -1,9 +1,10 @@
-"""Fault injection and the step trace, for tests and the fault-tolerance table: hooks a rank
-installs into its run at its start (:func:`install`), only for what its environment asks for.
+"""Fault injection, for tests and the fault-tolerance table: hooks a rank installs into its run at
+its start (:func:`install`), only for what its environment asks for.
 
 ``RAYMCN_FAULT="kind=value[,kind=value]"``. Kinds: ``raise_after_epoch=N`` (raise once epoch N is
 checkpointed), ``kill_at_step=S`` (SIGKILL this worker process at global step S; rank
-``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S`` (make the loss of step S non-finite),
+``RAYMCN_FAULT_RANK``, default 1), ``nan_at_step=S`` (make the loss of step S, and so its
+gradients, non-finite),
 ``hold_after_epoch=N`` (after epoch N and every later one is reported, wait while the file
 ``RAYMCN_FAULT_DIR/hold`` exists: a test freezes a run between epochs, e.g. until a node it added
 has joined), ``hold_at_step=S`` (the same, every rank, before global step S: a test kills the
@@ -13,17 +14,13 @@ step S's collectives, in every attempt: the others wait in them, as with ranks t
 code paths). A fault fires once per run directory (except ``stall_at_step``): a marker file in
 ``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again.
 
-``RAYMCN_TRACE=DIR`` (tests): every rank appends each step's loss terms and what its batch held to
-``DIR/rank<r>.jsonl`` (``{"step": s, "total_loss": ..., "keys": [...], "inputs": {...}}``), so a test
-compares the per-step data and losses of two runs.
-
 The variables are read once, at the rank's start (``raymcn.environment``); a run started without
 them carries none of these hooks, and its step neither reads a variable nor checks for a fault.
+(The tests' step trace and the benchmarks' timeline are installed alike: ``probes.py``.)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -32,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raymcn.data.formats.batch import Batch
 from raymcn.environment import Environment
-from raymcn.train.loop import Run
+from raymcn.train.run import Run
 
 AT_STEP = ("hold_at_step", "kill_at_step", "stall_at_step")
 AFTER_EPOCH = ("raise_after_epoch", "hold_after_epoch")
@@ -44,16 +42,13 @@ class InjectedFault(RuntimeError):
 
 
 def install(run: Run, env: Environment) -> None:
-    """The hooks ``env`` asks for, into ``run`` (nothing when it asks for none): the trace first
-    among the run's ``after_step`` hooks (a step is traced before it is checkpointed), the faults
-    where each strikes (before a step, in the objective's loss, after an epoch, in the batches)."""
-    if env.trace:
-        run.hooks.after_step.insert(0, Trace(Path(env.trace)))
+    """The faults ``env`` asks for, into ``run`` (nothing when it asks for none), where each
+    strikes: before a step, after its backward, after an epoch, in the batches."""
     faults = Faults.of(env)
     if any(kind in faults.kinds for kind in AT_STEP):
         run.hooks.before_step.append(faults.at_step)
     if "nan_at_step" in faults.kinds:
-        run.objective.register_forward_hook(lambda objective, args, terms: faults.poison(run, terms))
+        run.hooks.after_backward.append(faults.poison)
     if any(kind in faults.kinds for kind in AFTER_EPOCH):
         run.hooks.after_epoch.append(faults.after_epoch)
     if "stall_data_at_step" in faults.kinds and run.hooks.batches is not None:
@@ -93,10 +88,13 @@ class Faults:
             _forever()
 
     def poison(self, run: Run, terms: dict) -> None:
-        """After the objective's call (its forward hook): step ``nan_at_step``'s loss, and so its
-        gradients, non-finite."""
+        """After a step's backward: step ``nan_at_step``'s loss and gradients non-finite, as a
+        non-finite loss's backward leaves them."""
         if run.state.step == self.kinds["nan_at_step"]:
             terms["total_loss"] = terms["total_loss"] * float("nan")
+            for p in run.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(float("nan"))
 
     def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
         epoch = run.state.epoch
@@ -105,7 +103,7 @@ class Faults:
         if "hold_after_epoch" in self.kinds and epoch >= self.kinds["hold_after_epoch"]:
             self._hold()
 
-    def stalling(self, batches: Callable[[Run, int, int], tuple[Iterable[dict], Any]]):
+    def stalling(self, batches: Callable[[Run, int, int], tuple[Iterable[Batch], Any]]):
         """``batches`` (the run's hook), except that the faulty rank's batch of global step
         ``stall_data_at_step`` never arrives (once per run)."""
         def stalled(run: Run, epoch: int, start: int) -> tuple[Iterator, Any]:
@@ -116,7 +114,7 @@ class Faults:
 
         return stalled
 
-    def _stall_in(self, batches: Iterable[dict], first_step: int) -> Iterator[dict]:
+    def _stall_in(self, batches: Iterable[Batch], first_step: int) -> Iterator[Batch]:
         for step, batch in enumerate(batches, start=first_step):
             if step == self.kinds["stall_data_at_step"] and self._first_time("stall_data_at_step"):
                 _forever()
@@ -141,20 +139,3 @@ class Faults:
 def _forever() -> None:
     while True:  # until the process is ended (its watchdog, or Ray tearing the group down)
         time.sleep(1.0)
-
-
-@dataclass(frozen=True)
-class Trace:
-    """An ``after_step`` hook: step s's loss terms to ``where/rank<rank>.jsonl``, with the number of
-    ranks that ran it (``world``) and what the rank's batch held: its clips' video ids (``keys``)
-    and the float64 sum of each input (``inputs``; sums add up over ranks, so a test compares a
-    step's data across world sizes)."""
-
-    where: Path
-
-    def __call__(self, run: Run, values: dict[str, float], batch: dict) -> None:
-        row = {"step": run.state.step - 1, "world": run.comm.world, **values, "keys": list(batch["key"]),
-               "inputs": {k: float(batch[k].double().sum()) for k in ("video", "audio", "text")}}
-        self.where.mkdir(parents=True, exist_ok=True)
-        with open(self.where / f"rank{run.comm.rank}.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from raymcn.data.formats.batch import Batch
+
 _END = object()
 
 
@@ -45,13 +47,13 @@ class _Finished:
         self.counters = counters
 
 
-def to_device(batch: dict, device: torch.device, non_blocking: bool = False) -> dict:
+def to_device(batch: Batch, device: torch.device, non_blocking: bool = False) -> Batch:
     """Every tensor of ``batch`` on ``device`` (other entries, e.g. ``key``, unchanged)."""
     return {k: (v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v)
             for k, v in batch.items()}
 
 
-def pinned(batch: dict) -> dict:
+def pinned(batch: Batch) -> Batch:
     """The tensors of ``batch`` in page-locked host memory (a copy; the reader's buffers are read-only)."""
     return {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
@@ -80,7 +82,7 @@ class Prefetcher:
     it happened. :meth:`close` (also at the end of iteration) stops the thread.
     """
 
-    def __init__(self, source: Iterable[dict], device: torch.device | str, depth: int = 1, stats: Any = None):
+    def __init__(self, source: Iterable[Batch], device: torch.device | str, depth: int = 1, stats: Any = None):
         self.device, self.depth = torch.device(device), int(depth)
         self._source, self._stats = source, stats
         self.stats = _Snapshot() if stats is not None else None
@@ -93,7 +95,7 @@ class Prefetcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[Batch]:
         if self.depth == 0:
             yield from self._inline()
             return
@@ -120,7 +122,7 @@ class Prefetcher:
         finally:
             self.close()
 
-    def _inline(self) -> Iterator[dict]:
+    def _inline(self) -> Iterator[Batch]:
         for batch in self._source:
             self._publish(self._counters())
             yield to_device(batch, self.device)

@@ -7,7 +7,8 @@ objective once on those embeddings as leaves, whose backward leaves the cached g
 d total / d embedding; (3) each chunk re-forwarded with autograd (its pass-1 RNG state replayed,
 through the DDP wrapper) and its rows of the cached gradients pushed through it, with its part of
 the reconstruction term, which is per clip and so not cached (the objective weights it:
-``MCNObjective.recon_term``). BatchNorm's running statistics are updated once per step
+``MCNObjective.recon_term``). Only the objective's public calls are used: its step's rows
+(``rows``), the loss on given rows, and the reconstruction term's weight (``recon_term``, ``in_total``). BatchNorm's running statistics are updated once per step
 (:class:`ChunkedBatchNorm`). Terms, gradients, queue and centroids equal the plain step's to 1e-5
 (tests/test_gradcache.py, tests/test_dist_losses.py); what is exact and why: docs/memory.md,
 "Gradient caching: what is exact".
@@ -23,7 +24,8 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymcn.config import MODALITIES
-from raymcn.losses import MCNObjective
+from raymcn.data.formats.batch import Batch
+from raymcn.losses import MCNObjective, StepRows
 from raymcn.model.syncbn import GlobalBatchNorm2d
 
 
@@ -34,7 +36,7 @@ def chunk_bounds(clips: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, clips)) for s in range(0, clips, chunk)]
 
 
-def share_clips(batch: dict) -> int:
+def share_clips(batch: Batch) -> int:
     """Clips in ``batch`` (the common first dimension of its tensors)."""
     sizes = {v.shape[0] for v in batch.values() if isinstance(v, Tensor)}
     if len(sizes) != 1:
@@ -42,7 +44,7 @@ def share_clips(batch: dict) -> int:
     return sizes.pop()
 
 
-def slice_batch(batch: dict, start: int, end: int) -> dict:
+def slice_batch(batch: Batch, start: int, end: int) -> Batch:
     """Rows ``start:end`` of every per-clip entry of ``batch`` (tensors and per-clip lists)."""
     clips = share_clips(batch)
     return {k: v[start:end] if isinstance(v, Tensor) or (isinstance(v, (list, tuple)) and len(v) == clips) else v
@@ -121,14 +123,14 @@ def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) ->
         torch.cuda.set_rng_state(state[1], device)
 
 
-def _embeddings(net: nn.Module, batch: dict, active: frozenset[str]) -> dict[str, Tensor]:
+def _embeddings(net: nn.Module, batch: Batch, active: frozenset[str]) -> dict[str, Tensor]:
     embed = getattr(net, "embed", None)
     if embed is not None:
         return embed(batch, active)
     return {m: x for m, x in net(batch, active).items() if m in MODALITIES}  # a model without ``embed``
 
 
-def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: frozenset[str], step: int,
+def cached_step(model: nn.Module, objective: MCNObjective, batch: Batch, active: frozenset[str], step: int,
                 chunk_clips: int, *, forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                 lap: Callable[[str], None] | None = None) -> dict[str, Tensor]:
     """Forward, objective and backward of one step with gradient caching; returns the detached terms.
@@ -143,7 +145,7 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
         objective: the run's :class:`~raymcn.losses.MCNObjective` (called once, on the whole share;
             it weights the reconstruction term, which runs chunk by chunk).
         batch: this rank's share, b clips, video-major (the batch contract of ``train_one_epoch``).
-        chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.clips_per_video``).
+        chunk_clips: n, clips per chunk: whole videos (a multiple of ``objective.layout.clips_per_video``).
         forward_context: entered around every forward (the loop's autocast).
         lap: called with a phase name as each phase ends: "forward" (pass 1), "loss",
             "backward" (the loss's backward, then each chunk's), "reforward" (each chunk's forward).
@@ -154,7 +156,7 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
     """
     lap = lap or (lambda phase: None)
     b = share_clips(batch)
-    cpv = getattr(objective, "clips_per_video", 1)
+    cpv = objective.layout.clips_per_video
     if chunk_clips < 1 or chunk_clips % cpv:
         raise ValueError(f"scale.grad_cache_clips={chunk_clips}: chunks must be whole videos of {cpv} clips")
     chunks = _Chunks(model, batch, active, chunk_bounds(b, chunk_clips), forward_context)
@@ -163,10 +165,11 @@ def cached_step(model: nn.Module, objective: MCNObjective, batch: dict, active: 
         cache = chunks.embed(bn)  # 1.
         after_pass1 = _rng_state(chunks.device)
         lap("forward")
-        terms, grads = _objective_backward(objective, cache, active, step, lap)  # 2.
+        rows = objective.rows(b, step, chunks.device)  # the share's place in the step (and its terms' weight)
+        terms, grads = _objective_backward(objective, cache, active, step, rows, lap)  # 2.
         del cache
         lap("backward")
-        recon = chunks.reforward(grads, objective, lap)  # 3.
+        recon = chunks.reforward(grads, objective, rows, lap)  # 3.
         _set_rng_state(after_pass1, chunks.device)
     bn.commit()
     if recon is not None:
@@ -180,7 +183,7 @@ class _Chunks:
     modalities, each chunk's (start, end) rows and the RNG state each chunk's first forward started
     from (filled by pass 1, replayed by pass 3)."""
 
-    def __init__(self, model: nn.Module, batch: dict, active: frozenset[str], bounds: list[tuple[int, int]],
+    def __init__(self, model: nn.Module, batch: Batch, active: frozenset[str], bounds: list[tuple[int, int]],
                  forward_context: Callable[[], contextlib.AbstractContextManager]):
         self.model, self.batch, self.active, self.bounds = model, batch, active, bounds
         self.forward_context = forward_context
@@ -208,7 +211,7 @@ class _Chunks:
                 del out
         return cache
 
-    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, lap) -> Tensor | None:
+    def reforward(self, grads: dict[str, Tensor], objective: MCNObjective, rows: StepRows, lap) -> Tensor | None:
         """Pass 3: each chunk re-forwarded with autograd (its pass-1 RNG state restored) and its
         rows of the cached gradients pushed through it, with its part of the reconstruction term
         (weighted by the objective) and that part's own gradient; DDP syncs only the last chunk's
@@ -226,7 +229,7 @@ class _Chunks:
                 seeds = [g[s:e] for g in grads.values()]
                 pairs = {m: out[f"recon_{m}"] for m in MODALITIES if m in self.active and f"recon_{m}" in out}
                 if pairs:
-                    part = objective.recon_term(pairs, (e - s) / self.clips)
+                    part = objective.recon_term(pairs, rows, (e - s) / self.clips)
                     recon_parts.append(part.detach())
                     outputs.append(objective.in_total(part))
                     seeds.append(torch.ones_like(outputs[-1]))
@@ -237,11 +240,11 @@ class _Chunks:
 
 
 def _objective_backward(objective: MCNObjective, cache: dict[str, Tensor], active: frozenset[str], step: int,
-                        lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+                        rows: StepRows, lap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Pass 2: the objective once, on the whole share; its backward fills the cached embeddings'
     gradients. Returns (the detached terms, {m: (b, D) gradient})."""
     leaves = {m: x.requires_grad_() for m, x in cache.items()}
-    terms = objective(leaves, active, step)
+    terms = objective(leaves, active, step, rows)
     lap("loss")
     terms["total_loss"].backward()
     grads = {m: x.grad for m, x in leaves.items() if x.grad is not None}

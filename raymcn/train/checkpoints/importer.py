@@ -118,7 +118,7 @@ def import_original(source: str | Path, out: str | Path, base: Config | None = N
     """
     from raymcn.model.original import convert
     from raymcn.train.checkpoints import payload as checkpoint
-    from raymcn.train.loop import LoopState
+    from raymcn.train.run import LoopState
 
     source, out = Path(source).expanduser().resolve(), Path(out).expanduser()
     if (out / checkpoint.STATE_FILE).exists() and not force:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from raymcn.config import PermanentError, parse_interval
+from raymcn.config import PermanentError
 
 STATE_FILE = "state.pt"
 META_FILE = "loop.json"
@@ -193,44 +191,3 @@ def load_latest_good(latest: str | os.PathLike, warn=print, filesystem=None) -> 
             warn(f"warning: {'; '.join(problems)}; resuming from the older checkpoint {path} instead")
         return payload, path
     raise CheckpointError("no readable checkpoint: " + "; ".join(problems))
-
-
-
-class CheckpointSchedule:
-    """When a run checkpoints inside an epoch (``run.checkpoint_every``); epoch ends always do.
-
-    A step count checkpoints after every global step that is a multiple of it. A duration
-    checkpoints once that long has passed since the last checkpoint (or the start): every rank must
-    take the same decision (``ray.train.report`` is a barrier), so rank 0's clock decides and is
-    broadcast, at most every ``check_every`` steps (the checkpoint lands at most that many steps late).
-    Never at an epoch's last step: the epoch-end checkpoint follows it.
-
-    Args:
-        every: the setting's text; steps_per_epoch: the plan's.
-        broadcast: rank 0's value to every rank (``Collectives.broadcast_from_rank0`` of a float);
-            None in one process.
-        clock: monotonic seconds (injectable for tests).
-    """
-
-    def __init__(self, every: str, steps_per_epoch: int, broadcast: Callable[[float], float] | None = None,
-                 check_every: int = 10, clock: Callable[[], float] = time.monotonic):
-        self.kind, self.amount = parse_interval(every) or ("never", 0.0)
-        self.steps_per_epoch, self.check_every = steps_per_epoch, max(1, check_every)
-        self._broadcast, self._clock = broadcast, clock
-        self.last = clock()
-
-    def due(self, step: int) -> bool:
-        """Whether to checkpoint now, ``step`` global steps having been completed. Every rank calls it
-        after every step (a duration's check is a collective on the steps it checks)."""
-        if self.kind == "never" or step % self.steps_per_epoch == 0:
-            return False
-        if self.kind == "steps":
-            return step % int(self.amount) == 0
-        if step % self.check_every:
-            return False
-        late = float(self._clock() - self.last >= self.amount)
-        return bool(self._broadcast(late) if self._broadcast is not None else late)
-
-    def done(self) -> None:
-        """A checkpoint was just taken (mid-epoch or at an epoch end): the duration restarts."""
-        self.last = self._clock()

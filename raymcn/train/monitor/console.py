@@ -12,12 +12,14 @@ Worker processes cannot write to the terminal themselves: Ray forwards their out
 driver's stdout. Rank 0 marks the lines meant for a person with :data:`TAG` (:func:`tagged`); the
 driver's :class:`Console` strips Ray's ``(RayTrainWorker pid=...)`` prefix and the tag, drops a
 line it has already shown (Ray Train's print patch can emit a worker's line twice), and shows it.
+At the end of ``train`` and ``eval`` the final metrics are shown as :func:`final_summary` makes them.
 Stdlib only: no Ray, no torch.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from raymcn.config import PRIMARY_METRIC, reason
+from raymcn.config import PRIMARY_METRIC, RETRIEVAL_METRICS, reason
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
@@ -204,3 +206,15 @@ class _TerminalErrors(logging.Handler):
         with self.console._lock:
             if self.console._tty_err is not None and not self.console.verbose:
                 self.console._write_tty(text + "\n", err=True)
+
+
+def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
+    """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs,
+    global_step, eval_size."""
+    out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
+    out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
+    out["epochs"] = int(metrics.get("epoch", 0))
+    out["global_step"] = int(metrics.get("global_step", 0))
+    out["eval_size"] = int(metrics.get("eval_size", 0))
+    out["run_dir"] = str(run_dir)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}

@@ -4,8 +4,8 @@ Every process of a run or a sweep (the command line, the trial drivers, the Trai
 one JSON line per event: ``{"t": wall time, "pid", "event", ...fields}``. Each process names the
 file once at its start (:func:`start`, from its ``raymcn.environment.Environment``);
 ``bench/trial_cost.py`` sets the variable and reads the file back; Ray Train's workers get it in
-their runtime environment (``on_ray/launch.build_trainer``). Unset, as in every normal run,
-:func:`mark` returns at once.
+their runtime environment (``on_ray/launch.build_trainer``), and a rank's events are hooks of its
+run (``train/probes.py``). Unset, as in every normal run, :func:`mark` returns at once.
 
 Stdlib only: the workers import it before anything heavy.
 """
@@ -50,11 +50,3 @@ def mark(event: str, **fields) -> None:
     # One write of one line in append mode: the lines of concurrent processes never interleave.
     with open(_file, "a") as f:
         f.write(line + "\n")
-
-
-def worker_entered(rank: int, threads: int) -> None:
-    """Mark a rank entering its training function, with what it computes with (torch threads,
-    ``OMP_NUM_THREADS``, niceness) and when its process started; with the timeline off, nothing is read."""
-    if _file:
-        mark(WORKER_ENTERED, rank=rank, process_started=process_started(), threads=threads,
-             omp=os.environ.get("OMP_NUM_THREADS"), nice=os.nice(0))

@@ -14,7 +14,6 @@ import math
 import os
 import posixpath
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -37,7 +36,7 @@ from raymcn.config import (
 from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.monitor import timeline, trackers, watchdog
+from raymcn.train.monitor import trackers, watchdog
 from raymcn.train.monitor.console import tagged
 from raymcn.train.on_ray import cluster, preemption
 from raymcn.train.on_ray.cluster import scoped_env
@@ -134,20 +133,18 @@ def controller_env(cfg: Config) -> dict[str, str]:
 
 
 def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | None = None, label: str = "",
-                  train_func: Callable[[dict], dict] = train_func_per_worker,
                   env: Environment = NO_SETTINGS) -> TorchTrainer:
-    """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker receives
-    ``plan`` (made on the driver, inputs and video index included) and, in its runtime
-    environment, the driver's settings ``env``. ``label`` names the run's in-epoch progress lines
-    (a sweep's trial name); ``train_func`` is what every worker runs (``worker.train_func_per_worker``;
-    a benchmark's variant of it, ``worker.run_rank`` with another data stream). Its ``fit()`` runs
-    inside ``scoped_env(controller_env(cfg))``."""
+    """A TorchTrainer for ``cfg`` whose checkpoints live in ``run_dir``; every worker runs
+    ``worker.train_func_per_worker`` and receives the config and ``plan`` (made on the driver,
+    inputs and video index included) and, in its runtime environment, the driver's settings
+    ``env``. ``label`` names the run's in-epoch progress lines (a sweep's trial name). Its
+    ``fit()`` runs inside ``scoped_env(controller_env(cfg))``."""
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
     # (a run without workers feeds its trackers from its in-process rank: worker.Reports)
     tracking = [TrackersOnController(cfg, run_dir, plan.epochs)] if cfg.run.trackers and plan.max_workers else []
     return TorchTrainer(
-        train_func,
-        train_loop_config={"config": cfg.to_dict(), "plan": plan, "run_dir": run_dir, "label": label},
+        train_func_per_worker,
+        train_loop_config={"config": cfg, "plan": plan, "run_dir": run_dir, "label": label},
         # A collective one rank never joins fails after run.collective_timeout_s (default 2 x
         # run.stall_timeout_s; Ray's default: 30 min), a backstop: the ranks' watchdogs end such a
         # wait first, their limits capped below it (monitor/watchdog.py).
@@ -184,15 +181,11 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     env = Environment.read() if env is None else env
     run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
     if plan is None:
-        timeline.mark("trial: plan started")
         plan = plan_of(cfg, resolve_inputs(cfg))
-        timeline.mark("trial: plan done")
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
     trainer = build_trainer(cfg, plan, run_dir, callbacks, label, env=env)
-    timeline.mark("trial: fit started")
     with scoped_env(controller_env(cfg)):
         result = trainer.fit()
-    timeline.mark("trial: fit done")
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)

@@ -1,6 +1,6 @@
 """Ray's side of a drained node (``raymcn drain``): the question the ranks ask, and Ray Train's
 failure policy for the restart that follows. The decision when to ask is Ray-free
-(``train/drain.py``).
+(``train/checkpoints/policy.py``).
 
 Ray Train 2.60's preemption watcher (an actor per worker group, on unless
 ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``) polls Ray's drained nodes every
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import ray.train
 
 from raymcn.config import Config
-from raymcn.train.drain import DrainAware, Schedule
 
 # Ray Train 2.60's switch for the watcher (on when unset; set, on only for "1" or "true"), a public
 # variable whose name Ray keeps in a private module: written here, and checked against Ray's in tests
@@ -36,13 +36,11 @@ def watcher_on() -> bool:
     return True if value is None else value.lower() in ("1", "true")
 
 
-def drain_aware(schedule: Schedule, cfg: Config, steps_per_epoch: int,
-                say: Callable[[str], None] | None = None) -> DrainAware:
-    """``schedule`` (the run's mid-epoch checkpoints), also due after the step at which a rank
-    learns of a drain, asking Ray Train every ``run.drain_check_every`` steps (never when the
-    watcher is off: the answer could only be None)."""
-    ask = ray.train.get_preemption_info if watcher_on() else None
-    return DrainAware(schedule, cfg.run.drain_check_every, steps_per_epoch, ask, say=say)
+def drain_question() -> Callable[[], Any] | None:
+    """What a rank asks Ray Train to learn of a drain (``ray.train.get_preemption_info``, a barrier
+    over the ranks), for the run's checkpoint policy; None when the watcher is off: the answer
+    could only be None."""
+    return ray.train.get_preemption_info if watcher_on() else None
 
 
 def failure_config(cfg: Config) -> ray.train.FailureConfig:

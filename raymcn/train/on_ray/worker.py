@@ -2,10 +2,10 @@
 
 One worker per GPU (or per CPU slot), computing with ``scale.torch_threads`` threads. It assembles
 the run (``build.assemble``, the same assembly the benchmarks use) and plugs Ray into the epoch
-loop's hooks: this rank's batches from its own Ray Data stream, the evaluation, a checkpoint and
-``ray.train.report`` after every epoch and every ``run.checkpoint_every`` inside one, and at once
-when a node of the run is drained (``preemption.py``; every rank reports each time), and the
-in-epoch progress.
+loop's hooks: this rank's batches from its own Ray Data stream, the evaluation, the in-epoch
+progress, and the checkpoint: a folder and ``ray.train.report`` (every rank reports each time)
+after every epoch and whenever the run's ``checkpoints.policy.CheckpointPolicy`` asks, which Ray
+tells when a node of the run is drained (``preemption.py``).
 A rank only reads files: its plan, made on the driver, names them.
 """
 
@@ -16,7 +16,6 @@ import hashlib
 import os
 import secrets
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,20 +26,25 @@ import torch
 from raymcn.collectives import Collectives
 from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError, reason
 from raymcn.data.evalsets import EvalSet, load_eval_set
+from raymcn.data.formats.batch import Batch
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
-from raymcn.train import drain, faults
-from raymcn.train.build import assemble, run_epochs
+from raymcn.train import faults, probes
+from raymcn.train.build import assemble
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
-from raymcn.train.loop import Hooks, Run, apply_precision, evaluate, fold_progress
-from raymcn.train.monitor import history, timeline, trackers
+from raymcn.train.checkpoints.policy import CheckpointPolicy, mark_registered
+from raymcn.train.evaluate import evaluate
+from raymcn.train.loop import run_epochs
+from raymcn.train.monitor import history, trackers
 from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
 from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
 from raymcn.train.on_ray import preemption
+from raymcn.train.optim import apply_precision
 from raymcn.train.preflight import checks as preflight
+from raymcn.train.run import Hooks, Run
 from raymcn.train.run_plan import RunPlan
 
 # How long a rank waits for Ray Train to register a drain's checkpoint: past any deadline `raymcn
@@ -52,33 +56,17 @@ MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
     """Train MCN for the plan's epochs; returns the last epoch's metrics.
 
-    ``loop_config``: ``config`` (a resolved ``Config.to_dict()``), ``plan`` (the driver's
-    ``RunPlan``, inputs and video index included), ``run_dir`` (where checkpoints and the progress
-    marker go) and ``label`` (names the run's progress lines in a sweep).
+    ``loop_config``: ``config`` (the resolved ``Config``), ``plan`` (the driver's ``RunPlan``,
+    inputs and video index included), ``run_dir`` (where checkpoints and the progress marker go)
+    and ``label`` (names the run's progress lines in a sweep).
     """
-    return run_rank(loop_config, ray_data_stream)
-
-
-def ray_data_stream(cfg: Config, plan: RunPlan, rank: int, world: int) -> datasource.RankStream:
-    """This rank's part of every step, read by its own Ray Data stream (the steps' videos are fixed
-    by seed, epoch and step: the same at any world size and after any restart)."""
-    return datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
-                                 steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                                 node_id=ray.get_runtime_context().get_node_id())
-
-
-def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, int, int], Any]) -> dict[str, float]:
-    """:func:`train_func_per_worker` with the rank's batches from ``stream_of(cfg, plan, rank,
-    world)``: an object whose ``epoch(epoch, first step)`` returns (batches, data counters), as
-    ``datasource.RankStream``'s does."""
     environment = Environment.read()  # this process's start: what the driver handed it (runtime_env)
-    timeline.start(environment.timeline)
-    cfg, plan, run_dir = Config.from_dict(loop_config["config"]), loop_config["plan"], loop_config["run_dir"]
+    cfg, plan, run_dir = loop_config["config"], loop_config["plan"], loop_config["run_dir"]
     rank, world = _rank_in(plan)
     out = Printer(rank, loop_config.get("label", ""))
     _set_threads(cfg, out)
     apply_precision(cfg)  # process-wide torch flags, once
-    timeline.worker_entered(rank, torch.get_num_threads())
+    probes.rank_started(environment, rank)  # the benchmarks' timeline, when asked for
     device = _checked_device(cfg)
     # [0] Every rank's watchdog, from the group's start: a rank that makes no progress for
     # run.stall_timeout_s (waiting for a peer in the start's collectives, DDP's first broadcast
@@ -92,8 +80,9 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     dog.at("start", 0)
     dog.start()
     try:
-        run, reports = _start(cfg, plan, run_dir, stream_of, out, device, Collectives(rank, world), dog)
-        faults.install(run, environment)  # tests' and benchmarks' faults and trace, when asked for
+        run, reports = _start(cfg, plan, run_dir, out, device, Collectives(rank, world), dog)
+        faults.install(run, environment)  # the tests' faults, when asked for
+        probes.install(run, environment)  # the tests' trace and the benchmarks' timeline, when asked for
         metrics = run_epochs(run)
     except Exception as e:
         stall = dog.named(e)
@@ -103,16 +92,23 @@ def run_rank(loop_config: dict[str, Any], stream_of: Callable[[Config, RunPlan, 
     finally:
         dog.stop()
     reports.progress.flush()
-    timeline.mark("worker: done", rank=rank)
     return metrics
 
 
-def _start(cfg: Config, plan: RunPlan, run_dir: str, stream_of: Callable[[Config, RunPlan, int, int], Any],
-           out: Printer, device: torch.device, comm: Collectives, dog: Watchdog) -> tuple[Run, Reports]:
+def ray_data_stream(cfg: Config, plan: RunPlan, rank: int, world: int) -> datasource.RankStream:
+    """This rank's part of every step, read by its own Ray Data stream (the steps' videos are fixed
+    by seed, epoch and step: the same at any world size and after any restart)."""
+    return datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
+                                 steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
+                                 node_id=ray.get_runtime_context().get_node_id())
+
+
+def _start(cfg: Config, plan: RunPlan, run_dir: str, out: Printer, device: torch.device, comm: Collectives,
+           dog: Watchdog) -> tuple[Run, Reports]:
     """This rank's run, ready for its epochs: its data, the model wrapped in DDP, resumed from the
     latest checkpoint of ``run_dir`` if any, and Ray plugged into the loop's hooks."""
     # [1] Data: this rank's part of every step.
-    stream = stream_of(cfg, plan, comm.rank, comm.world)
+    stream = ray_data_stream(cfg, plan, comm.rank, comm.world)
     eval_set = _eval_set(cfg, plan, out)
     # [2] The run, its model wrapped in DDP; [3] resumed from the latest checkpoint of this run dir,
     # if any (after a crash, a reboot or --resume), possibly one taken inside an epoch.
@@ -121,13 +117,17 @@ def _start(cfg: Config, plan: RunPlan, run_dir: str, stream_of: Callable[[Config
                    prepare=functools.partial(_start_weights, cfg, fresh=ckpt is None, out=out))
     if ckpt is not None:
         _resume(run, ckpt, run_dir, out)
-    timeline.mark("worker: assembled", rank=comm.rank)
-    # [4] Epochs: train, checkpoint inside epochs and at their ends, evaluate, report (every rank
-    # reports every time; Ray keeps rank 0's).
+    # [4] Epochs: train, evaluate, checkpoint and report at their ends and when the policy asks
+    # inside them (every rank reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
     run.hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start),
-                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm),
+                      evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm), save=reports.save,
                       after_epoch=[reports.after_epoch], after_step=[reports.after_step], log=out.log, watch=dog.at)
+    # run.checkpoint_every, and at once when a node of the run is drained (run.drain_check_every)
+    run.checkpoints = CheckpointPolicy(cfg.run.checkpoint_every, plan.steps_per_epoch, check_every=cfg.run.log_every,
+                                       broadcast=functools.partial(_broadcast, run),
+                                       drain_every=cfg.run.drain_check_every, ask=preemption.drain_question(),
+                                       say=out.say)
     return run, reports
 
 
@@ -239,11 +239,11 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
 
 
 class Reports:
-    """What happens after a step and after an epoch on a rank: checkpoints and ``ray.train.report``
-    (every rank, every time: it is a barrier), the in-epoch progress, and on rank 0 metrics.csv and
-    the epoch line. (``run.trackers`` log the reports on Ray Train's controller,
-    ``launch.TrackersOnController``, except in a run without workers: Ray Train's local mode calls
-    no callback, so its in-process rank feeds them.)"""
+    """What a rank does with a checkpoint, after a step and after an epoch: the checkpoint's folder
+    and ``ray.train.report`` (every rank, every time: it is a barrier), the in-epoch progress, and
+    on rank 0 metrics.csv and the epoch line. (``run.trackers`` log the reports on Ray Train's
+    controller, ``launch.TrackersOnController``, except in a run without workers: Ray Train's local
+    mode calls no callback, so its in-process rank feeds them.)"""
 
     def __init__(self, run: Run, run_dir: str, out: Printer):
         cfg, plan = run.cfg, run.plan
@@ -251,16 +251,18 @@ class Reports:
         self.progress = Progress(run_dir if self.rank == 0 else None, plan, every_s=cfg.run.progress_every,
                                  say=out.progress if self.rank == 0 else None, label=out.label)
         self.progress.restart_clock(run.state.step)
-        # run.checkpoint_every, and at once when a node of the run is drained (run.drain_check_every)
-        self.schedule = preemption.drain_aware(
-            checkpoint.CheckpointSchedule(cfg.run.checkpoint_every, plan.steps_per_epoch,
-                                          broadcast=functools.partial(_broadcast, run), check_every=cfg.run.log_every),
-            cfg, plan.steps_per_epoch, say=out.say)
         self.table = history.EpochTable(run_dir) if self.rank == 0 else None
         in_process = bool(cfg.run.trackers) and plan.max_workers == 0
         self.tracked = trackers.EpochReports(cfg, run_dir, plan.epochs, say=out.say) if in_process else None
 
-    def save_and_report(self, run: Run, metrics: dict[str, float]) -> None:
+    def save(self, run: Run, metrics: dict[str, float] | None) -> None:
+        """The run's checkpoint with the epoch's ``metrics`` (None: inside an epoch) reported to Ray."""
+        if metrics is None:
+            metrics = {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch), "global_step": float(run.state.step),
+                       # below any real score (R@10 >= 0): Ray's retention keeps it only while it is
+                       # the latest. Finite: Ray's run snapshot stores the metrics as JSON, where -inf
+                       # becomes null and breaks its sort.
+                       PRIMARY_METRIC: MID_EPOCH_SCORE}
         ck = None
         if self.rank == 0:  # one writer; the payload is identical on every rank
             # Not a context manager: the upload runs in Ray's background thread (ASYNC), which
@@ -271,16 +273,16 @@ class Reports:
         # Serialising stays on the step's path (measured: bench/checkpoint.py); the copy into the
         # run's storage (a local folder, NFS or a bucket) does not.
         ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
-        if self.schedule.pending:  # the checkpoint a drain asked for (every rank alike)
+        if run.checkpoints.pending:  # the checkpoint a drain asked for (every rank alike)
             self.mark_drain_checkpoint(run)
-        self.schedule.done()
         self.progress.write(run.state.step)
 
     def mark_drain_checkpoint(self, run: Run) -> None:
         """Wait until Ray Train has registered the drain's checkpoint, then mark it on this machine
-        (``train/drain.py``), so that ``raymcn drain`` lets the server go now, not at the deadline.
-        The wait holds this rank (the steps it would train are thrown away by the restart anyway)."""
-        self.schedule.registered = True
+        (``checkpoints/policy.py``), so that ``raymcn drain`` lets the server go now, not at the
+        deadline. The wait holds this rank (the steps it would train are thrown away by the restart
+        anyway)."""
+        run.checkpoints.registered = True
         try:
             ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
                                                    timeout_s=DRAIN_REGISTER_TIMEOUT_S)
@@ -289,7 +291,7 @@ class Reports:
                          f"({reason(e)}): the drained server goes at the deadline")
             return
         try:
-            drain.mark_registered(run.state.step, self.rank)
+            mark_registered(run.state.step, self.rank)
         except OSError as e:  # (e.g. another user's folder): the server goes at the deadline instead
             self.out.say(f"warning: could not mark the drain's checkpoint for `raymcn drain` ({reason(e)})")
             return
@@ -297,22 +299,10 @@ class Reports:
             self.out.say(f"the drain's checkpoint (global step {run.state.step}) is registered: `raymcn drain` "
                          "lets the drained server go now")
 
-    def after_step(self, run: Run, values: dict[str, float], batch: dict) -> None:
+    def after_step(self, run: Run, values: dict[str, float], batch: Batch) -> None:
         self.progress.step(run.state.step)
-        if run.state.progress.steps == 1:  # an epoch's first step (its first batch's wait included)
-            timeline.mark("worker: epoch's first step done", rank=self.rank, epoch=run.state.epoch,
-                          first_batch_s=run.state.progress.first_batch_s)
-        if self.schedule.due(run.state.step):
-            fold_progress(run.state.progress, run.comm, run.device)  # every rank: the sums over all ranks
-            self.save_and_report(run, {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch),
-                                       "global_step": float(run.state.step),
-                                       # below any real score (R@10 >= 0): Ray's retention keeps it only
-                                       # while it is the latest. Finite: Ray's run snapshot stores the
-                                       # metrics as JSON, where -inf becomes null and breaks its sort.
-                                       PRIMARY_METRIC: MID_EPOCH_SCORE})
 
     def after_epoch(self, run: Run, metrics: dict[str, float]) -> None:
-        self.save_and_report(run, metrics)
         if self.rank == 0:  # metrics.csv beside the checkpoints (one row per epoch)
             try:
                 self.table.record(metrics)
@@ -341,5 +331,5 @@ def resume_line(path: str, run: Run, mark: dict[str, Any] | None) -> str:
 
 
 def _broadcast(run: Run, value: float) -> float:
-    """Rank 0's ``value`` on every rank (the checkpoint schedule's decision)."""
+    """Rank 0's ``value`` on every rank (the checkpoint policy's decision)."""
     return float(run.comm.broadcast_from_rank0(torch.tensor([value], dtype=torch.float64, device=run.device)).item())

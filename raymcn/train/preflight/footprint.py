@@ -116,7 +116,7 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     Args:
         cfg: the run config (batch, clips per video, workers, model dims, queue, GPU or CPU).
         activation_bytes: bytes per activation element; default 2 (bf16 autocast) with
-            ``scale.use_gpu`` and 4 (fp32) on CPU, as ``loop.autocast`` does.
+            ``scale.use_gpu`` and 4 (fp32) on CPU, as ``optim.autocast`` does.
         params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
         refit: estimate a k-means refit step (the largest, every ``loss.refresh_every`` steps on
             rank 0); False gives the other steps (``kmeans_input`` = 0).

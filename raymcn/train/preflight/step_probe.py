@@ -5,8 +5,8 @@ Ray Train worker wraps it (``gradient_as_bucket_view``), so the step is the one 
 ``build.assemble`` (precision policy, model, Adam, LR schedule, objective) and
 ``loop.train_one_epoch`` over batches fed by ``feed.Prefetcher`` (pinned and copied on a side stream
 on CUDA), forward under bf16 autocast, losses and k-means in fp32. The batches are random tensors
-of the batch contract at the config's dims. ``bench/gpu_smoke.py`` and ``raymcn doctor --step``
-both measure through :func:`measure_step`.
+of the batch contract at the config's dims (``data/formats/batch.random_batch``).
+``bench/gpu_smoke.py`` and ``raymcn doctor --step`` both measure through :func:`measure_step`.
 """
 
 from __future__ import annotations
@@ -22,28 +22,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from raymcn.collectives import Collectives
 from raymcn.config import Config
+from raymcn.data.formats.batch import random_batch
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
-from raymcn.train.loop import EpochProgress, apply_precision, train_one_epoch
+from raymcn.train.loop import train_one_epoch
+from raymcn.train.monitor.epoch_metrics import EpochProgress
+from raymcn.train.optim import apply_precision
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
 from raymcn.train.run_plan import make_plan
-
-
-def host_batch(cfg: Config, seed: int = 0) -> dict:
-    """One batch of the batch contract at ``cfg``'s dims, on the host (random values; text in the
-    dtype the reader delivers it in: bfloat16 when ``scale.use_gpu``).
-
-    Returns ``video`` (b, 4096), ``audio`` (b, 40, T) fp16, ``nframes`` (b,), ``text`` (b, W, D),
-    ``key``: b = ``data.batch_size`` x ``data.clips_per_video``."""
-    m, d = cfg.model, cfg.data
-    b = d.batch_size * d.clips_per_video
-    g = torch.Generator().manual_seed(seed)
-    return {"video": torch.rand(b, m.video_dim, generator=g),
-            "audio": torch.randn(b, m.mel_bins, d.audio_frames, generator=g).half(),
-            "nframes": torch.full((b,), d.audio_frames, dtype=torch.int32),
-            "text": torch.randn(b, d.max_words, m.word_dim, generator=g).to(
-                torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
-            "key": [f"v{i // d.clips_per_video}#{i % d.clips_per_video}" for i in range(b)]}
 
 
 @contextlib.contextmanager
@@ -95,7 +81,7 @@ def measure_step(cfg: Config, device: torch.device, warmup: int = 2, steps: int 
 
         apply_precision(cfg)  # as a rank sets it at its start
         run = assemble(cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
-        batch = host_batch(cfg)
+        batch = random_batch(cfg, cfg.clips_per_step)
 
         def epoch(n: int) -> dict:
             feed = Prefetcher((batch for _ in range(n)), device, depth=cfg.data.prefetch_batches)

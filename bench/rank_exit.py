@@ -1,4 +1,5 @@
-"""A rank's end: its process group left, then its process ended without aborting. No Ray.
+"""A rank's end: its process group left, then its process ended without aborting (the benchmarks'
+ranks that run a process group of their own). No Ray.
 
 Why a rank's exit could abort ("terminate called without an active exception", SIGABRT): a gloo
 group's worker threads outlive ``destroy_process_group`` once a model was wrapped in DDP (the

@@ -1,0 +1,67 @@
+"""The errors raymcn names to its user, and what is shown of them: which a restart cannot cure
+(:class:`PermanentError`), which ``raymcn doctor`` checks before a sweep (:class:`NodeInputError`),
+a configuration's problems (:class:`ConfigError`), Ray out of reach (:class:`RayUnavailable`). Stdlib only."""
+
+from __future__ import annotations
+
+
+def reason(error: BaseException) -> str:
+    """What a user is shown of ``error``: its class and the first line of its message (a Ray task's
+    error, ``RayTaskError(RuntimeError)``, is named by the class of the error inside it), never a
+    guess at the cause."""
+    cause = getattr(error, "cause", None) if type(error).__name__.startswith("RayTaskError") else None
+    shown = cause if isinstance(cause, BaseException) else error
+    lines = [line.strip() for line in str(shown).strip().splitlines() if line.strip()]
+    return f"{type(shown).__name__}: {lines[0]}" if lines else type(shown).__name__
+
+
+class PermanentError(Exception):
+    """An error a restart from the last checkpoint cannot cure: a bad setting, a missing or damaged
+    input, a diverged loss. Such a run fails at once instead of being retried
+    ``scale.max_failures`` times (``launch.FailFastOnPermanentErrors``); a sweep trial that hits one
+    ends as errored without a retry. Lost processes and nodes are not permanent: they are retried."""
+
+
+def permanent_cause(error: BaseException | None) -> BaseException | None:
+    """The :class:`PermanentError` (or ``FileNotFoundError``) that caused ``error``, if any.
+
+    Follows ``__cause__``/``__context__`` and the ``cause`` Ray's task and Train errors carry, so it
+    finds a worker's error inside what the Train controller or Tune hands on.
+    """
+    stack, seen = [error], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (PermanentError, FileNotFoundError)):
+            return e
+        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+class RayUnavailable(RuntimeError):
+    """Ray could not be started or reached (``train/on_ray/cluster.py``): the command ran nothing;
+    the message says which instance, why that one, what failed and what to do."""
+
+
+class NodeInputError(Exception):
+    """An error about what a node reads or runs with (its shards, samples, eval set, config), one
+    ``raymcn doctor`` checks on every node before a sweep (:func:`doctor_hint`)."""
+
+
+def doctor_hint(cause: BaseException) -> str:
+    """A pointer to ``raymcn doctor`` when ``cause`` is one it checks on every node before a sweep
+    (a missing or unreadable file or mount, another node's software); "" otherwise."""
+    if isinstance(cause, (OSError, ImportError, NodeInputError)):
+        return ("`raymcn doctor --config ...` checks every node's shards, eval set, word vectors, storage and "
+                "versions before a sweep")
+    return ""
+
+
+class ConfigError(ValueError, PermanentError, NodeInputError):
+    """A configuration problem; the message lists every problem found, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
