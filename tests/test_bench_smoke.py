@@ -104,6 +104,7 @@ def test_chaos_charges_each_restart_to_the_fault_before_it(tmp_path):
     assert steps_replayed(tmp_path, [{"trace_at": 2}, {"trace_at": 6}]) == [1, 2]  # struck a line early: the last before
 
 
+@pytest.mark.slow  # over 8 s at smoke size: the full tier
 def test_scale(tmp_path):
     figures = smoke(scale, tmp_path, "--no-ray")
     assert [s["fraction"] for s in figures["scales"]] == [4000, 2000]
@@ -154,6 +155,7 @@ def test_eval_sharding(tmp_path):
     assert positive(*figures["median_s"].values())
 
 
+@pytest.mark.slow  # over 8 s at smoke size: the full tier
 def test_step(tmp_path):
     figures = smoke(step, tmp_path)
     assert [r["clips"] for r in figures["rows"]] == [4, 8]
@@ -165,6 +167,7 @@ def test_step(tmp_path):
     assert positive(*summary["estimate_over_measured"], *summary["fwd_bwd_estimate_over_measured"])
 
 
+@pytest.mark.slow  # over 8 s at smoke size: the full tier
 def test_grad_cache(tmp_path):
     figures = smoke(grad_cache, tmp_path)
     assert [(r["clips"], r["chunk"]) for r in figures["step"]] == [(64, 0), (64, 32)]

@@ -110,6 +110,7 @@ CASES = [  # (epochs, stage1_fraction): the first rung right after stage 1; no s
     (4, 0.5), (2, 0.0), (4, 0.75)]
 
 
+@pytest.mark.slow  # 11 Tune runs of stand-in trials (about a minute): the full tier
 @pytest.mark.parametrize("algorithm, extra", [("bohb", ()), ("asha", ()), ("asha", ("sweep.suggest=optuna",)),
                                               ("optuna", ()), ("random", ())])
 @pytest.mark.parametrize("epochs, fraction", CASES)

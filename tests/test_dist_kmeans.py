@@ -73,6 +73,7 @@ def test_shares_cover_every_row_once():
             assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
 
 
+@pytest.mark.slow  # the benchmark's own ranks: the full tier
 def test_the_benchmark_reports_the_same_centroids_on_two_ranks():
     """bench.kmeans (the before/after figure of docs/performance.md) at its smoke size: 1 rank, then 2
     (the suite's smoke run of bench.kmeans)."""

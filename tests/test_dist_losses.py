@@ -164,7 +164,7 @@ def _assert_unequal_rotating_shares(records: list[dict], world: int) -> None:
         assert {s[rank] for s in shares} == {VIDEOS // world, VIDEOS // world + 1}, shares
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: the full tier
 def test_gloo_ranks_with_unequal_shares_equal_single_process_with_and_without_caching(tmp_path, world):
     """5 videos over 2 ranks (3 + 2) or 3 ranks (2 + 2 + 1), the larger shares rotating; the plain
     step, gradient caching (chunks of one video; chunks of two, reconstruction off) and the ring
@@ -183,6 +183,7 @@ def test_gloo_ranks_with_unequal_shares_equal_single_process_with_and_without_ca
             assert [r["allreduce_calls"] for r in records] == plain_calls, (chunk, recon, ring)
 
 
+@pytest.mark.slow  # three process groups in turn: the full tier (the elastic tier resizes for real)
 def test_resized_between_steps_equals_single_process(tmp_path):
     """2 ranks, then 3, then 1, each phase continuing from the last one's model and objective state:
     the steps, the queue and the centroids never notice the world changing."""

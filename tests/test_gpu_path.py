@@ -594,6 +594,7 @@ def _assert_as_one_rank(ranks: list[dict], alone: dict, rel: float) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.slow  # the GPU harness's whole run on gloo ranks (its collectives stay in the fast tier)
 def test_the_multi_rank_run_on_gloo_ranks(tmp_path):
     """The harness of the GPU tests below on 2 gloo ranks (CPU): staged order, global BatchNorm,
     evaluation, a checkpoint and a resume from it, bitwise on CPU; its first epoch that of 1 rank."""

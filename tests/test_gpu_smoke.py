@@ -33,6 +33,7 @@ def _smoke(tmp_path: Path, *args: str) -> dict:
     return report
 
 
+@pytest.mark.slow  # every variant's step on CPU: the full tier
 def test_the_gpu_smoke_runs_every_variant_without_ray(tmp_path):
     report = _smoke(tmp_path, "--device", "cpu", "--smoke")
     assert set(report["variants"]) == {"plain", "cached", "ring"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]  # half a minute of gloo ranks ended mid-collective: the full tier
 ROOT = Path(__file__).resolve().parents[1]
 
 RANK = """

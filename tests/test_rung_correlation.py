@@ -34,6 +34,7 @@ def test_correlations_rank_each_epoch_against_the_last(bench):
     assert [r["after rho"] for r in rows] == pytest.approx([-1.0, -1.0, 1.0])
 
 
+@pytest.mark.slow  # trains every configuration twice: the full tier
 def test_the_benchmark_trains_every_configuration_under_both_arms(bench, tmp_path):
     """The benchmark at its smoke size (the suite's smoke run of it): 4 drawn configurations x 2
     epochs on the 64-video corpus, each under both warm-ups (one run where they coincide)."""

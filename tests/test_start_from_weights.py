@@ -183,8 +183,9 @@ def test_compatible_run_and_sweep_pass_the_preflight(imported, tmp_path, monkeyp
     assert trial.run.init_from == cfg.run.init_from  # every trial starts from the same weights
 
 
-# --- end to end with Ray (not in the default tier) ----------------------------------------------
+# --- end to end with Ray (the full tier) ----------------------------------------------------------
 @pytest.mark.ray
+@pytest.mark.slow
 def test_import_eval_then_train_from_the_weights(ray_local, original, tmp_path, capsys):
     out = tmp_path / "released"
     assert main(["import-original", str(original[1]), "--out", str(out), "--config", str(preset_path()),

@@ -45,6 +45,7 @@ def run_fake_sweep(time_attr, tmp_path, orders):
     return {r.config["schedule.stage_order"]: int(r.metrics["epoch"]) for r in grid}
 
 
+@pytest.mark.slow  # a Tune run of Ray Train trials: the full tier
 def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tmp_path):
     # staged orders first, joint last: joint meets their rung values and is the one stopped
     epochs_run = run_fake_sweep("budget_epoch", tmp_path, ["AV_T", "VT_A", "AT_V", "joint"])
@@ -54,6 +55,7 @@ def test_staged_orders_are_not_stopped_before_their_third_modality(ray_local, tm
     assert epochs_run["joint"] < EPOCHS  # and the scheduler did stop someone: the worse joint run
 
 
+@pytest.mark.slow  # a Tune run of Ray Train trials: the full tier
 def test_naive_epoch_clock_would_stop_staged_orders_early(ray_local, tmp_path):
     epochs_run = run_fake_sweep("epoch", tmp_path, ["joint", "AV_T", "VT_A", "AT_V"])
     assert min(epochs_run[o] for o in ("AV_T", "VT_A", "AT_V")) <= math.ceil(FRACTION * EPOCHS)

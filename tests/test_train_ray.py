@@ -65,6 +65,7 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
     assert {k: evaluated[k] for k in RETRIEVAL_METRICS} == {k: summary[k] for k in RETRIEVAL_METRICS}
 
 
+@pytest.mark.slow  # a second Ray Train run (the one-minute run is the fast tier's): the full tier
 def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_path):
     """The ring passes rows point to point inside the process group Ray Train sets up: the user's
     command with the ring on trains 2 workers to the end and learns (its equality with one process
@@ -78,6 +79,7 @@ def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_pat
     assert "ring_contrastive: true" in (Path(summary["run_dir"]) / "raymcn_config.yaml").read_text()
 
 
+@pytest.mark.slow  # a third Ray Train run: the full tier
 def test_a_group_reserving_every_cpu_still_reads(ray_local, capsys, tmp_path):
     """An elastic group grown to the whole machine (4 x 0.5 CPU on the 2-CPU instance) leaves no CPU
     free; the read tasks reserve none, so every rank's reader still runs and the epoch ends

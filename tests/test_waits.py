@@ -55,6 +55,7 @@ def test_the_limit_is_the_stall_limit_but_at_most_half_the_start_timeout():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # Ray Train groups left waiting on purpose: the full tier
 @pytest.mark.timeout(300)
 def test_a_run_whose_group_cannot_start_names_who_holds_its_cpus_then_trains_when_they_are_freed(ray_local, tmp_path):
     """``raymcn train`` on a Ray where another group holds the CPUs its worker needs (a finished
@@ -100,6 +101,7 @@ ray.get(h.hold.remote())
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # Ray Train groups left waiting on purpose: the full tier
 @pytest.mark.timeout(300)
 def test_a_waiting_group_gets_what_an_ended_job_left_held(ray_local, tmp_path):
     """A job that ended while a group of its own still holds CPUs (made here by a detached actor of a
