@@ -110,3 +110,16 @@ def test_a_junit_file_not_named_after_its_target_is_refused(tmp_path):
     (tmp_path / "fast.xml").write_text(JUNIT["test"])
     with pytest.raises(ValueError, match="name the file after its make target"):
         test_durations.summary([tmp_path / "fast.xml"])
+
+
+def test_a_run_without_its_slow_tiers_file_records_no_full_tier_and_the_docs_say_so(tmp_path, monkeypatch):
+    """A run stopped before the slow tier ended wrote no file for it: the fast tier is recorded,
+    the full tier is not made up from it, and the pages say that no complete run is recorded."""
+    from tools import docgen
+
+    (tmp_path / "test.xml").write_text(JUNIT["test"])
+    figures = test_durations.summary([tmp_path / "test.xml"])
+    assert set(figures["tiers"]) == {"fast"} and set(figures["tests"]) == {"fast"}
+    monkeypatch.setattr(docgen, "m", lambda name: figures)
+    assert docgen.tier("fast") == "1 min 2 s, 3 tests" and docgen.tier("full") == docgen.UNRECORDED
+    assert f"| `make test-slow` | {docgen.UNRECORDED} |" in docgen.tiers()

@@ -481,15 +481,21 @@ TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "full": "`make 
 SLOWEST = 3  # development.md lists each tier's slowest tests; the JSON holds every test's time
 
 
+UNRECORDED = "no complete run recorded yet"
+
+
 def tier(name: str) -> str:
-    """``10 min 5 s, 1 180 tests``: a tier's pytest time on the machine of test_durations.json."""
-    t = m("test_durations")["tiers"][name]
-    return f"{minsec(t['seconds'])}, {t['tests']} tests"
+    """``10 min 5 s, 1 180 tests``: a tier's pytest time on the machine of test_durations.json, or
+    :data:`UNRECORDED` for a tier the file lacks (a run stopped before the tier ended)."""
+    t = m("test_durations")["tiers"].get(name)
+    return f"{minsec(t['seconds'])}, {t['tests']} tests" if t else UNRECORDED
 
 
 def tiers() -> str:
     """development.md's table: each tier's time and tests, and where it ran."""
-    rows = [[TIER_NAMES[n], minsec(t["seconds"]), t["tests"], t["skipped"]] for n, t in m("test_durations")["tiers"].items()]
+    recorded = m("test_durations")["tiers"]
+    rows = [[TIER_NAMES[n], minsec(recorded[n]["seconds"]), recorded[n]["tests"], recorded[n]["skipped"]]
+            if n in recorded else [TIER_NAMES[n], UNRECORDED, "", ""] for n in TIER_NAMES]
     return table(["tier", "pytest time", "tests", "skipped (no GPU)"], rows)
 
 

@@ -2,7 +2,8 @@
 
 ``.ci/run`` runs the fast tier (``make test``), then the slow one (``make test-slow``), each with
 ``--junitxml``, and then this script, which writes one JSON: the machine, the commit, the command,
-each tier's pytest time and test counts, the full tier as their sum, and every test's seconds
+each tier's pytest time and test counts, the full tier as their sum (only when both tiers' files are
+given: a run stopped before its slow tier ended wrote no file for it), and every test's seconds
 (setup, call and teardown) by tier, the slowest first. A copy of a CI run's file saved as
 ``docs/measurements/test_durations.json`` is what the README's and docs/development.md's suite
 figures are generated from (``tools/docgen.py``), and what the next cut between the tiers reads::
@@ -58,8 +59,9 @@ def summary(files: list[Path]) -> dict:
             raise ValueError(f"{path}: name the file after its make target ({', '.join(TIER_OF_FILE)})")
         tiers[tier], seconds = read_tier(path)
         tests[tier] = dict(sorted(seconds.items(), key=lambda kv: -kv[1]))  # the slowest first
-    tiers["full"] = {k: round(sum(t[k] for t in tiers.values()), 1) if k == "seconds" else
-                     sum(t[k] for t in tiers.values()) for k in ("seconds", "tests", "skipped", "failed")}
+    if set(tiers) == set(TIER_OF_FILE.values()):  # the full tier only from a run of both
+        tiers["full"] = {k: round(sum(t[k] for t in tiers.values()), 1) if k == "seconds" else
+                         sum(t[k] for t in tiers.values()) for k in ("seconds", "tests", "skipped", "failed")}
     commit, note = git_commit()
     return {"machine": machine_line(), "commit": commit, **({"commit_note": note} if note else {}),
             "command": COMMAND, "tiers": tiers, "tests": tests}
