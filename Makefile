@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: sweep test test-slow test-full install
+.PHONY: sweep test test-slow test-soak test-full install
 sweep: $(VENV)/.installed   ## the main job: a small sweep on the embedded default (local Ray, synthetic data)
 	$(PY) sweep.py
 
@@ -10,10 +10,13 @@ sweep: $(VENV)/.installed   ## the main job: a small sweep on the embedded defau
 test: $(VENV)/.installed    ## the fast tier: unit, dist, every shipped file's shrink check, a small Ray core
 	$(PY) -m pytest -q --tier fast $(PYTEST_ARGS)
 
-test-slow: $(VENV)/.installed    ## the rest of the full tier: every rehearsal, multinode, elastic, chaos, launcher
+test-slow: $(VENV)/.installed    ## what CI runs after the fast tier: rehearsals, multinode, launcher
 	$(PY) -m pytest -q --tier slow $(PYTEST_ARGS)
 
-test-full: $(VENV)/.installed    ## every test (test + test-slow)
+test-soak: $(VENV)/.installed    ## the rehearsals too long for CI: the chaos soak, elastic groups, before a release
+	$(PY) -m pytest -q --tier soak $(PYTEST_ARGS)
+
+test-full: $(VENV)/.installed    ## every test (test + test-slow + test-soak)
 	$(PY) -m pytest -q --tier full $(PYTEST_ARGS)
 
 install: $(VENV)/.installed

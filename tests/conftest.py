@@ -19,18 +19,20 @@ from bench.services import NODE_STORE, free_port
 
 __all__ = ["NODE_STORE", "free_port", "read_events"]  # for the tests that import them from here
 
-# ---- The two tiers (docs/development.md, "Tests"): the one place their marker expressions live.
-# `make test` runs the fast tier (`--tier fast`), `make test-full` both; CI runs the fast tier, then
-# the slow one, and adds their times. A test marked `multinode` or `launcher` must be `slow` too, and
-# a test that starts Ray must say so (`ray` or costlier): both checked below.
-TIERS = {"fast": "not slow", "slow": "slow", "full": ""}
-STARTS_RAY = ("ray", "slow", "multinode", "launcher")  # markers of the tests that may start Ray
-ALWAYS_SLOW = ("multinode", "launcher")
+# ---- The tiers (docs/development.md, "Tests"): the one place their marker expressions live.
+# `make test` runs the fast tier (`--tier fast`), CI the fast tier then the slow one, adding their
+# times; `make test-soak` the rehearsals too long for CI's 90 minutes, `make test-full` all three.
+# A test marked `multinode`, `launcher` or `soak` must be `slow` too, and a test that starts Ray
+# must say so (`ray` or costlier): both checked below.
+TIERS = {"fast": "not slow", "slow": "slow and not soak", "soak": "soak", "full": ""}
+STARTS_RAY = ("ray", "slow", "multinode", "launcher", "soak")  # markers of the tests that may start Ray
+ALWAYS_SLOW = ("multinode", "launcher", "soak")
 
 
 def pytest_addoption(parser):
     parser.addoption("--tier", choices=sorted(TIERS), help="the tests of one tier: fast (make test), slow (the "
-                     "rest: every rehearsal, multinode, chaos, launcher) or full (make test-full); tests/conftest.py")
+                     "rest CI runs: rehearsals, multinode, launcher), soak (make test-soak: the chaos soak, elastic "
+                     "groups, the longest rehearsals) or full (make test-full); tests/conftest.py")
 
 
 def pytest_configure(config):

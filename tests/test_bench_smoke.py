@@ -182,6 +182,7 @@ def test_grad_cache(tmp_path):
 
 # --- Ray: bench.trial_cost's own instance first, then one for all the others ---------------------------------
 @pytest.mark.ray
+@pytest.mark.soak  # a benchmark's smoke over a minute: before a release
 @pytest.mark.slow
 def test_trial_cost(tmp_path):
     """First of the Ray tests: its sweep starts a Ray instance of its own (run with the others'
@@ -225,6 +226,7 @@ def test_checkpoint(ray_local, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.soak  # a benchmark's smoke over a minute: before a release
 @pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
 def test_overhead(ray_local, tmp_path, capsys):
     """Both smoke arms ran their 2 epochs to the end: among them the torchrun arm, whose ranks
@@ -261,6 +263,7 @@ def test_drain_check(ray_local, tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
+@pytest.mark.soak  # a benchmark's smoke over a minute: before a release
 def test_shard_dtype(ray_local, tmp_path):
     figures = smoke(shard_dtype, tmp_path)
     assert figures["bytes"]["float16"] < figures["bytes"]["float32"]  # the features at 2 bytes instead of 4

@@ -10,7 +10,7 @@ from conftest import multinode_cluster
 
 from bench.chaos import KINDS, NAMED, NODE, SMOKE, chaos_settings, compare, epoch_metrics, run_sweep
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(1200)]
 ray = pytest.importorskip("ray")
 
 

@@ -36,7 +36,7 @@ from conftest import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
 
 SERVER = {"num_cpus": 2}  # room for one worker (scale.cpus_per_worker=2), nothing left

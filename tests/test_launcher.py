@@ -247,6 +247,7 @@ def test_ray_up_installs_raymcn_and_pins_the_head(cluster):
     assert recorded["env"]["RAY_CLOUD_INSTANCE_ID"] == "127.0.0.1"
 
 
+@pytest.mark.soak  # the boot service's test below resumes the same way, without the hand
 def test_a_killed_sweep_resumed_by_hand(cluster):
     """The documented command, verbatim (plus a shorter schedule and a name to find it by): in a tmux
     session on the head, so it outlives the laptop's SSH connection; `ray submit` returns at once. Its

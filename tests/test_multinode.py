@@ -253,6 +253,7 @@ def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path,
         assert "estimate: " in out
 
 
+@pytest.mark.soak  # the BOHB file as test_rehearsals.py runs it, on the multi-node cluster
 @pytest.mark.timeout(1200)
 def test_the_doctor_rehearses_the_lab_sweep_on_the_cluster(cluster, tmp_path, capsys):
     """`raymcn doctor --rehearse --config sweeps/stage_order_bohb.yaml`, as on the lab's head, on the

@@ -201,7 +201,7 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
     pytest.param("sweeps/smoke.yaml", [], in_the_search, id="grid"),
     # asha with Optuna's suggestions, 4 trials side by side; 6 of them, so that two start on what
     # finished or stopped trials freed while the suite's own Ray instance runs beside the sweep's
-    pytest.param("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1, marks=pytest.mark.slow, id="asha"),
+    pytest.param("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1, marks=[pytest.mark.slow, pytest.mark.soak], id="asha"),
     pytest.param("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started,  # the lab's own
                  marks=pytest.mark.slow, id="bohb"),
 ]  # random and optuna, which no shipped file uses: on stand-in trials (tests/test_sweep_restore.py)
@@ -251,6 +251,7 @@ def verdict_ok(exp: Path) -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_the_cluster_smoke_sweep_runs_to_its_end_and_its_terminal_reads_well(tmp_path):
     """The lab's smoke sweep, each configuration over 2 seeds, one trial's run crashing once after

@@ -73,6 +73,7 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
     assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[PRIMARY_METRIC])
 
 
+@pytest.mark.soak  # the sweep's storage path is the run's (the test above); this adds its tables, plots, MLflow
 def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_local, capsys):
     """The smoke sweep with its storage in the bucket: Tune's state and both trials there, the
     table and plots from a local copy, MLflow's store in the local cache."""

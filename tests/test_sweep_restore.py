@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tune_dirs import result_rows, trial_statuses
+from tune_dirs import result_rows, saved_checkpoints, trial_statuses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -34,6 +34,11 @@ def stand_in_sweep(command: str, exp: Path, *overrides: str) -> subprocess.Popen
                             stderr=subprocess.STDOUT, text=True)
 
 
+def saved_epochs(exp: Path) -> dict[str, int]:
+    """Trial id -> the epoch of the latest checkpoint Tune's saved state holds (0: none)."""
+    return {t: json.loads((d / "epoch.json").read_text())["epoch"] if d else 0 for t, d in saved_checkpoints(exp).items()}
+
+
 def logs(exp: Path) -> dict[str, list[dict]]:
     return {p.stem: [json.loads(x) for x in p.read_text().splitlines()] for p in (exp / "stand_in").glob("*.jsonl")}
 
@@ -47,11 +52,12 @@ def test_a_search_killed_mid_search_resumes_to_its_end(tmp_path, algorithm):
     run = stand_in_sweep("run", exp, *overrides)
     try:
         deadline = time.time() + 300
-        while True:  # kill once a trial has finished (in Tune's saved state) and a later one trains
+        while True:  # kill once a trial has finished and a later one has a checkpoint, both in Tune's saved state
             assert run.poll() is None, f"the search ended before the kill:\n{run.stdout.read()[-3000:]}"
             assert time.time() < deadline, "no trial finished within 300 s"
-            finished = {t for t, s in trial_statuses(exp).items() if s == "TERMINATED"} if exp.is_dir() else set()
-            if finished and len(logs(exp)) > len(finished):
+            statuses, saved = (trial_statuses(exp), saved_epochs(exp)) if exp.is_dir() else ({}, {})
+            finished = {t for t, s in statuses.items() if s == "TERMINATED"}
+            if finished and any(saved[t] > 0 for t in statuses if t not in finished):
                 break
             time.sleep(0.2)
         before = result_rows(exp)
@@ -69,10 +75,12 @@ def test_a_search_killed_mid_search_resumes_to_its_end(tmp_path, algorithm):
         trained = 0  # epochs logged before each start
         for i, row in enumerate(rows):
             if "start" in row:
-                assert row["start"] <= trained and (row["start"] > 0 or i == 0 or trained == 0), (trial, rows)
+                # never past what it trained; after the kill, not before the checkpoint Tune had saved
+                assert row["start"] <= trained and (i == 0 or row["start"] >= saved.get(trial, 0)), (trial, saved, rows)
                 expected = row["start"]
             else:
                 expected += 1
                 assert row["epoch"] == expected, (trial, rows)  # contiguous from where it started
                 trained = max(trained, row["epoch"])
         assert trained == EPOCHS, (trial, rows)
+    assert any(saved[t] > 0 and t not in finished for t in saved)  # the resume had a checkpoint to continue from

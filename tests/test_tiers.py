@@ -1,6 +1,6 @@
-"""The suite's two tiers and what they rest on: ``--tier`` picks the tests (tests/conftest.py,
-the one place the marker expressions live), a test that starts Ray is marked as one, a multinode
-or launcher test is slow, and the durations file CI writes adds the tiers up."""
+"""The suite's tiers and what they rest on: ``--tier`` picks the tests (tests/conftest.py,
+the one place the marker expressions live), a test that starts Ray is marked as one, a multinode,
+launcher or soak test is slow, and the durations file CI writes adds the tiers up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import ALWAYS_SLOW, pytest_collection_modifyitems, ray_sessions_under
+from _pytest.mark.expression import Expression
+from conftest import ALWAYS_SLOW, TIERS, pytest_collection_modifyitems, ray_sessions_under
 
 from tools import test_durations
 
@@ -86,8 +87,11 @@ failures="1" skipped="1" tests="4" time="61.5"><testcase classname="tests.test_t
 <testcase classname="tests.test_tiers" name="test_gpu" time="0.0"><skipped message="needs CUDA"/></testcase>
 </testsuite></testsuites>''',
          "test-slow": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
-failures="0" skipped="0" tests="1" time="600.25"><testcase classname="tests.test_tiers" name="test_soak"
-time="599.0"/></testsuite></testsuites>'''}
+failures="0" skipped="0" tests="1" time="600.25"><testcase classname="tests.test_tiers" name="test_slow"
+time="599.0"/></testsuite></testsuites>''',
+         "test-soak": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="0" skipped="0" tests="2" time="1200.0"><testcase classname="tests.test_tiers" name="test_soak"
+time="1000.0"/><testcase classname="tests.test_tiers" name="test_bench" time="199.5"/></testsuite></testsuites>'''}
 
 
 def test_the_durations_file_adds_the_tiers_up_and_names_every_test(tmp_path):
@@ -98,12 +102,17 @@ def test_the_durations_file_adds_the_tiers_up_and_names_every_test(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["tiers"] == {"fast": {"seconds": 61.5, "tests": 3, "skipped": 1, "failed": 1},
                                 "slow": {"seconds": 600.2, "tests": 1, "skipped": 0, "failed": 0},
-                                "full": {"seconds": 661.7, "tests": 4, "skipped": 1, "failed": 1}}
+                                "ci": {"seconds": 661.7, "tests": 4, "skipped": 1, "failed": 1}}  # CI's run: no soak
     assert figures["tests"] == {"fast": {"tests/test_tiers.py::test_b[x-1]": 2.0, "tests/test_tiers.py::test_a": 1.25,
                                          "tests/test_tiers.py::TestGroup::test_c": 0.5},
-                                "slow": {"tests/test_tiers.py::test_soak": 599.0}}
+                                "slow": {"tests/test_tiers.py::test_slow": 599.0}}
     assert list(figures["tests"]["fast"])[0] == "tests/test_tiers.py::test_b[x-1]"  # the slowest first
     assert figures["command"] == "CI=true bash .ci/run" and figures["machine"] and figures["commit"]
+    # with the soak tier's file (make test-soak, by hand) the full suite too
+    every = test_durations.summary([tmp_path / f"{name}.xml" for name in JUNIT])
+    assert every["tiers"]["full"] == {"seconds": 1861.7, "tests": 6, "skipped": 1, "failed": 1}
+    assert every["tiers"]["ci"] == figures["tiers"]["ci"]
+    assert list(every["tests"]["soak"]) == ["tests/test_tiers.py::test_soak", "tests/test_tiers.py::test_bench"]
 
 
 def test_a_junit_file_not_named_after_its_target_is_refused(tmp_path):
@@ -121,5 +130,14 @@ def test_a_run_without_its_slow_tiers_file_records_no_full_tier_and_the_docs_say
     figures = test_durations.summary([tmp_path / "test.xml"])
     assert set(figures["tiers"]) == {"fast"} and set(figures["tests"]) == {"fast"}
     monkeypatch.setattr(docgen, "m", lambda name: figures)
-    assert docgen.tier("fast") == "1 min 2 s, 3 tests" and docgen.tier("full") == docgen.UNRECORDED
+    assert docgen.tier("fast") == "1 min 2 s, 3 tests" and docgen.tier("ci") == docgen.tier("full") == docgen.UNRECORDED
     assert f"| `make test-slow` | {docgen.UNRECORDED} |" in docgen.tiers()
+
+
+def test_each_test_runs_in_exactly_one_of_the_three_tiers_and_full_runs_every_one():
+    def tiers_of(*marks: str) -> set[str]:
+        return {t for t, expr in TIERS.items() if not expr or Expression.compile(expr).evaluate(lambda m: m in marks)}
+
+    assert tiers_of() == tiers_of("ray") == tiers_of("dist") == {"fast", "full"}
+    assert tiers_of("slow") == tiers_of("slow", "multinode") == {"slow", "full"}  # what CI runs after the fast tier
+    assert tiers_of("slow", "soak") == tiers_of("slow", "multinode", "soak") == {"soak", "full"}  # by hand only

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,35 @@ def curve(final: float, epochs: int, switch: int | None) -> list[float]:
 
 
 # --- reading what a real sweep wrote (the Ray tests) ---------------------------------------------------
-def trial_statuses(exp_dir: Path) -> dict[str, str]:
-    """Trial id -> Tune status, from the newest experiment_state file (empty while none is readable)."""
+def _saved_trials(exp_dir: Path) -> list[tuple[dict, dict]]:
+    """(trial, run metadata) per trial of the newest experiment_state file: what a restore reads
+    (empty while none is readable)."""
     states = sorted(exp_dir.glob("experiment_state-*.json"))
     if not states:
-        return {}
+        return []
     try:
         data = json.loads(states[-1].read_text())
     except ValueError:  # being rewritten
-        return {}
-    return {json.loads(t[0])["trial_id"]: json.loads(t[0])["status"] for t in data["trial_data"]}
+        return []
+    return [(json.loads(t[0]), json.loads(t[1])) for t in data["trial_data"]]
+
+
+def trial_statuses(exp_dir: Path) -> dict[str, str]:
+    """Trial id -> Tune status, from the newest experiment_state file (empty while none is readable)."""
+    return {trial["trial_id"]: trial["status"] for trial, _ in _saved_trials(exp_dir)}
+
+
+def saved_checkpoints(exp_dir: Path) -> dict[str, Path | None]:
+    """Trial id -> the folder of the latest checkpoint Tune's saved state holds for it (None: none
+    yet): the one a restore continues from. (Tune pickles its checkpoint manager into the state;
+    the checkpoints' folder names, ``checkpoint_000002``, are legible in the pickle.)"""
+    out = {}
+    for trial, meta in _saved_trials(exp_dir):
+        pickled = bytes.fromhex((meta.get("checkpoint_manager") or {}).get("value", ""))
+        indices = [int(i) for i in re.findall(rb"checkpoint_(\d{6})", pickled)]
+        folders = list(exp_dir.glob(f"*{trial['trial_id']}/checkpoint_{max(indices):06d}")) if indices else []
+        out[trial["trial_id"]] = folders[0] if folders else None
+    return out
 
 
 def result_rows(exp_dir: Path) -> dict[str, list[int]]:

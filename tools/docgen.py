@@ -477,7 +477,8 @@ def _gpu_step() -> float:
 
 
 # --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
-TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "full": "`make test-full`"}
+TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "ci": "CI: both (`.ci/run`)",
+              "soak": "`make test-soak`", "full": "`make test-full`"}
 SLOWEST = 3  # development.md lists each tier's slowest tests; the JSON holds every test's time
 
 
@@ -533,7 +534,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
     "commands": commands,
-    "tests.fast": lambda: tier("fast"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
+    "tests.fast": lambda: tier("fast"), "tests.ci": lambda: tier("ci"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
     "tests.slowest": slowest_tests, "tests.machine": lambda: f"{machine('test_durations')} (a fresh clone's `.ci/run`)",
     "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
     "loader.fp16": lambda: f"{_vps('float16'):.0f}",

@@ -2,9 +2,10 @@
 
 ``.ci/run`` runs the fast tier (``make test``), then the slow one (``make test-slow``), each with
 ``--junitxml``, and then this script, which writes one JSON: the machine, the commit, the command,
-each tier's pytest time and test counts, the full tier as their sum (only when both tiers' files are
-given: a run stopped before its slow tier ended wrote no file for it), and every test's seconds
-(setup, call and teardown) by tier, the slowest first. A copy of a CI run's file saved as
+each tier's pytest time and test counts, CI's two tiers as their sum (only when both files are
+given: a run stopped before its slow tier ended wrote no file for it), the full suite where the soak
+tier's file (``make test-soak``, run by hand) is given too, and every test's seconds (setup, call
+and teardown) by tier, the slowest first. A copy of a CI run's file saved as
 ``docs/measurements/test_durations.json`` is what the README's and docs/development.md's suite
 figures are generated from (``tools/docgen.py``), and what the next cut between the tiers reads::
 
@@ -20,7 +21,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIER_OF_FILE = {"test": "fast", "test-slow": "slow"}  # the Makefile target each XML file is named after
+TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak"}  # the make target each file is named after
+SUMS = {"ci": ("fast", "slow"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
 COMMAND = "CI=true bash .ci/run"  # what writes the XML files this script reads
 
 
@@ -59,9 +61,10 @@ def summary(files: list[Path]) -> dict:
             raise ValueError(f"{path}: name the file after its make target ({', '.join(TIER_OF_FILE)})")
         tiers[tier], seconds = read_tier(path)
         tests[tier] = dict(sorted(seconds.items(), key=lambda kv: -kv[1]))  # the slowest first
-    if set(tiers) == set(TIER_OF_FILE.values()):  # the full tier only from a run of both
-        tiers["full"] = {k: round(sum(t[k] for t in tiers.values()), 1) if k == "seconds" else
-                         sum(t[k] for t in tiers.values()) for k in ("seconds", "tests", "skipped", "failed")}
+    for name, parts in SUMS.items():  # a sum only from a run of each of its tiers
+        if set(parts) <= set(tiers):
+            tiers[name] = {k: round(sum(tiers[p][k] for p in parts), 1 if k == "seconds" else None)
+                           for k in ("seconds", "tests", "skipped", "failed")}
     commit, note = git_commit()
     return {"machine": machine_line(), "commit": commit, **({"commit_note": note} if note else {}),
             "command": COMMAND, "tiers": tiers, "tests": tests}
@@ -69,7 +72,8 @@ def summary(files: list[Path]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("xml", nargs="+", type=Path, help="pytest --junitxml files, named test.xml and test-slow.xml")
+    parser.add_argument("xml", nargs="+", type=Path, help="pytest --junitxml files, named test.xml, test-slow.xml "
+                        "(and test-soak.xml)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     args = parser.parse_args(argv)
     figures = summary(args.xml)
