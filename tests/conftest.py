@@ -33,6 +33,8 @@ def pytest_addoption(parser):
     parser.addoption("--tier", choices=sorted(TIERS), help="the tests of one tier: fast (make test), slow (the "
                      "rest CI runs: rehearsals, multinode, launcher), soak (make test-soak: the chaos soak, elastic "
                      "groups, the longest rehearsals) or full (make test-full); tests/conftest.py")
+    parser.addoption("--each-test-time", action="store_true", help="a line as each test ends: its seconds and the "
+                     "run's so far (CI's slow tier: a run its time limit stops still says where the time went)")
 
 
 def pytest_configure(config):
@@ -41,6 +43,26 @@ def pytest_configure(config):
         raise pytest.UsageError("give --tier or -m, not both")
     if tier:
         config.option.markexpr = TIERS[tier]
+    if config.getoption("--each-test-time"):
+        config.pluginmanager.register(EachTestTime(config), "each_test_time")
+
+
+class EachTestTime:
+    """``--each-test-time``: `` [12 min 5 s] 131 s tests/test_x.py::test_y passed`` as each test ends
+    (setup, call and teardown together), written at once: JUnit's file exists only once pytest ends."""
+
+    def __init__(self, config):
+        self.config, self.start, self.seconds, self.outcome = config, time.time(), {}, {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed or report.when == "call" or (report.skipped and report.when == "setup"):
+            self.outcome[report.nodeid] = report.outcome if report.when == "call" or not report.failed else "error"
+        if report.when == "teardown":
+            run = int(time.time() - self.start)
+            self.config.pluginmanager.get_plugin("terminalreporter").write_line(
+                f" [{run // 60} min {run % 60} s] {self.seconds.pop(report.nodeid):.0f} s {report.nodeid} "
+                f"{self.outcome.pop(report.nodeid, report.outcome)}")
 
 
 def pytest_collection_modifyitems(config, items):

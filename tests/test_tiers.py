@@ -5,6 +5,7 @@ launcher or soak test is slow, and the durations file CI writes adds the tiers u
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -53,13 +54,16 @@ def test_plain():
 def test_the_fast_tier_leaves_slow_tests_out_and_an_unmarked_test_that_starts_ray_fails(tmp_path):
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tier", "fast",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tier", "fast", "--each-test-time",
                            "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert "3 passed, 1 deselected, 1 error" in out, out  # the unmarked one passes, then fails at its teardown
     assert "test_probe.py::test_starts_ray_unmarked started Ray (session_2026-01-01_00-00-00_1_1)" in out, out
     assert "mark it `ray`" in out
+    # --each-test-time (CI's slow tier): a line as each test ends, its outcome a failed teardown's too
+    assert re.search(r"\] \d+ s test_probe.py::test_plain passed\n", out) and " s test_probe.py::test_slow " not in out
+    assert re.search(r"\] \d+ s test_probe.py::test_starts_ray_unmarked error\n", out), out
 
 
 def test_a_multinode_or_launcher_test_that_is_not_slow_stops_the_collection():
