@@ -13,7 +13,7 @@ test: $(VENV)/.installed    ## the fast tier: unit, dist, every shipped file's s
 test-slow: $(VENV)/.installed    ## what CI runs after the fast tier: rehearsals, multinode, launcher
 	$(PY) -m pytest -q --tier slow $(PYTEST_ARGS)
 
-test-soak: $(VENV)/.installed    ## the rehearsals too long for CI: the chaos soak, elastic groups, before a release
+test-soak: $(VENV)/.installed    ## what CI cannot fit (by hand, before a release): the chaos soak, elastic groups, long rehearsals, benchmark smokes
 	$(PY) -m pytest -q --tier soak $(PYTEST_ARGS)
 
 test-full: $(VENV)/.installed    ## every test (test + test-slow + test-soak)

@@ -32,7 +32,7 @@ ALWAYS_SLOW = ("multinode", "launcher", "soak")
 def pytest_addoption(parser):
     parser.addoption("--tier", choices=sorted(TIERS), help="the tests of one tier: fast (make test), slow (the "
                      "rest CI runs: rehearsals, multinode, launcher), soak (make test-soak: the chaos soak, elastic "
-                     "groups, the longest rehearsals) or full (make test-full); tests/conftest.py")
+                     "groups, the longest rehearsals, benchmark smokes) or full (make test-full); tests/conftest.py")
     parser.addoption("--each-test-time", action="store_true", help="a line as each test ends: its seconds and the "
                      "run's so far (CI's slow tier: a run its time limit stops still says where the time went)")
 

@@ -105,6 +105,7 @@ def test_chaos_charges_each_restart_to_the_fault_before_it(tmp_path):
 
 
 @pytest.mark.slow  # over 8 s at smoke size: the full tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_scale(tmp_path):
     figures = smoke(scale, tmp_path, "--no-ray")
     assert [s["fraction"] for s in figures["scales"]] == [4000, 2000]
@@ -156,6 +157,7 @@ def test_eval_sharding(tmp_path):
 
 
 @pytest.mark.slow  # over 8 s at smoke size: the full tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_step(tmp_path):
     figures = smoke(step, tmp_path)
     assert [r["clips"] for r in figures["rows"]] == [4, 8]
@@ -168,6 +170,7 @@ def test_step(tmp_path):
 
 
 @pytest.mark.slow  # over 8 s at smoke size: the full tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_grad_cache(tmp_path):
     figures = smoke(grad_cache, tmp_path)
     assert [(r["clips"], r["chunk"]) for r in figures["step"]] == [(64, 0), (64, 32)]
@@ -199,6 +202,7 @@ def test_trial_cost(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_loader(ray_local, tmp_path):
     figures = smoke(loader, tmp_path, "--workdir", str(tmp_path / "work"))
     row = figures["results"]["short"]
@@ -214,6 +218,7 @@ def test_loader(ray_local, tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_checkpoint(ray_local, tmp_path):
     figures = smoke(checkpoint, tmp_path, "--workdir", str(tmp_path / "work"))
     assert positive(figures["size_bytes"], figures["save_s"], figures["load"]["load_s"])
@@ -251,6 +256,7 @@ def test_overhead(ray_local, tmp_path, capsys):
 
 @pytest.mark.ray
 @pytest.mark.slow  # a Ray Train run or a sweep: the slow tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_drain_check(ray_local, tmp_path):
     figures = smoke(drain_check, tmp_path)
     ranks = figures["raw"]["ranks"]

@@ -35,6 +35,7 @@ def test_correlations_rank_each_epoch_against_the_last(bench):
 
 
 @pytest.mark.slow  # trains every configuration twice: the full tier
+@pytest.mark.soak  # a benchmark's smoke: before a release
 def test_the_benchmark_trains_every_configuration_under_both_arms(bench, tmp_path):
     """The benchmark at its smoke size (the suite's smoke run of it): 4 drawn configurations x 2
     epochs on the 64-video corpus, each under both warm-ups (one run where they coincide)."""

@@ -57,6 +57,7 @@ def test_summarise_uses_each_seeds_random_best(bench):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # BOHB's pauses and resumes: also in test_rehearsals.py's bohb rehearsal (CI)
 def test_bohb_run_counts_budget_and_resumes_paused_trials():
     """The benchmark at its smoke size (the suite's smoke run of it): BOHB alone over HyperBand's
     first bracket (--grace 1: 9 trials x 2 epochs, then the promoted trials resume), one trial at a

@@ -136,6 +136,7 @@ def test_a_run_without_its_slow_tiers_file_records_no_full_tier_and_the_docs_say
     monkeypatch.setattr(docgen, "m", lambda name: figures)
     assert docgen.tier("fast") == "1 min 2 s, 3 tests" and docgen.tier("ci") == docgen.tier("full") == docgen.UNRECORDED
     assert f"| `make test-slow` | {docgen.UNRECORDED} |" in docgen.tiers()
+    assert docgen.minsec(779.6) == "13 min 0 s" and docgen.minsec(59.4) == "0 min 59 s"  # never "12 min 60 s"
 
 
 def test_each_test_runs_in_exactly_one_of_the_three_tiers_and_full_runs_every_one():

@@ -64,7 +64,9 @@ def fence(text: str) -> str:
 
 
 def minsec(seconds: float) -> str:
-    return f"{int(seconds // 60)} min {round(seconds % 60)} s"
+    """``12 min 60 s`` never: whole seconds first (779.6 s is 13 min 0 s)."""
+    whole = round(seconds)
+    return f"{whole // 60} min {whole % 60} s"
 
 
 def ci(lo: float, hi: float, fmt: str = ".1f") -> str:
