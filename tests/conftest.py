@@ -56,8 +56,10 @@ class EachTestTime:
 
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
-        if report.failed or report.when == "call" or (report.skipped and report.when == "setup"):
-            self.outcome[report.nodeid] = report.outcome if report.when == "call" or not report.failed else "error"
+        if report.when == "call" or report.skipped:
+            self.outcome[report.nodeid] = report.outcome
+        if report.failed and report.when != "call":  # set-up or teardown: pytest's "error"
+            self.outcome[report.nodeid] = "error"
         if report.when == "teardown":
             run = int(time.time() - self.start)
             self.config.pluginmanager.get_plugin("terminalreporter").write_line(

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tune_dirs import result_rows, saved_checkpoints, trial_statuses
+from tune_dirs import result_rows, saved_checkpoint_epochs, trial_statuses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -32,11 +32,6 @@ def stand_in_sweep(command: str, exp: Path, *overrides: str) -> subprocess.Popen
     return subprocess.Popen([sys.executable, str(TESTS / "stand_in_sweep.py"), command, str(exp), *overrides],
                             cwd=TESTS.parent, env=env, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-
-
-def saved_epochs(exp: Path) -> dict[str, int]:
-    """Trial id -> the epoch of the latest checkpoint Tune's saved state holds (0: none)."""
-    return {t: json.loads((d / "epoch.json").read_text())["epoch"] if d else 0 for t, d in saved_checkpoints(exp).items()}
 
 
 def logs(exp: Path) -> dict[str, list[dict]]:
@@ -55,7 +50,7 @@ def test_a_search_killed_mid_search_resumes_to_its_end(tmp_path, algorithm):
         while True:  # kill once a trial has finished and a later one has a checkpoint, both in Tune's saved state
             assert run.poll() is None, f"the search ended before the kill:\n{run.stdout.read()[-3000:]}"
             assert time.time() < deadline, "no trial finished within 300 s"
-            statuses, saved = (trial_statuses(exp), saved_epochs(exp)) if exp.is_dir() else ({}, {})
+            statuses, saved = (trial_statuses(exp), saved_checkpoint_epochs(exp)) if exp.is_dir() else ({}, {})
             finished = {t for t, s in statuses.items() if s == "TERMINATED"}
             if finished and any(saved[t] > 0 for t in statuses if t not in finished):
                 break

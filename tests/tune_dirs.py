@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +89,18 @@ def trial_statuses(exp_dir: Path) -> dict[str, str]:
     return {trial["trial_id"]: trial["status"] for trial, _ in _saved_trials(exp_dir)}
 
 
-def saved_checkpoints(exp_dir: Path) -> dict[str, Path | None]:
-    """Trial id -> the folder of the latest checkpoint Tune's saved state holds for it (None: none
-    yet): the one a restore continues from. (Tune pickles its checkpoint manager into the state;
-    the checkpoints' folder names, ``checkpoint_000002``, are legible in the pickle.)"""
+def saved_checkpoint_epochs(exp_dir: Path) -> dict[str, int]:
+    """Trial id -> the epoch reported with the latest checkpoint Tune's saved state holds for it (0:
+    none yet): where a restore continues. Tune pickles its checkpoint manager into that state; its
+    own decoder reads it back (the state of a sweep the test itself ran)."""
+    from ray.tune.utils.serialization import TuneFunctionDecoder
+
+    decode = TuneFunctionDecoder(allow_cloudpickle=True).object_hook
     out = {}
     for trial, meta in _saved_trials(exp_dir):
-        pickled = bytes.fromhex((meta.get("checkpoint_manager") or {}).get("value", ""))
-        indices = [int(i) for i in re.findall(rb"checkpoint_(\d{6})", pickled)]
-        folders = list(exp_dir.glob(f"*{trial['trial_id']}/checkpoint_{max(indices):06d}")) if indices else []
-        out[trial["trial_id"]] = folders[0] if folders else None
+        manager = meta.get("checkpoint_manager")
+        latest = decode(manager).latest_checkpoint_result if manager else None
+        out[trial["trial_id"]] = int(latest.metrics["epoch"]) if latest else 0
     return out
 
 
