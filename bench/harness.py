@@ -40,14 +40,31 @@ def machine_line() -> str:
     """CPU model, cores, host and torch version: the figures of a benchmark depend on them."""
     import torch  # here, not at the top: a benchmark's children may measure their own imports
 
-    model = "unknown CPU"
     try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+        cpu = cpu_name(Path("/proc/cpuinfo").read_text())
     except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, {platform.node()}, torch {torch.__version__} with "
+        cpu = "unknown CPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {platform.node()}, torch {torch.__version__} with "
             f"{torch.get_num_threads()} threads")
+
+
+def cpu_name(cpuinfo: str) -> str:
+    """The first CPU of ``/proc/cpuinfo``'s text: its model name, and on x86 its family, model and
+    widest vector extension: ``AMD EPYC (family 25 model 1 AVX2)``. A virtual machine's model
+    name can be a bare ``AMD EPYC`` for CPU generations whose speed differs by more than 2x (a
+    Zen 3 and a Zen 5), so the name alone cannot tell two machines' figures apart."""
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends at its blank line
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    name = first.get("model name", "unknown CPU")
+    if "cpu family" not in first:
+        return name
+    flags = first.get("flags", "").split()
+    isa = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX")) if flag in flags), "")
+    return f"{name} (family {first['cpu family']} model {first.get('model', '?')}{' ' + isa if isa else ''})"
 
 
 def gpu_names() -> list[str]:
