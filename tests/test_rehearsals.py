@@ -345,7 +345,9 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
         assert c.config == {"schedule.stage_order": c.group, "optim.lr": chosen}
         mine = [r for r in runs if r["schedule.stage_order"] == c.group]
         assert sorted(r["run.seed"] for r in mine) == seeds and all(r["optim.lr"] == chosen for r in mine)
-    assert "by schedule.stage_order, confirmation:" in out and "\nAnswer: " in out
+    # the closing heading: its seeds apart from its count of runs ("seeds 2, 3, 8 of 8" read as three seeds)
+    assert f"by schedule.stage_order, confirmation over seeds {seeds[0]} and {seeds[1]}: 8 of 8 runs done" in out
+    assert "\nAnswer: " in out
     assert (exp / "best_by_stage_order.png").exists() and (exp / "search_best_by_stage_order.png").exists()
     verdict_ok(exp)
 

@@ -60,6 +60,8 @@ def test_the_end_of_a_confirmed_sweep_fits_one_screen(confirmed):
     # each phase is named with its own trials: the search's line no longer carries the confirmation's folder
     assert lines[0] == f"search: 8 trials (0 errored) in {confirmed}"
     assert lines[1] == f"confirmation: 8 trials (0 errored) in {confirmed / 'confirm'}"
+    # the seeds and the count of runs apart: "seeds 2, 3, 8 of 8" read as three seeds
+    assert "best_text_to_video_R@10 by schedule.stage_order, confirmation over seeds 2 and 3: 8 of 8 runs done" in lines
     assert width(lines, confirmed) <= MAX_WIDTH and len(lines) <= 30, text
     rows = [line for line in lines if line.startswith("| VT_A |") or line.startswith("| joint |")]
     assert len(rows) == 2 and "paired t" in rows[1]

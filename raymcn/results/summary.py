@@ -71,6 +71,13 @@ def answer_table(grouped: pd.DataFrame, by: str, confirmation: bool, metric: str
     return table
 
 
+def seed_list(seeds: list[int]) -> str:
+    """``seeds 2 and 3``, ``seeds 2, 3 and 4``, ``seed 2``: read as seeds, never as a count."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return f"seeds {', '.join(map(str, seeds[:-1]))} and {seeds[-1]}"
+
+
 def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
     """The end of a finished (or interrupted) sweep in ``exp_dir`` (a local folder): see the module
     doc. Writes the CSV tables and (``plots``) the plots as ``raymcn table`` does."""
@@ -89,7 +96,7 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         s = conf.settings
         grouped = confirmation_grouped(conf)
         done = int((conf.trials["status"] == "done").sum())
-        lines += [f"{PRIMARY_BEST} by {s.group_column}, confirmation: seeds {', '.join(map(str, conf.seeds))}, "
+        lines += [f"{PRIMARY_BEST} by {s.group_column}, confirmation over {seed_list(conf.seeds)}: "
                   f"{done} of {conf.planned} runs done", "",
                   answer_table(grouped, s.group_column, confirmation=True).rstrip("\n"), "",
                   answer_line(grouped, s.group_column, done, conf.planned).rstrip("\n")]
