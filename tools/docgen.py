@@ -251,12 +251,13 @@ def sweep_progress() -> str:
     """The last per-trial and per-epoch lines the same sweep printed before its end."""
     tail = _tail()
     end = next(i for i, line in enumerate(tail) if line.startswith("search: "))
-    lines = [line for line in tail[:end] if line.strip()]
-    return fence("\n".join(lines[-5:]))
+    lines = [line for line in tail[:end] if line.startswith("trial ") or re.match(r"\S+ epoch \d+/\d+ ", line)]
+    return fence("\n".join(lines[-5:]))  # (a status table printed between them is left out)
 
 
 def sweep_runs() -> str:
-    return f"{len(m('sweep_time')['runs']['current'])} runs"
+    n = len(m('sweep_time')['runs']['current'])
+    return f"the median of {n} runs" if n > 1 else "1 run"
 
 
 def sweep_lines() -> str:
