@@ -90,7 +90,6 @@ def test_the_figures_name_the_machine_the_commit_and_the_command(tmp_path):
     assert figures["command"] == f"python -m bench.example --smoke --out {out}"
 
 
-
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 vaes\n\n"
 
 
@@ -102,10 +101,11 @@ ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 
 ])
 def test_the_machine_line_tells_cpu_generations_with_one_model_name_apart(cpuinfo, name):
     """A VM's model name may be a bare "AMD EPYC" on a Zen 3 and on a Zen 5 (the embedded default
-    sweep took more than twice as long on the first): the family, model and widest vector extension of the
-    first processor tell them apart."""
+    sweep took more than twice as long on the first): the family, model and widest vector extension
+    of the first processor tell them apart."""
     assert harness.cpu_name(cpuinfo) == name
     assert harness.machine_line().split(", ")[0].startswith(harness.cpu_name(Path("/proc/cpuinfo").read_text()))
+
 
 # --- no Ray ----------------------------------------------------------------------------------------------------
 def test_chaos_charges_each_restart_to_the_fault_before_it(tmp_path):
