@@ -93,6 +93,19 @@ def test_gradient_caching_and_global_batchnorm_are_refused_together():
         load_config(None, [one])  # each alone is fine
 
 
+def test_the_ring_on_workers_sharing_a_gpu_is_refused_before_ray_starts():
+    """Workers sharing a GPU run over gloo, which has no send/recv for CUDA tensors: the ring would
+    fail at its first step on the GPU, so the combination is refused at load."""
+    shared = ["scale.use_gpu=true", "scale.num_workers=2", "scale.gpus_per_worker=0.5"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*shared, "scale.ring_contrastive=true"])
+    assert "scale.ring_contrastive=true with scale.gpus_per_worker=0.5: workers that share a GPU talk over gloo, " \
+           "which cannot send CUDA tensors" in str(e.value)
+    for allowed in (shared, ["scale.use_gpu=true", "scale.num_workers=2", "scale.ring_contrastive=true"],
+                    ["scale.gpus_per_worker=0.5", "scale.ring_contrastive=true"]):  # a GPU each; CPU workers
+        load_config(None, allowed)
+
+
 def test_all_problems_reported_at_once():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["optim.lrr=1", "data.batch_size=1", "schedule.epochs=0", "loss.num_clusters=8"])

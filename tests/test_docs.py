@@ -438,7 +438,7 @@ NOT_MEASURED = {
     **dict.fromkeys(["default 120 s", "default 30 min", "default 300 s", "default 600 s", "every 30 min"],
                     "a setting's default (test_a_quoted_default_equals_the_settings_page checks it)"),
     **dict.fromkeys(["asserts 1 %", "within 1 %", "least 1.5×", "or 10×", "after 15 min", "after 15 minutes",
-                     "every 30 s", "to 18 s", "for 30 s", "at 60 s"],
+                     "every 30 s", "to 18 s", "for 30 s", "at 60 s", "at 30 s", "at 120 s"],
                     "a tolerance, limit or interval of the code, not a measurement"),
     **dict.fromkeys(["≥ 0.8 ×", "≥ 0.9 ×", "under 1 %", "every 100 ×", "over 8 s"], "a goal or a rule (8 s: where a test leaves the fast tier)"),
     **dict.fromkeys(["** 95%", "R@10, 95 %", "and 95 %", "with 80 %"], "a statistic's level"),
@@ -448,12 +448,14 @@ NOT_MEASURED = {
 
 
 def test_the_connection_limits_on_the_cluster_page_are_the_codes():
-    """cluster.md's "silent for 30 s is named", "at 60 s the command ends": on_ray/cluster.py's."""
-    from raymcn.train.on_ray.cluster import CONNECT_LIMIT_S, CONNECT_NAMED_AFTER_S
+    """cluster.md's "silent for 30 s is named", "at 60 s the command ends", a local start "ended at
+    120 s": on_ray/cluster.py's."""
+    from raymcn.train.on_ray.cluster import CONNECT_LIMIT_S, CONNECT_NAMED_AFTER_S, LOCAL_START_LIMIT_S
 
-    text = " ".join((ROOT / "docs" / "cluster.md").read_text().split())
-    assert f"a GCS silent for {CONNECT_NAMED_AFTER_S:g} s is named" in text
+    text = " ".join((ROOT / "docs" / "cluster.md").read_text().split()).lower()
+    assert f"a gcs silent for {CONNECT_NAMED_AFTER_S:g} s is named" in text
     assert f"at {CONNECT_LIMIT_S:g} s the command ends" in text
+    assert f"start is named at {CONNECT_NAMED_AFTER_S:g} s and ended at {LOCAL_START_LIMIT_S:g} s" in text
 
 
 def _prose(text: str) -> str:

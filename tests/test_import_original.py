@@ -232,8 +232,17 @@ def test_existing_output_needs_force(tmp_path, small_sd, capsys):
     src = save_original(tmp_path / "e1.pth", small_sd)
     assert main(["import-original", str(src), "--out", str(tmp_path / "out")]) == 0
     assert main(["import-original", str(src), "--out", str(tmp_path / "out")]) == 2
-    assert "exists; choose another --out or pass --force" in err_of(capsys)
+    assert f"raymcn import-original: FileExistsError: {tmp_path / 'out'}" in (err := err_of(capsys)), err
+    assert "exists; choose another --out or pass --force" in err
     assert main(["import-original", str(src), "--out", str(tmp_path / "out"), "--force"]) == 0
+
+
+def test_an_output_folder_that_cannot_be_written_is_named_by_its_error(tmp_path, small_sd, capsys):
+    src = save_original(tmp_path / "e1.pth", small_sd)
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["import-original", str(src), "--out", str(tmp_path / "file" / "out")]) == 2
+    err = err_of(capsys)
+    assert err.startswith("raymcn import-original: NotADirectoryError: "), err
 
 
 def test_config_file_keeps_run_settings_and_weights_decide_the_model(tmp_path, small_sd, capsys):

@@ -22,6 +22,7 @@ for minutes.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -82,7 +83,9 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
     if module in ("raymcn.cli", "raymcn", "raymcn.phases") or module.startswith("raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
     if where == "raymcn.servers":  # on top, beside cli; runs sweeps as `raymcn sweep` processes, imports none
-        return {"raymcn.config", "raymcn.storage", "raymcn.servers"}, set(), {"ray", "pyarrow", "yaml"}
+        # ... but connects to Ray as every command does (the connection's module imports no torch)
+        return ({"raymcn.config", "raymcn.storage", "raymcn.servers", "raymcn.train.on_ray.cluster"}, set(),
+                {"ray", "pyarrow", "yaml"})
     ray = {"ray"} if module in RAY_DATA_SIDE else set()
     forbidden = set() if module in RAY_DATA_SIDE else RAY_DATA_SIDE
     if where == "raymcn.data.formats":
@@ -223,3 +226,13 @@ def test_no_benchmark_or_test_edits_sys_path():
     """Benchmarks run as modules (``python -m bench.NAME``) and pytest puts the checkout on the path
     (pyproject.toml): nothing needs ``sys.path.insert``."""
     assert [p.relative_to(ROOT.parent).as_posix() for p in BENCH + TESTS if _edits_sys_path(p)] == []
+
+
+def test_the_servers_commands_connect_to_ray_without_importing_torch():
+    """`raymcn drain` runs from a reboot and `raymcn boot` at a server's start: they connect to Ray
+    through the connection every command makes (``train/on_ray/cluster.py``), which must not pull
+    torch's seconds of imports in with it."""
+    code = ("import sys, raymcn.servers.drain, raymcn.servers.boot, raymcn.train.on_ray.cluster; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

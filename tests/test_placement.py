@@ -51,7 +51,7 @@ def test_a_commands_raymcn_settings_reach_every_process_of_its_job(monkeypatch):
     monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(cluster.ray, "init", lambda **kw: calls.append(kw))
     monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
-    monkeypatch.setattr(cluster, "wait_for_gcs", lambda target, why, say: None)  # no cluster at 10.0.0.1 here
+    monkeypatch.setattr(cluster, "wait_for_gcs", lambda *args, **kwargs: None)  # no cluster at 10.0.0.1 here
     settings = {"RAYMCN_TRACE": "/shared/trace", "RAYMCN_CACHE": "/data/cache"}
     with cluster.ray_session("10.0.0.1:6379", settings) as started:
         assert not started
@@ -62,3 +62,23 @@ def test_a_commands_raymcn_settings_reach_every_process_of_its_job(monkeypatch):
     assert local["runtime_env"]["env_vars"] == {**settings, **cluster.local_instance_env(local["dashboard_port"])}
     with cluster.ray_session("10.0.0.1:6379"):
         assert "runtime_env" not in calls[-1]  # nothing to hand on: the job's environment left as Ray makes it
+
+
+def test_workers_sharing_a_gpu_reserve_their_share_and_talk_over_gloo(monkeypatch, tmp_path):
+    """``scale.gpus_per_worker`` below 1: each worker reserves that share of a GPU and the group runs
+    over gloo (NCCL refuses two ranks on one GPU); a GPU of its own: Ray Train's default, NCCL; CPU
+    workers: no GPU asked for, gloo by Ray Train's default. What the trainer is built with, no Ray."""
+    from raymcn.train.on_ray.launch import build_trainer
+    from raymcn.train.run_plan import make_plan
+
+    monkeypatch.setattr(cluster, "node_resources", lambda: [LAB_SERVER])
+    cases = {("scale.use_gpu=true", "scale.gpus_per_worker=0.5"): ("gloo", "gloo", {"CPU": 1.0, "GPU": 0.5}),
+             ("scale.use_gpu=true", "scale.gpus_per_worker=1"): (None, "nccl", {"CPU": 1.0, "GPU": 1.0}),
+             ("scale.use_gpu=false", "scale.gpus_per_worker=0.5"): (None, "gloo", {"CPU": 1.0})}
+    for overrides, (ours, backend, resources) in cases.items():
+        cfg = preset("scale.num_workers=2", "scale.cpus_per_worker=1", *overrides)
+        assert (cluster.process_group_backend(cfg), cluster.worker_resources(cfg)) == (ours, resources), overrides
+        trainer = build_trainer(cfg, make_plan(cfg, 256), str(tmp_path / "run"))
+        assert trainer.backend_config.backend == backend, overrides  # as Ray Train resolves it
+        assert trainer.scaling_config.resources_per_worker == resources, overrides
+        assert trainer.scaling_config.use_gpu is ("scale.use_gpu=true" in overrides), overrides

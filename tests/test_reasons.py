@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -173,6 +174,43 @@ def test_a_failing_nvidia_smi_is_named_with_its_own_words(monkeypatch, tmp_path)
     assert row.ok is False and "Driver/library version mismatch" in row.fix, row  # also on a CPU run: it is broken
 
 
+def _fake_nvidia_smi(tmp_path, monkeypatch, csv: str) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{csv}\nEOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_memory_nvidia_smi_reports_as_n_a_is_unknown_not_a_crash(monkeypatch, tmp_path):
+    """Under MIG (and on some drivers) nvidia-smi prints "[N/A]" for the memory: the probe, which
+    never raises, keeps the GPU with its memory unknown, and the doctor judges no memory row by it."""
+    from raymcn.doctor.probe import _gpus
+    from raymcn.doctor.verdicts import _hardware_rows
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA A100-SXM4-40GB, 40960, 40000, 550.54\n"
+                                            "NVIDIA A100-SXM4-40GB MIG 3g.20gb, [N/A], [N/A], 550.54")
+    gpus = _gpus()
+    assert gpus == [{"name": "NVIDIA A100-SXM4-40GB", "total": 40960 << 20, "free": 40000 << 20, "driver": "550.54"},
+                    {"name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "total": None, "free": None, "driver": "550.54"}]
+    facts = {"gpus": gpus, "cuda": {"cuda": "12.8", "nccl": "2.27.3", "nccl_error": ""}, "cpus": 16,
+             "spill_free": 10**12}
+    req = types.SimpleNamespace(use_gpu=True, estimate_bytes=2**30, cpus_per_worker=1.0)
+    rows = {r.check: r for r in _hardware_rows(facts, req, "gpu-1", {})}
+    assert rows["GPUs"].ok is True
+    memory = rows["GPU memory free >= estimate"]
+    assert memory.ok is None and "not reported by nvidia-smi for 1 of 2 GPUs" in memory.detail, memory
+
+
+def test_a_line_of_nvidia_smi_that_is_not_four_fields_is_named(monkeypatch, tmp_path):
+    from raymcn.doctor.probe import _gpus
+
+    _fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA H200, 143771, 143000\nNVIDIA H200, 143771, 143000, 570.1")
+    gpus = _gpus()
+    assert gpus[0] == {"error": "nvidia-smi printed a line that is not name, memory.total, memory.free, driver: "
+                                "'NVIDIA H200, 143771, 143000'"}
+    assert gpus[1]["free"] == 143000 << 20
+
+
 def test_an_unreadable_nccl_version_is_named(monkeypatch):
     from raymcn.doctor.probe import _cuda_build
     from raymcn.doctor.verdicts import _hardware_rows
@@ -230,21 +268,47 @@ def test_a_resource_watch_that_cannot_look_says_so_once(monkeypatch):
     assert "ConnectionError: Failed to connect to the API server" in said[0]
 
 
-def test_a_drain_checkpoint_that_was_not_registered_is_named(monkeypatch):
+def _drain_wait(monkeypatch, registered) -> tuple[list[str], list[tuple]]:
+    """What a rank says, and marks, after its drain checkpoint at global step 7 when Ray's
+    ``get_all_reported_checkpoints`` is ``registered``."""
     import ray.train
 
-    from raymcn.train.on_ray.worker import Reports
-
-    def registered(**kwargs):
-        raise TimeoutError("the controller did not answer")
+    from raymcn.train.on_ray import worker
 
     monkeypatch.setattr(ray.train, "get_all_reported_checkpoints", registered)
+    marked: list[tuple] = []
+    monkeypatch.setattr(worker, "mark_registered", lambda step, rank: marked.append((step, rank)))
     said: list[str] = []
-    reports = Reports.__new__(Reports)  # the parts the drain's wait uses: a rank's printer, the run's policy
-    reports.out, reports.rank = types.SimpleNamespace(say=said.append), 0
+    reports = worker.Reports.__new__(worker.Reports)  # the parts the drain's wait uses: a rank's printer
+    reports.out, reports.rank = types.SimpleNamespace(say=said.append), 1
     reports.mark_drain_checkpoint(types.SimpleNamespace(state=types.SimpleNamespace(step=7),
                                                         checkpoints=types.SimpleNamespace()))
-    assert said and "TimeoutError: the controller did not answer" in said[0], said
+    return said, marked
+
+
+def _reported(*steps: int) -> list:
+    return [types.SimpleNamespace(checkpoint=None, metrics={"global_step": float(s)}) for s in steps]
+
+
+def test_a_drain_checkpoint_whose_registration_cannot_be_asked_is_named_by_its_error(monkeypatch):
+    def registered(**kwargs):
+        raise ConnectionError("the controller did not answer")
+
+    said, marked = _drain_wait(monkeypatch, registered)
+    assert marked == [] and len(said) == 1, said
+    assert "could not learn whether the drain's checkpoint is registered (ConnectionError: the controller did " \
+           "not answer)" in said[0] and "within" not in said[0], said
+
+
+def test_a_drain_checkpoint_not_registered_at_the_timeout_is_not_marked(monkeypatch):
+    """At its timeout Ray returns the checkpoints registered so far, without an error: only one at
+    the drain's step lets the server go before the deadline."""
+    said, marked = _drain_wait(monkeypatch, lambda **kwargs: _reported(3, 5))
+    assert marked == [], "a checkpoint that was never registered must not let the server go"
+    assert said == ["warning: the drain's checkpoint (global step 7) was not registered within 600 s: the drained "
+                    "server goes at the deadline"]
+    said, marked = _drain_wait(monkeypatch, lambda **kwargs: _reported(5, 7))
+    assert marked == [(7, 1)] and said == []
 
 
 def test_ray_that_does_not_start_is_named_as_such_not_as_a_failed_run(monkeypatch, capsys, tmp_path):
@@ -367,6 +431,126 @@ def test_a_gcs_that_answers_is_waited_for_no_longer():
         server.stop(None)
 
 
+def test_drain_at_an_address_that_does_not_answer_says_so(silent_gcs, monkeypatch, capsys):
+    """`raymcn drain --address X` where nothing answers: the address first, the silence named, then
+    that it did not answer, status 1 and no reboot; not "no running Ray cluster"."""
+    import argparse
+
+    from raymcn.servers import drain
+    from raymcn.train.on_ray import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_NAMED_AFTER_S", 0.5)
+    monkeypatch.setattr(cluster, "CONNECT_LIMIT_S", 1.0)
+    monkeypatch.setattr(drain.subprocess, "run", pytest.fail)  # neither `ray drain-node` nor a reboot
+    args = argparse.Namespace(deadline=60, reboot=True, address=silent_gcs, node_id=None)
+    assert drain.run(args) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == f"Ray: connecting to the instance at {silent_gcs} (given by --address)", out
+    assert f"Ray: no answer from {silent_gcs} (given by --address) for 0.5 s" in out, out
+    assert err.startswith(f"raymcn drain: the Ray instance at {silent_gcs} (given by --address) did not answer "
+                          "within 1 s; if that Ray instance is a leftover, stop it (`ray stop`); to drain a node of "
+                          "another cluster, pass --address HOST:PORT; not rebooting"), err
+    assert "no running Ray cluster" not in out + err
+
+
+def _self_signed(tmp_path: Path) -> dict[str, str]:
+    """Ray's TLS variables for a self-signed certificate of 127.0.0.1, as a cluster's would be set."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ray-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tmp_path / "tls.crt"),
+            "RAY_TLS_SERVER_KEY": str(tmp_path / "tls.key"), "RAY_TLS_CA_CERT": str(tmp_path / "tls.crt")}
+
+
+def test_a_gcs_with_tls_on_is_asked_over_tls(tmp_path, monkeypatch):
+    """A cluster with RAY_USE_TLS on: its GCS (here a gRPC server set up as Ray sets its own, mutual
+    TLS) answers the check over TLS; a plain channel would never complete its handshake, and a healthy
+    GCS would be reported as not answering."""
+    import grpc
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raymcn.train.on_ray import cluster
+
+    tls = _self_signed(tmp_path)
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    key, cert = Path(tls["RAY_TLS_SERVER_KEY"]).read_bytes(), Path(tls["RAY_TLS_SERVER_CERT"]).read_bytes()
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=cert, require_client_auth=True))
+    server.start()
+    try:
+        said: list[str] = []
+        with pytest.raises(RayUnavailable, match="did not answer within 1 s"):  # TLS off here: no handshake
+            cluster.wait_for_gcs(f"127.0.0.1:{port}", "given by --address", said.append, named_after_s=0.5,
+                                 limit_s=1.0)
+        for k, v in tls.items():
+            monkeypatch.setenv(k, v)
+        said.clear()
+        cluster.wait_for_gcs(f"127.0.0.1:{port}", "given by --address", said.append, named_after_s=5, limit_s=10)
+        assert said == []
+        monkeypatch.delenv("RAY_TLS_CA_CERT")
+        with pytest.raises(RayUnavailable, match="RAY_USE_TLS is on but RAY_TLS_CA_CERT is not set"):
+            cluster.wait_for_gcs(f"127.0.0.1:{port}", "given by --address", said.append)
+    finally:
+        server.stop(None)
+
+
+BOUNDED_START = """
+import sys, time
+import ray
+from raymcn.config import RayUnavailable
+from raymcn.train.on_ray import cluster
+
+cluster.LOCAL_START_LIMIT_S, cluster.CONNECT_NAMED_AFTER_S = 3.0, 1.0
+stopped = []
+def hanging_start(**kwargs):  # a start that never returns: its waits poll, as Ray's do
+    while True:
+        time.sleep(0.05)
+ray.init, ray.shutdown = hanging_start, lambda: stopped.append(True)
+started = time.monotonic()
+try:
+    with cluster.ray_session("local"):
+        print("STARTED")
+except RayUnavailable as e:
+    print(f"ENDED after {time.monotonic() - started:.1f} s: {e}; shut down: {stopped}")
+"""
+
+
+def test_a_local_start_that_hangs_is_named_then_ended_and_its_processes_stopped():
+    """A new local instance is said before it starts; a start that does not end is named, and at its
+    limit ended by the alarm (in a command's main thread) and ``ray.shutdown``, which stops what it
+    had started, with an error that names the start and the limit."""
+    done = subprocess.run([sys.executable, "-c", BOUNDED_START], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = done.stdout.splitlines()
+    assert lines[0] == ("Ray: starting a new local instance (--address=local: a new local instance); it stops when "
+                        "this command ends"), done.stdout + done.stderr
+    assert lines[1].startswith("Ray: the start of a local Ray instance (--address=local: a new local instance) has "
+                               "taken 1 s so far; Ray's own logs are in /tmp/ray/session_latest/logs. Giving up at 3 s")
+    ended = re.match(r"ENDED after ([\d.]+) s: the start of a local Ray instance .* did not end within 3 s; (.*); "
+                     r"shut down: \[True\]$", lines[2])
+    assert ended and 3.0 <= float(ended.group(1)) < 10, done.stdout
+    assert "STARTED" not in done.stdout
+
+
 @pytest.mark.slow
 def test_the_main_command_beside_a_ray_instance_that_does_not_answer(silent_gcs, tmp_path):
     """`python sweep.py` (the README's main command) with RAY_ADDRESS at a GCS that never answers:
@@ -390,3 +574,163 @@ def test_the_main_command_beside_a_ray_instance_that_does_not_answer(silent_gcs,
     assert proc.returncode == 1, text
     assert lines[-1][0] - connecting <= CONNECT_LIMIT_S + 15, text
     assert f"nothing ran: the Ray instance at {silent_gcs} (given by RAY_ADDRESS) did not answer" in text
+
+
+@pytest.fixture
+def own_ray_instance():
+    """A `ray start --head` of this test's own (its port, its temp folder): yields (GCS address, its
+    processes by name), and at the end stops only those processes (and what they started; never
+    `ray stop`, which would end every Ray instance of the machine), resumed first if stopped."""
+    import shutil
+    import signal
+    import tempfile
+
+    import ray  # noqa: F401 - Ray's own copy of psutil comes on the path with it
+
+    import psutil
+
+    from bench.services import free_port
+
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    dot_ray = Path.home() / ".ray"
+    before = sorted(dot_ray.rglob("*")) if dot_ray.exists() else None
+
+    def ours() -> list:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(temp in part for part in proc.info["cmdline"] or []):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    started = subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=1",
+                              "--include-dashboard=false", f"--temp-dir={temp}"], env=env, capture_output=True,
+                             text=True, timeout=180)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        by_name = {os.path.basename((p.info["cmdline"] or [""])[0]): p for p in ours()}
+        yield f"127.0.0.1:{port}", by_name
+    finally:
+        family = {p.pid: p for p in ours()}
+        for proc in list(family.values()):
+            with_children = [proc]
+            try:
+                with_children += proc.children(recursive=True)
+            except psutil.Error:
+                pass
+            family.update({p.pid: p for p in with_children})
+        for proc in family.values():
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+        psutil.wait_procs(list(family.values()), timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
+        if before is None:
+            shutil.rmtree(dot_ray, ignore_errors=True)
+        elif dot_ray.exists():
+            for path in sorted(set(dot_ray.rglob("*")) - set(before), reverse=True):
+                path.unlink() if path.is_file() else path.rmdir()
+
+
+BOOT_WAIT = """
+import sys
+from raymcn.servers import boot
+try:
+    boot.wait_for_nodes(1, 600)
+except boot.BootError as e:
+    print(f"raymcn boot: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+"""
+
+
+def _timed_runs(commands: dict[str, list[str]], env: dict[str, str], timeout_s: float) -> dict[str, tuple]:
+    """Each command run at once beside the others: {name: (returncode, [(seconds since the start,
+    line)], seconds it took)}, stdout and stderr merged."""
+    start = time.monotonic()
+    procs = {name: subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True) for name, argv in commands.items()}
+    lines: dict[str, list] = {name: [] for name in commands}
+
+    def read(name: str) -> None:
+        for line in procs[name].stdout:
+            lines[name].append((time.monotonic() - start, line.rstrip()))
+
+    readers = [threading.Thread(target=read, args=(name,), daemon=True) for name in commands]
+    for r in readers:
+        r.start()
+    results = {}
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        results[name] = (proc.returncode, time.monotonic() - start)
+    for r in readers:
+        r.join(timeout=10)
+    return {name: (results[name][0], lines[name], results[name][1]) for name in commands}
+
+
+def _bounded_as_documented(name: str, run: tuple, address: str, silent: str, error: str) -> None:
+    """The instance and why first; within 60 s of it the ``silent`` one named with what to do; a
+    non-zero exit within 90 s of it, with ``error``."""
+    from raymcn.train.on_ray.cluster import CONNECT_NAMED_AFTER_S
+
+    code, lines, took = run
+    text = "\n".join(f"{t:6.1f} {line}" for t, line in lines)
+    connecting = [t for t, line in lines if line == f"Ray: connecting to the instance at {address} (given by "
+                                                   "RAY_ADDRESS)"]
+    assert connecting, f"{name}: no connection line\n{text}"
+    advice = re.compile(rf"Ray: no answer from {re.escape(silent)} for {CONNECT_NAMED_AFTER_S:g} s; \w.+ "
+                        rf"Giving up at \d+ s\.$")  # what to do, then when it ends
+    named = [t for t, line in lines if advice.match(line)]
+    assert named and CONNECT_NAMED_AFTER_S - 1 <= named[0] - connecting[0] <= 60, f"{name}:\n{text}"
+    assert code not in (0, None) and took - connecting[0] <= 90, f"{name}: status {code} after {took:.0f} s\n{text}"
+    assert error in text, f"{name}:\n{text}"
+
+
+@pytest.mark.slow
+def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigstop(own_ray_instance, tmp_path):
+    """A Ray instance on the machine whose processes stop answering (a hung head): with its GCS
+    stopped, `raymcn drain`, `raymcn boot`'s wait for the nodes and `python sweep.py` each name the
+    instance and why at once, the silence within 60 s with advice, and end non-zero within 90 s; with
+    its raylet stopped instead (the GCS answers), each ends non-zero within 90 s naming Ray's error.
+    Nothing of them is left running (each is its own process, and it exited)."""
+    import signal
+
+    address, processes = own_ray_instance
+    env = {**os.environ, "RAY_ADDRESS": address, "RAYMCN_RESULTS": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
+    commands = {"drain": [sys.executable, "-m", "raymcn.cli", "drain"],
+                "boot": [sys.executable, "-c", BOOT_WAIT],
+                "sweep": [sys.executable, "sweep.py"]}
+    gcs, raylet = processes["gcs_server"], processes["raylet"]
+    gcs.send_signal(signal.SIGSTOP)
+    try:
+        runs = _timed_runs(commands, env, timeout_s=200)
+    finally:
+        gcs.send_signal(signal.SIGCONT)
+    gave_up = f"the Ray instance at {address} (given by RAY_ADDRESS) did not answer within 60 s"
+    for name, run in runs.items():
+        _bounded_as_documented(name, run, address, f"{address} (given by RAY_ADDRESS)", gave_up)
+    assert f"raymcn drain: {gave_up}" in "\n".join(line for _, line in runs["drain"][1])
+    assert f"raymcn sweep: nothing ran: {gave_up}" in "\n".join(line for _, line in runs["sweep"][1])
+
+    raylet.send_signal(signal.SIGSTOP)  # the GCS answers, this machine's raylet does not
+    try:
+        runs = _timed_runs({"drain": commands["drain"], "sweep": commands["sweep"]}, env, timeout_s=200)
+    finally:
+        raylet.send_signal(signal.SIGCONT)
+    at = re.search(r"--node_ip_address=(\S+)", " ".join(raylet.cmdline())).group(1)
+    port = re.search(r"--node_manager_port=(\d+)", " ".join(raylet.cmdline())).group(1)
+    for name, run in runs.items():
+        _bounded_as_documented(name, run, address, f"this machine's raylet at {at}:{port} (of the instance at "
+                               f"{address})", f"this machine's raylet at {at}:{port} (of the Ray instance at "
+                               f"{address}, given by RAY_ADDRESS) did not answer within 60 s")

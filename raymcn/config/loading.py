@@ -209,6 +209,12 @@ def validate(cfg: Config) -> list[str]:
          f"data.eval_set={d.eval_set!r}: allowed values are synthetic, youcook:FILE, msrvtt:FILE")
     need(sc.use_gpu is False or (workers_ok(sc.num_workers) and sc.min_workers >= 1),
          "scale.use_gpu=true needs scale.num_workers >= 1 (one worker per GPU)")
+    # Workers sharing a GPU talk over gloo (NCCL cannot join two ranks on one GPU), and torch's gloo
+    # has no send/recv for CUDA tensors (torch.distributed's table of backends), which the ring uses.
+    need(not (sc.ring_contrastive and sc.use_gpu and sc.gpus_per_worker < 1),
+         f"scale.ring_contrastive=true with scale.gpus_per_worker={sc.gpus_per_worker:g}: workers that share a GPU "
+         "talk over gloo, which cannot send CUDA tensors from rank to rank as the ring does; turn the ring off, or "
+         "give each worker a GPU of its own (scale.gpus_per_worker=1)")
     r = cfg.run
     least = COLLECTIVE_TIMEOUT_MIN_FACTOR * r.stall_timeout_s
     need(not r.collective_timeout_s or r.collective_timeout_s >= least,

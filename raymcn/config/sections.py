@@ -154,7 +154,8 @@ class ScaleConfig:
     cpus_per_worker: float = setting(1.0, gt=0)  # CPUs a worker reserves (the read tasks reserve none)
     # The share of a GPU a worker reserves with use_gpu: 1 = a GPU of its own (DDP over NCCL); below 1,
     # ⌊1/share⌋ workers share each GPU (a model that leaves room; how a 1-GPU machine runs several
-    # ranks). NCCL cannot join two ranks on one GPU, so such a group runs over gloo.
+    # ranks). NCCL cannot join two ranks on one GPU, so such a group runs over gloo, without
+    # scale.ring_contrastive (gloo cannot send CUDA tensors from rank to rank).
     gpus_per_worker: float = setting(1.0, gt=0, le=1)
     # torch threads per worker (and its OMP_NUM_THREADS), set on every rank; 0 = max(1, ⌊cpus_per_worker⌋),
     # Ray's own rule, made explicit: Ray applies it only where OMP_NUM_THREADS is unset, torchrun sets 1

@@ -170,11 +170,26 @@ def _gpus() -> list[dict[str, Any]]:
         return [{"error": f"nvidia-smi exited with {e.returncode}" + (f": {said.splitlines()[0]}" if said else "")}]
     except (OSError, subprocess.SubprocessError) as e:
         return [{"error": f"nvidia-smi: {reason(e)}"}]
-    gpus = []
-    for line in out.strip().splitlines():
-        name, total, free, driver = [x.strip() for x in line.split(",")]
-        gpus.append({"name": name, "total": int(float(total)) << 20, "free": int(float(free)) << 20, "driver": driver})
-    return gpus
+    return [_gpu_of(line) for line in out.strip().splitlines()]
+
+
+def _mib(field: str) -> int | None:
+    """Bytes of an nvidia-smi memory field in MiB; None where it reports none ("[N/A]" under MIG and
+    on some drivers, "[Not Supported]")."""
+    try:
+        return int(float(field)) << 20
+    except ValueError:
+        return None
+
+
+def _gpu_of(line: str) -> dict[str, Any]:
+    """One GPU from one line of nvidia-smi's ``name,memory.total,memory.free,driver_version`` CSV; a
+    line that is not four fields is an ``{"error": ...}`` entry quoting it."""
+    fields = [x.strip() for x in line.split(",")]
+    if len(fields) != 4:
+        return {"error": f"nvidia-smi printed a line that is not name, memory.total, memory.free, driver: {line!r}"}
+    name, total, free, driver = fields
+    return {"name": name, "total": _mib(total), "free": _mib(free), "driver": driver}
 
 
 def _free_bytes(where: str) -> int:

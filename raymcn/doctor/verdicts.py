@@ -102,13 +102,19 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
     if gpus:
         names = sorted({g["name"] for g in gpus})
         rows = [Row("GPUs", True, f"{len(gpus)} x {', '.join(names)} (driver {gpus[0]['driver']})")]
-        least = min(g["free"] for g in gpus)
-        fits = not req.use_gpu or least >= req.estimate_bytes
-        rows.append(Row("GPU memory free >= estimate", fits,
-                        f"least free {least / 2**30:.1f} GiB, estimate {req.estimate_bytes / 2**30:.1f} GiB",
-                        "" if fits else f"{host}: a GPU has {least / 2**30:.1f} GiB free, a worker needs "
-                        f"~{req.estimate_bytes / 2**30:.1f} GiB: stop what holds it (nvidia-smi) or lower the "
-                        "batch (raymcn config shows the preflight's suggestion)"))
+        unknown = sum(1 for g in gpus if g["free"] is None)
+        if unknown:  # nvidia-smi says "[N/A]" (MIG, some drivers): nothing to judge by
+            rows.append(Row("GPU memory free >= estimate", None,
+                            f"not reported by nvidia-smi for {unknown} of {len(gpus)} GPUs (N/A); estimate "
+                            f"{req.estimate_bytes / 2**30:.1f} GiB"))
+        else:
+            least = min(g["free"] for g in gpus)
+            fits = not req.use_gpu or least >= req.estimate_bytes
+            rows.append(Row("GPU memory free >= estimate", fits,
+                            f"least free {least / 2**30:.1f} GiB, estimate {req.estimate_bytes / 2**30:.1f} GiB",
+                            "" if fits else f"{host}: a GPU has {least / 2**30:.1f} GiB free, a worker needs "
+                            f"~{req.estimate_bytes / 2**30:.1f} GiB: stop what holds it (nvidia-smi) or lower the "
+                            "batch (raymcn config shows the preflight's suggestion)"))
     else:
         seen = f"nvidia-smi failed: {failed}" if failed else "none"
         rows = [Row("GPUs", False if req.use_gpu or failed else None, seen,

@@ -176,22 +176,36 @@ def expected_nodes(home: Path | None = None) -> int:
     return 1 + len((config.get("provider") or {}).get("worker_ips") or [])
 
 
+BOOT_ADVICE = "see `ray status` and Ray's logs in /tmp/ray/session_latest/logs on this server"
+
+
 def wait_for_nodes(expected: int, timeout_s: float, say=print) -> int:
     """Wait until ``expected`` nodes are alive in the cluster this machine started, at most
-    ``timeout_s``; returns how many are."""
+    ``timeout_s``; returns how many are. Connects as every raymcn command does
+    (``train/on_ray/cluster.py``: named, and ended within its limits).
+
+    Raises:
+        BootError: the Ray just started cannot be found or does not answer (its reason named).
+    """
     import ray
 
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-    try:
-        def alive() -> int:
-            return sum(1 for n in ray.nodes() if n.get("Alive"))
+    from raymcn.config import ConfigError, RayUnavailable
+    from raymcn.train.on_ray.cluster import chosen_instance, connected
 
-        if not poll_until(lambda: alive() >= expected, timeout_s):
-            say(f"raymcn boot: {alive()} of {expected} nodes after {timeout_s:.0f} s; going on without the others "
-                "(a trial waits for its GPUs)")
-        return alive()
-    finally:
-        ray.shutdown()
+    try:
+        target, why = chosen_instance(None)
+        if target is None:
+            raise BootError(f"no Ray instance runs on this machine after its start ({why}); {BOOT_ADVICE}")
+        with connected(target, why, say, advice=BOOT_ADVICE, logging_level="ERROR", log_to_driver=False):
+            def alive() -> int:
+                return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+            if not poll_until(lambda: alive() >= expected, timeout_s):
+                say(f"raymcn boot: {alive()} of {expected} nodes after {timeout_s:.0f} s; going on without the "
+                    "others (a trial waits for its GPUs)")
+            return alive()
+    except (RayUnavailable, ConfigError) as e:
+        raise BootError(str(e)) from e
 
 
 def boot_log(experiment_dir: str) -> Path:

@@ -12,9 +12,11 @@ they train on. A reboot once they are all marked loses only what was trained sin
 restarts from that checkpoint as soon as the node is gone, a preemption in Ray Train's count, instead
 of the deadline's worth of steps, trained after it and then thrown away.
 
-How the node is found: ``ray.nodes()`` of the cluster this machine joined (the address ``ray
-start`` last used here, as ``ray.init(address="auto")`` finds it), the alive node at this
-machine's IP. How its Train workers are counted: on this machine, the processes Ray titles
+How the node is found: ``ray.nodes()`` of the cluster this machine joined (``--address``, else
+``RAY_ADDRESS``, else the instance whose raylet runs here), through the connection every raymcn
+command makes (``train/on_ray/cluster.py``): a GCS that does not answer is named and given up
+within its limits instead of holding a reboot. The node is the alive one at this machine's IP.
+How its Train workers are counted: on this machine, the processes Ray titles
 ``ray::RayTrainWorker...`` whose parent is that node's raylet. Not through the State API: its
 server is the head's dashboard, which listens on the head's loopback only (cluster.yaml), so a
 worker server cannot ask it. And the command disconnects before it drains: a driver attached to
@@ -163,19 +165,28 @@ def _ray_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
 
 
-def _cluster(address: str | None) -> tuple[str, list[dict], str] | None:
+DRAIN_ADVICE = ("if that Ray instance is a leftover, stop it (`ray stop`); to drain a node of another cluster, "
+                "pass --address HOST:PORT")
+
+
+def _cluster(address: str | None, say=print) -> tuple[str, list[dict], str] | None:
     """(GCS address, ``ray.nodes()``, this machine's IP as Ray sees it), or None when this machine
-    is in no running cluster. Disconnects before returning."""
+    is in no running cluster (and no ``--address`` or ``RAY_ADDRESS`` names one). Disconnects before
+    returning.
+
+    Raises:
+        ConfigError: several Ray instances run here and none is named.
+        RayUnavailable: the instance named or found did not answer within the connection's limits.
+    """
     import ray
 
-    try:
-        ray.init(address=address or "auto", logging_level="ERROR", log_to_driver=False)
-    except ConnectionError:
+    from raymcn.train.on_ray.cluster import chosen_instance, connected
+
+    target, why = chosen_instance(address or None)
+    if target is None:
         return None
-    try:
+    with connected(target, why, say, advice=DRAIN_ADVICE, logging_level="ERROR", log_to_driver=False):
         return ray.get_runtime_context().gcs_address, ray.nodes(), ray.util.get_node_ip_address()
-    finally:
-        ray.shutdown()
 
 
 def drain(args: argparse.Namespace) -> None:
@@ -200,10 +211,13 @@ def drain(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from raymcn.config import ConfigError, RayUnavailable
+
     try:
         drain(args)
-    except DrainError as e:
-        print(f"raymcn drain: {e}", file=sys.stderr)
+    except (DrainError, RayUnavailable, ConfigError) as e:
+        print(f"raymcn drain: {e}" + ("; not rebooting (`sudo systemctl reboot` reboots without a drain)"
+                                      if args.reboot else ""), file=sys.stderr)
         return 1
     if args.reboot:
         command = reboot_command()

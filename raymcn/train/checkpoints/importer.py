@@ -169,8 +169,11 @@ def run(args: argparse.Namespace) -> int:
     except OriginalCheckpointError as e:
         print(f"raymcn import-original: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
-    except (ConfigError, FileExistsError, OSError) as e:
+    except ConfigError as e:  # its message lists every problem
         print(f"raymcn import-original: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # FileExistsError (--out taken) too: the class says which
+        print(f"raymcn import-original: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     model = result.config.model
     print(f"imported {result.imported_from['file']} ({result.imported_from['form']}) -> {result.out}")

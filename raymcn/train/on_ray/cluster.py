@@ -4,12 +4,16 @@ Every command that needs Ray connects the same way (:func:`ray_session`): to the
 else ``RAY_ADDRESS``, else the cluster this machine belongs to (the Ray instance whose raylet runs
 here; of several, the one ``ray start`` last recorded), else a new local instance.
 
-Never silent at the connection: the console says which instance and why before it waits; Ray's
-own connect retries for over ten minutes against a GCS that does not answer (a leftover of a
-stopped cluster, a hung head), printing only to its log. So the GCS is first asked for a
-connection with a deadline: one that has not answered in :data:`CONNECT_NAMED_AFTER_S` is named
-on the console with what to do, and after :data:`CONNECT_LIMIT_S` the command ends with
-:class:`RayUnavailable`. Ray failing to start or connect is that error too, never a run's failure.
+Never silent at the connection, and never without an end. The console first says which instance
+and why, or that a new local instance starts and why. Ray's own connect retries for over ten
+minutes against a GCS that does not answer (a leftover of a stopped cluster, a hung head), and a
+driver whose raylet does not answer is ended by Ray after 30 s, both saying so only in Ray's log.
+So the instance's GCS, then its raylet on this machine, must first complete a gRPC handshake (with
+the cluster's TLS settings where ``RAY_USE_TLS`` is on), each within :data:`CONNECT_LIMIT_S`; then
+``ray.init`` within :data:`CONNECT_LIMIT_S`, or a local instance's start within
+:data:`LOCAL_START_LIMIT_S` (:func:`bounded`). Every wait that has lasted
+:data:`CONNECT_NAMED_AFTER_S` is named on the console with what to do. Every such end, and Ray
+failing to start or connect, is :class:`RayUnavailable`, never a run's failure.
 
 Pinned to its own cluster: a local instance raymcn starts hands every one of its processes (the
 driver, Tune's trial drivers, Train's controller and its placement-group cleaner, the workers, the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -47,11 +52,14 @@ LOCAL_RAY_ENV = {"RAY_idle_worker_killing_time_threshold_ms": "60000"}
 # workers every 0.5 s instead of 2 s notices a run's end (and each report) sooner.
 LOCAL_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"  # Ray's State API client reads it before RAY_ADDRESS
-CONNECT_NAMED_AFTER_S = 30.0  # a GCS that has not answered this long is named on the console, with what to do
-CONNECT_LIMIT_S = 60.0  # ... and after this long the command ends (a GCS answers a connection in milliseconds)
+CONNECT_NAMED_AFTER_S = 30.0  # a wait of the connection this long is named on the console, with what to do
+CONNECT_LIMIT_S = 60.0  # the GCS's, then the raylet's handshake, then ray.init: each ends after this long
+# A new local instance's start ends after this long: it takes seconds, and Ray's own waits inside it
+# (its GCS, its raylet) are shorter, so only a start that hangs reaches it.
+LOCAL_START_LIMIT_S = 120.0
 ADVICE = ("if that Ray instance is a leftover, stop it (`ray stop`); to start a new local instance instead, "
           "set RAY_ADDRESS=local or pass --address local; to use another cluster, pass --address HOST:PORT")
-
+TLS_FILES = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")  # Ray's TLS settings, as Ray reads them
 
 
 def free_port() -> int:
@@ -92,8 +100,8 @@ def ray_session(address: str | None, variables: dict[str, str] | None = None, sa
 
     Raises:
         ConfigError: no address was given and several Ray instances run on this machine.
-        RayUnavailable: the instance chosen did not answer within :data:`CONNECT_LIMIT_S`, or Ray
-            failed to start or connect (its error named).
+        RayUnavailable: the instance chosen did not answer, or Ray did not start or connect, within
+            the module's limits (its error named).
     """
     if ray.is_initialized():
         yield False
@@ -101,28 +109,105 @@ def ray_session(address: str | None, variables: dict[str, str] | None = None, sa
     variables = dict(variables or {})
     target, why = chosen_instance(address)
     if target is not None:
-        say(f"Ray: connecting to the instance at {target} ({why})")
-        wait_for_gcs(target, why, say)
-        kwargs = {**init_kwargs, **({"runtime_env": {"env_vars": variables}} if variables else {})}
-        with _named_if_slow(f"Ray's connection to {target} ({why})", say):
-            try:
-                ray.init(address=target, log_to_driver=True, **kwargs)
-            except Exception as e:  # noqa: BLE001 - any failure to connect: the command cannot run
-                raise RayUnavailable(f"Ray could not connect to {target} ({why}): {reason(e)}; {ADVICE}") from e
-        yield False
+        env = {"runtime_env": {"env_vars": variables}} if variables else {}
+        with connected(target, why, say, **env, **init_kwargs):
+            yield False
         return
     port = free_port()
     env = local_instance_env(port)
+    say(f"Ray: starting a new local instance ({why}); it stops when this command ends")
     with scoped_env(env):  # the daemons read it at their start; this driver (Train's settings) for the block
         try:
-            ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
-                     log_to_driver=True, runtime_env={"env_vars": {**variables, **env}}, **init_kwargs)
+            with bounded(f"the start of a local Ray instance ({why})", LOCAL_START_LIMIT_S, say,
+                         advice="Ray's own logs are in /tmp/ray/session_latest/logs"):
+                ray.init(address="local", dashboard_host="127.0.0.1", dashboard_port=port, include_dashboard=True,
+                         log_to_driver=True, runtime_env={"env_vars": {**variables, **env}}, **init_kwargs)
+        except RayUnavailable:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure to start: the command cannot run
             raise RayUnavailable(f"a local Ray instance did not start ({why}): {reason(e)}") from e
         try:
             yield True
         finally:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def connected(target: str, why: str, say: Callable[[str], None] = print, advice: str = ADVICE,
+              **init_kwargs) -> Iterator[None]:
+    """Connected to the Ray instance whose GCS is at ``target`` (chosen for the reason ``why``) for
+    the block, then disconnected: the address and why on the console first, the GCS's handshake
+    (:func:`wait_for_gcs`), the handshake of the instance's raylet on this machine (where it has
+    one: with the raylet stopped, Ray's connection would end this process after 30 s, saying so only
+    in its log), then ``ray.init``, each within the module's limits. Every command that
+    joins a running instance comes here, ``raymcn drain`` and ``raymcn boot`` among them
+    (``init_kwargs`` go to ``ray.init``; ``advice``: what the user can do, in the error and the named
+    wait).
+
+    Raises:
+        RayUnavailable: no answer, or Ray's own connection failed or did not end in time.
+    """
+    say(f"Ray: connecting to the instance at {target} ({why})")
+    wait_for_gcs(target, why, say, advice=advice)
+    for raylet in local_raylets(target):  # a driver attaches to it; Ray's own wait ends the process unnamed
+        wait_for_answer(raylet, f"this machine's raylet at {raylet} (of the instance at {target})",
+                        f"this machine's raylet at {raylet} (of the Ray instance at {target}, {why})", say,
+                        advice=advice)
+    kwargs = {"log_to_driver": True, **init_kwargs}
+    try:
+        with bounded(f"Ray's connection to {target} ({why})", CONNECT_LIMIT_S, say, advice=advice):
+            ray.init(address=target, **kwargs)
+    except RayUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to connect: the command cannot run
+        raise RayUnavailable(f"Ray could not connect to {target} ({why}): {reason(e)}; {advice}") from e
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class _OutOfTime(BaseException):
+    """Raised into the main thread by :func:`bounded`'s alarm. A BaseException, so that an ``except
+    Exception`` around one of Ray's waits does not swallow it."""
+
+
+@contextlib.contextmanager
+def bounded(what: str, limit_s: float, say: Callable[[str], None], advice: str = ADVICE,
+            named_after_s: float | None = None) -> Iterator[None]:
+    """A start or connection of Ray (the block), named on the console after ``named_after_s`` and
+    ended after ``limit_s``: an alarm (``SIGALRM``) interrupts it, ``ray.shutdown`` stops or leaves
+    whatever it had started or joined, and :class:`RayUnavailable` names what and how long.
+
+    ``ray.init`` takes no deadline and a thread cannot be stopped, so the end comes from a signal:
+    only in the main thread, and only where no other alarm handler is set (a test runner's timeout);
+    elsewhere the block is named, and bounded by Ray's own waits alone. The alarm takes effect when
+    Ray's wait returns to Python, which its waits do (they poll). ``named_after_s``: default
+    :data:`CONNECT_NAMED_AFTER_S`."""
+    named_after_s = CONNECT_NAMED_AFTER_S if named_after_s is None else named_after_s
+    timer = threading.Timer(named_after_s, lambda: say(f"Ray: {what} has taken {named_after_s:g} s so far; {advice}."
+                                                       f" Giving up at {limit_s:g} s."))
+    timer.daemon = True
+    alarm = (threading.current_thread() is threading.main_thread()
+             and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None))
+    if alarm:
+        def out_of_time(signum, frame):
+            raise _OutOfTime
+
+        signal.signal(signal.SIGALRM, out_of_time)
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+    timer.start()
+    try:
+        yield
+    except _OutOfTime:
+        with contextlib.suppress(Exception):  # whatever it had started or joined goes; the error says why
+            ray.shutdown()
+        raise RayUnavailable(f"{what} did not end within {limit_s:g} s; {advice}") from None
+    finally:
+        timer.cancel()
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def chosen_instance(address: str | None) -> tuple[str | None, str]:
@@ -155,18 +240,51 @@ def chosen_instance(address: str | None) -> tuple[str | None, str]:
 def running_instances() -> list[str]:
     """The GCS address of every Ray instance whose raylet runs on this machine (a raylet is started
     with ``--gcs-address=HOST:PORT``; Ray's own ``address="auto"`` looks the same way)."""
+    return sorted({r["gcs-address"] for r in _raylets() if r.get("gcs-address") not in (None, "", "None")})
+
+
+def local_raylets(target: str) -> list[str]:
+    """``IP:PORT`` of the raylet on this machine of the Ray instance whose GCS is at ``target`` (a
+    driver started here attaches to it), none when this machine is not one of its nodes. A raylet
+    names its GCS by the head's IP, a command often by 127.0.0.1: on this machine both are the same."""
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    here = this_machines_addresses()
+    found = []
+    for raylet in _raylets():
+        gcs_host, _, gcs_port = raylet.get("gcs-address", "").rpartition(":")
+        same = (gcs_host, gcs_port) == (host, port) or (gcs_port == port and {host, gcs_host} <= here)
+        if same and raylet.get("node_ip_address") and raylet.get("node_manager_port"):
+            found.append(f"{raylet['node_ip_address']}:{raylet['node_manager_port']}")
+    return found
+
+
+def this_machines_addresses() -> set[str]:
+    """The names and IP addresses by which this machine reaches itself."""
     import psutil
 
-    found = set()
+    names = {"localhost", socket.gethostname(), socket.getfqdn()}
+    return names | {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+                    if a.family in (socket.AF_INET, socket.AF_INET6)}
+
+
+def _raylets() -> list[dict[str, str]]:
+    """The ``--name=value`` arguments of every raylet running on this machine, a dict each (the first
+    value of a name: the raylet's own, before those of the worker commands it carries)."""
+    import psutil
+
+    found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
             cmdline = proc.info["cmdline"] or []
         except psutil.Error:  # gone, or another user's: not ours to join
             continue
         if cmdline and "raylet" in os.path.basename(cmdline[0]):
-            found |= {arg.split("=", 1)[1] for part in cmdline for arg in part.split(" ")
-                      if arg.startswith("--gcs-address=") and arg.split("=", 1)[1] not in ("", "None")}
-    return sorted(found)
+            args: dict[str, str] = {}
+            for arg in (word for part in cmdline for word in part.split(" ")):
+                if arg.startswith("--") and "=" in arg:
+                    args.setdefault(*arg[2:].split("=", 1))
+            found.append(args)
+    return found
 
 
 def recorded_instance() -> str | None:
@@ -179,18 +297,36 @@ def recorded_instance() -> str | None:
         return None
 
 
-def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_s: float = CONNECT_NAMED_AFTER_S,
-                 limit_s: float = CONNECT_LIMIT_S) -> None:
-    """Wait until the GCS at ``target`` accepts a gRPC connection (its HTTP/2 handshake: no Ray
-    call, so no token or version is needed yet); named on the console after ``named_after_s``.
+def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_s: float | None = None,
+                 limit_s: float | None = None, advice: str = ADVICE) -> None:
+    """Wait until the GCS at ``target`` answers (:func:`wait_for_answer`).
 
     Raises:
-        RayUnavailable: no answer within ``limit_s``.
+        RayUnavailable: no answer within ``limit_s``, or TLS is on and its files cannot be read.
+    """
+    wait_for_answer(target.removeprefix("ray://"), f"{target} ({why})", f"the Ray instance at {target} ({why})", say,
+                    named_after_s, limit_s, advice)
+
+
+def wait_for_answer(address: str, short: str, long: str, say: Callable[[str], None],
+                    named_after_s: float | None = None, limit_s: float | None = None, advice: str = ADVICE) -> None:
+    """Wait until the gRPC server at ``address`` (a GCS, a raylet) completes a connection: its HTTP/2
+    handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no token or version is needed
+    yet, and a process that is stopped or hung never completes it (its kernel still accepts the TCP
+    connection). Named on the console as ``short`` after ``named_after_s`` (default
+    :data:`CONNECT_NAMED_AFTER_S`), given up as ``long`` after ``limit_s`` (default :data:`CONNECT_LIMIT_S`).
+
+    Raises:
+        RayUnavailable: no answer within ``limit_s``, or TLS is on and its files cannot be read.
     """
     import grpc
 
+    named_after_s = CONNECT_NAMED_AFTER_S if named_after_s is None else named_after_s
+    limit_s = CONNECT_LIMIT_S if limit_s is None else limit_s
     started = time.monotonic()
-    with grpc.insecure_channel(target.removeprefix("ray://")) as channel:
+    credentials = tls_credentials()
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    with channel:
         ready = grpc.channel_ready_future(channel)
         for until_s in (named_after_s, limit_s):
             try:
@@ -198,21 +334,33 @@ def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_
                 return
             except grpc.FutureTimeoutError:
                 if until_s < limit_s:
-                    say(f"Ray: no answer from {target} ({why}) for {until_s:g} s; {ADVICE}. Giving up at {limit_s:g} s.")
+                    say(f"Ray: no answer from {short} for {until_s:g} s; {advice}. Giving up at {limit_s:g} s.")
         ready.cancel()
-    raise RayUnavailable(f"the Ray instance at {target} ({why}) did not answer within {limit_s:g} s; {ADVICE}")
+    tls = " over TLS (RAY_USE_TLS)" if credentials else ""
+    raise RayUnavailable(f"{long} did not answer{tls} within {limit_s:g} s; {advice}")
 
 
-@contextlib.contextmanager
-def _named_if_slow(what: str, say: Callable[[str], None], after_s: float = CONNECT_NAMED_AFTER_S) -> Iterator[None]:
-    """Say so when ``what`` (the block) takes longer than ``after_s``, with what to do."""
-    timer = threading.Timer(after_s, lambda: say(f"Ray: {what} has taken {after_s:g} s so far; {ADVICE}"))
-    timer.daemon = True
-    timer.start()
+def tls_credentials():
+    """gRPC channel credentials from Ray's TLS settings when ``RAY_USE_TLS`` is on, built as Ray's
+    own clients build them (``RAY_TLS_SERVER_CERT``, ``RAY_TLS_SERVER_KEY``, ``RAY_TLS_CA_CERT``);
+    None when it is off (a plain channel).
+
+    Raises:
+        RayUnavailable: TLS is on and a file is not set or not readable (Ray would fail the same way).
+    """
+    import grpc
+
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+        return None
+    missing = [name for name in TLS_FILES if not os.environ.get(name)]
+    if missing:
+        raise RayUnavailable(f"RAY_USE_TLS is on but {', '.join(missing)} is not set: Ray's TLS needs "
+                             f"{', '.join(TLS_FILES)}")
     try:
-        yield
-    finally:
-        timer.cancel()
+        cert, key, ca = (Path(os.environ[name]).read_bytes() for name in TLS_FILES)
+    except OSError as e:
+        raise RayUnavailable(f"RAY_USE_TLS is on but one of its files is not readable: {reason(e)}") from e
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
 def cluster_problems(cfg: Config, concurrent_runs: int = 1) -> list[str]:

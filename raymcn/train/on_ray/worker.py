@@ -284,11 +284,17 @@ class Reports:
         anyway)."""
         run.checkpoints.registered = True
         try:
-            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
-                                                   timeout_s=DRAIN_REGISTER_TIMEOUT_S)
+            # At its timeout Ray returns what is registered so far, without an error: the drain's
+            # checkpoint is registered when one of them is at this step.
+            reported = ray.train.get_all_reported_checkpoints(
+                consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=DRAIN_REGISTER_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - unmarked, the server goes at the deadline, as without a mark
-            self.out.say(f"warning: the drain's checkpoint was not registered within {DRAIN_REGISTER_TIMEOUT_S:.0f} s "
-                         f"({reason(e)}): the drained server goes at the deadline")
+            self.out.say(f"warning: could not learn whether the drain's checkpoint is registered ({reason(e)}): "
+                         "the drained server goes at the deadline")
+            return
+        if not any(float((c.metrics or {}).get("global_step", -1)) == run.state.step for c in reported):
+            self.out.say(f"warning: the drain's checkpoint (global step {run.state.step}) was not registered within "
+                         f"{DRAIN_REGISTER_TIMEOUT_S:.0f} s: the drained server goes at the deadline")
             return
         try:
             mark_registered(run.state.step, self.rank)
