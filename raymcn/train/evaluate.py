@@ -39,7 +39,8 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
 
     Args:
         eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
-            ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (the protocol's query count).
+            ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (the protocol's query
+            count).
         chunk: clips embedded at a time.
         comm: this rank's collectives (default: one process).
     """
