@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from bench import harness
-from bench.sweep_efficiency import SPACE, local_hooks, trial_data
+from bench.sweep_efficiency import R10, SPACE, local_hooks, trial_data
 
 ARMS = {"before": {"optim.warmup_steps": 16}, "after": {"optim.warmup_steps": 0, "optim.warmup_videos": 256}}
 STAGE1_FRACTION = 0.1
@@ -74,7 +74,7 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     process); ``corpus``: settings of the synthetic corpus (default the preset's 256 videos)."""
     import torch
 
-    from raymcn.config import PRIMARY_METRIC, load_config, preset_path
+    from raymcn.config import load_config, preset_path
     from raymcn.train.build import assemble
     from raymcn.train.loop import NonFiniteLossError, run_epochs
     from raymcn.train.run_plan import make_plan
@@ -85,7 +85,7 @@ def train_curve(config: dict[str, Any], arm: dict[str, Any], epochs: int,
     videos, eval_set = trial_data(cfg)
     plan = make_plan(cfg, videos=len(videos.records))
     curve: list[float] = []
-    hooks = local_hooks(cfg, plan, videos, eval_set, after_epoch=lambda r, m: curve.append(float(m[PRIMARY_METRIC])))
+    hooks = local_hooks(cfg, plan, videos, eval_set, after_epoch=lambda r, m: curve.append(float(m[R10])))
     run = assemble(cfg, plan, device="cpu", hooks=hooks)
     t0 = time.perf_counter()
     diverged = False

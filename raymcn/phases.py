@@ -8,7 +8,7 @@ search's folder (``results.confirmation``), so the flow sits above both.
 from __future__ import annotations
 
 from raymcn import storage
-from raymcn.config import Config, ConfigError, default_cache_dir
+from raymcn.config import Config, ConfigError, default_cache_dir, objective
 from raymcn.results import confirmation
 from raymcn.results.experiment import load_experiment
 from raymcn.sweep import tuner
@@ -49,12 +49,12 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
     if unfinished:
         raise ConfigError([f"--confirm {experiment_dir}: the search has {unfinished} unfinished trial(s); finish it "
                            f"first (raymcn sweep --resume {experiment_dir}), then confirm"])
-    settings = confirmation.settings(cfg, swept=list(trials.columns))
+    settings, target = confirmation.settings(cfg, swept=list(trials.columns)), objective(cfg.sweep.metric)
     if settings is None:
         raise ConfigError([f"--confirm {experiment_dir}: say what to compare, e.g. --set "
                            "'sweep.confirm={per: schedule.stage_order, repeats: 5}' (the stage order was not swept)"])
     try:
-        candidates = confirmation.select_candidates(trials, settings, cfg.schedule.epochs)
+        candidates = confirmation.select_candidates(trials, settings, cfg.schedule.epochs, target)
     except confirmation.NothingToConfirm as e:
         raise ConfigError([f"cannot confirm {experiment_dir}: {e}"]) from None
     seeds = confirmation.confirmation_seeds(cfg, settings.repeats)
@@ -63,8 +63,8 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
     for c in candidates:
         keys = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.config.items()
                          if k != settings.per)
-        console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:.2f} over {c.trials} "
-                    f"trial(s) at the {c.basis})")
+        console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:{target.metric.spec}} over "
+                    f"{c.trials} trial(s) at the {c.basis})")
     return tuner.run_confirmation(cfg, experiment_dir, confirmation.trial_configs(candidates, seeds),
                                   confirmation.plan_text(settings, candidates, seeds), console, inputs)
 

@@ -84,7 +84,7 @@ def _bounds(meta) -> str:
         if key in meta:
             parts.append(f"{sign} {meta[key]:g}")
     if "choices" in meta:
-        parts.append(" \\| ".join(f"`{c}`" for c in meta["choices"]))
+        parts.append(" \\| ".join(f"`{c}`" for c in sections.allowed_values(meta)))
     if "why" in meta:
         parts.append(meta["why"])
     return ", ".join(parts)

@@ -29,8 +29,9 @@ def stand_in_trial(config: dict, experiment_dir: str) -> None:
     Scores: a larger learning rate scores higher at every epoch (the searchers' choices are set)."""
     from ray import tune
 
-    from raymcn.config import PRIMARY_METRIC
+    from raymcn.config import DEFAULT_OBJECTIVE, objective
 
+    metric = objective(DEFAULT_OBJECTIVE).reported
     trial = tune.get_context().get_trial_id()
     log = Path(experiment_dir) / "stand_in" / f"{trial}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +48,7 @@ def stand_in_trial(config: dict, experiment_dir: str) -> None:
             f.write(json.dumps({"epoch": epoch}) + "\n")
         with tempfile.TemporaryDirectory() as d:
             Path(d, "epoch.json").write_text(json.dumps({"epoch": epoch}))
-            tune.report({"epoch": epoch, "budget_epoch": epoch, PRIMARY_METRIC: float(config["optim.lr"]) * 1000 + epoch},
+            tune.report({"epoch": epoch, "budget_epoch": epoch, metric: float(config["optim.lr"]) * 1000 + epoch},
                         checkpoint=tune.Checkpoint.from_directory(d))
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from raymcn.config import PRIMARY_METRIC, load_config
+from raymcn.config import DEFAULT_OBJECTIVE, load_config, objective
 
 # Only light imports at the top: each trial's process imports this module to find its function.
 pytestmark = pytest.mark.ray
+DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported  # what the default sweep reports to Tune
 
 
 def stand_in_trial(config, epochs, offset, log_dir):
@@ -46,7 +47,7 @@ def stand_in_trial(config, epochs, offset, log_dir):
         with tempfile.TemporaryDirectory() as d:
             Path(d, "epoch.json").write_text(json.dumps({"epoch": epoch}))
             # better learning rates score higher at every epoch: the schedulers' choices are determined
-            tune.report({"epoch": epoch, "budget_epoch": clock, PRIMARY_METRIC: config["optim.lr"] * 1000 + epoch},
+            tune.report({"epoch": epoch, "budget_epoch": clock, DEFAULT_METRIC: config["optim.lr"] * 1000 + epoch},
                         checkpoint=tune.Checkpoint.from_directory(d))
 
 
@@ -70,7 +71,7 @@ def run_stand_in_sweep(tmp_path, algorithm, epochs, fraction, samples=4, extra=(
         tune.with_resources(tune.with_parameters(stand_in_trial, epochs=epochs, offset=offset, log_dir=str(logs)),
                             {"cpu": 0.25}),
         param_space=search_space(cfg),
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode="max", num_samples=samples, search_alg=search,
+        tune_config=tune.TuneConfig(metric=DEFAULT_METRIC, mode="max", num_samples=samples, search_alg=search,
                                     scheduler=scheduler, max_concurrent_trials=1, reuse_actors=True),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="clock", verbose=0),
     ).fit()

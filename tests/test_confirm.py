@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from tune_dirs import write_sweep_yaml, write_trial
 
-from raymcn.config import ConfigError, load_config
+from raymcn.config import ConfigError, load_config, objective
 from raymcn.results.confirmation import (
     CANDIDATE,
     ConfirmSettings,
@@ -26,6 +26,7 @@ from raymcn.results.experiment import load_experiment
 from raymcn.results.table import answer_line, group_table
 
 R10 = "best_text_to_video_R@10"
+TARGET = objective(R10)  # the default sweep.metric
 ORDER, LR, SEED = "schedule.stage_order", "optim.lr", "run.seed"
 PER_ORDER = ConfirmSettings(per=ORDER, top=1, repeats=3)
 
@@ -44,7 +45,7 @@ def search_frame() -> pd.DataFrame:
 
 
 def test_the_full_budget_decides_and_a_stopped_or_errored_trial_never_does():
-    picked = {c.group: c for c in select_candidates(search_frame(), PER_ORDER, epochs=4)}
+    picked = {c.group: c for c in select_candidates(search_frame(), PER_ORDER, epochs=4, target=TARGET)}
     av = picked["AV_T"]
     assert av.config == {ORDER: "AV_T", LR: 1e-3} and av.score == pytest.approx(30.0) and av.trials == 2
     assert av.basis == "full budget (4 epochs)"
@@ -53,7 +54,7 @@ def test_the_full_budget_decides_and_a_stopped_or_errored_trial_never_does():
 
 
 def test_top_two_are_labelled_and_ranked():
-    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4)
+    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4, target=TARGET)
     assert [(c.label, c.config[LR]) for c in picked] == [("AV_T #1", 1e-3), ("AV_T #2", 3e-3),
                                                         ("joint #1", 1e-2), ("joint #2", 1e-3)]
 
@@ -61,7 +62,7 @@ def test_top_two_are_labelled_and_ranked():
 def test_nothing_to_select_says_what_the_search_holds():
     errored = search_frame().assign(status="error")
     with pytest.raises(NothingToConfirm, match="no trial of the search has a best_text_to_video_R@10"):
-        select_candidates(errored, PER_ORDER, epochs=4)
+        select_candidates(errored, PER_ORDER, epochs=4, target=TARGET)
 
 
 def test_fresh_seeds_are_the_same_for_every_group_and_after_the_searchs():
@@ -70,7 +71,7 @@ def test_fresh_seeds_are_the_same_for_every_group_and_after_the_searchs():
     assert confirmation_seeds(cfg, 4) == [10, 11, 12, 13]  # the search used 7, 8, 9
     in_space = load_config(None, [f"sweep.space={{{SEED}: {{grid: [1, 40]}}, {ORDER}: {{grid: [AV_T, joint]}}}}"])
     assert confirmation_seeds(in_space, 2) == [41, 42]
-    picked = select_candidates(search_frame(), PER_ORDER, epochs=4)
+    picked = select_candidates(search_frame(), PER_ORDER, epochs=4, target=TARGET)
     configs = trial_configs(picked, [10, 11, 12])
     assert [c[SEED] for c in configs] == [10, 10, 11, 11, 12, 12]  # seed by seed: what ran so far pairs
     for c in picked:
@@ -93,7 +94,7 @@ def test_settings_and_their_validation():
 
 
 def test_plan_round_trip_and_labels(tmp_path):
-    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4)
+    picked = select_candidates(search_frame(), ConfirmSettings(ORDER, top=2, repeats=2), epochs=4, target=TARGET)
     (tmp_path / "confirm").mkdir()
     (tmp_path / "confirm" / "confirm_plan.yaml").write_text(plan_text(ConfirmSettings(ORDER, 2, 2), picked, [5, 6]))
     s, back, seeds = read_plan(tmp_path)
@@ -112,24 +113,24 @@ def confirmation_frame(av_t, joint, vt_a, seeds=(11, 12, 13, 14, 15)) -> pd.Data
 
 def test_confirmation_pairs_on_the_seed_and_the_answer_names_what_it_can_and_cannot_tell():
     df = confirmation_frame(av_t=[30.0, 32, 31, 33, 29], joint=[29.5, 32.5, 30, 33, 29.5], vt_a=[25.0, 26, 24, 27, 25])
-    g = group_table(df, ORDER, pair_on=[SEED]).set_index(ORDER)
+    g = group_table(df, ORDER, R10, pair_on=[SEED]).set_index(ORDER)
     assert list(g.index) == ["AV_T", "joint", "VT_A"]
     assert g.loc["joint", "test"] == "paired t" and g.loc["joint", "pairs"] == 5
     assert g.loc["VT_A", "p_holm"] < 0.05 < g.loc["joint", "p_holm"]
-    text = " ".join(answer_line(g.reset_index(), ORDER, done=15, planned=15).split())
+    text = " ".join(answer_line(g.reset_index(), ORDER, 15, 15, R10).split())
     assert text.startswith("Answer: AV_T learns the best joint space by best_text_to_video_R@10: 31.00")
     assert "better than VT_A (AV_T ahead by 5.60, p Holm" in text
     mde = g.loc["joint", "mde"]
     assert math.isfinite(mde) and "not told apart from joint (AV_T ahead by 0.10, p Holm" in text
     assert f"detectable Δ {mde:.2f}" in text and "provisional" not in text
-    assert answer_line(g.reset_index(), ORDER, done=12, planned=15).startswith(
+    assert answer_line(g.reset_index(), ORDER, 12, 15, R10).startswith(
         "(provisional: 12 of 15 confirmation runs done)")
 
 
 def test_a_seed_missing_on_one_side_is_left_out_of_the_pairs():
     df = confirmation_frame(av_t=[30.0, 32, 31, 33, 29], joint=[29.5, 32.5, 30, 33, 29.5], vt_a=[25.0, 26, 24, 27, 25])
     df = df[~((df[ORDER] == "VT_A") & (df[SEED] == 15))]
-    g = group_table(df, ORDER, pair_on=[SEED]).set_index(ORDER)
+    g = group_table(df, ORDER, R10, pair_on=[SEED]).set_index(ORDER)
     assert g.loc["VT_A", "pairs"] == 4 and "1 unpaired trial(s) left out" in g.loc["VT_A", "note"]
     assert g.loc["VT_A", "vs_best"] == pytest.approx(sum([25.0 - 30, 26 - 32, 24 - 31, 27 - 33]) / 4)
 
@@ -144,7 +145,7 @@ def confirmed(tmp_path):
     for i, (order, lr, r) in enumerate([("AV_T", 1e-3, 20.0), ("AV_T", 3e-3, 24.0), ("joint", 1e-3, 22.0),
                                         ("joint", 3e-3, 19.0)]):
         write_trial(exp, f"{order}-s{i}", f"s{i}", {ORDER: order, LR: lr}, [r / 2, r])
-    picked = select_candidates(load_experiment(exp)[0], ConfirmSettings(ORDER, 1, 3), epochs=2)
+    picked = select_candidates(load_experiment(exp)[0], ConfirmSettings(ORDER, 1, 3), epochs=2, target=TARGET)
     write_sweep_yaml(confirm, epochs=2)
     (confirm / "confirm_plan.yaml").write_text(plan_text(ConfirmSettings(ORDER, 1, 3), picked, [2, 3, 4]))
     values = {"AV_T": [30.0, 33, 31], "joint": [22.0, 24, 25]}

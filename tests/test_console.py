@@ -14,7 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from raymcn.config import DEFAULT_OBJECTIVE, metric, objective
 from raymcn.train.monitor.console import TAG, epoch_line
+
+R10 = objective(DEFAULT_OBJECTIVE).metric  # what the default sweep's lines show
 
 EPOCH_LINE = re.compile(r"^(?:(?P<name>\S+) )?epoch (?P<epoch>\d+)/(?P<epochs>\d+)  R@10 +(?P<r10>[\d.]+)  "
                         r"loss (?P<loss>\S+)  (?P<rate>\d+) samples/s$")
@@ -22,10 +25,16 @@ EPOCH_LINE = re.compile(r"^(?:(?P<name>\S+) )?epoch (?P<epoch>\d+)/(?P<epochs>\d
 
 def test_epoch_line_format():
     m = {"text_to_video_R@10": 18.359375, "total_loss": 31.953, "samples_per_s": 205.4, "lr": 1e-3}
-    assert epoch_line(3, 6, m, name="AV_T-seed1-x_00001", workers=2) == \
+    assert epoch_line(3, 6, m, R10, name="AV_T-seed1-x_00001", workers=2) == \
         "AV_T-seed1-x_00001 epoch 3/6  R@10 18.36  loss 31.95  411 samples/s"
-    assert EPOCH_LINE.match(epoch_line(3, 6, m, workers=2)).group("rate") == "411"
-    assert epoch_line(1, 2, {"samples_per_s": 10.0}) == "epoch 1/2  10 samples/s per worker"  # nothing made up
+    assert EPOCH_LINE.match(epoch_line(3, 6, m, R10, workers=2)).group("rate") == "411"
+    assert epoch_line(1, 2, {"samples_per_s": 10.0}, R10) == "epoch 1/2  10 samples/s per worker"  # nothing made up
+
+
+def test_the_epoch_line_shows_the_sweeps_metric_in_its_format():
+    """sweep.metric = the median rank: the line shows MedR with the table's one decimal, not R@10."""
+    m = {"text_to_video_R@10": 18.359375, "text_to_video_MedR": 7.5, "total_loss": 31.953}
+    assert epoch_line(3, 6, m, metric("text_to_video_MedR")) == "epoch 3/6  MedR   7.5  loss 31.95"
 
 
 SCRIPT = textwrap.dedent(r"""
@@ -142,6 +151,24 @@ def test_progress_status_table_and_errors(progress, tmp_path):
     assert errors == [f"trial AV_T-seed1-x_00000 ERROR (not retried): NonFiniteLossError: loss non-finite "
                       f"[{tmp_path / TRIAL_ERRORS_DIR / 'x_00000.txt'}]",
                       "trial AV_T-seed1-x_00000 ERROR: RuntimeError: boom (traceback in /exp/x/error.txt)"]
+
+
+def test_the_status_lines_follow_a_lower_is_better_metric(progress):
+    """sweep.metric = the median rank: the epoch lines and the status table show MedR, each trial's
+    best is its lowest, and the head names the trial with the lowest."""
+    p, console = progress
+    p.cfg = p.cfg.replace({"sweep.metric": "best_text_to_video_MedR"})
+    a, b = _trial("x_00000", "AV_T"), _trial("x_00001", "joint")
+    for t in (a, b):
+        p.on_trial_start(0, [a, b], t)
+    for t, medrs in ((a, (30.0, 12.0, 18.5)), (b, (25.0, 20.0, 21.0))):
+        for epoch, value in enumerate(medrs, start=1):
+            p.on_trial_result(0, [a, b], t, {"epoch": epoch, "text_to_video_R@10": 50.0, "text_to_video_MedR": value})
+    assert [line for line, _ in console.lines][-1] == "joint-seed1-x_00001 epoch 3/4  MedR  21.0"
+    head, columns, *rows = p.status_table([a, b], 60.0)
+    assert head == "status after 1m00s: 2 running; best MedR 12.0 (AV_T-seed1-x_00000)"
+    assert columns.split() == ["trial", "status", "epoch", "MedR", "best", "for"]
+    assert [r.split()[2:5] for r in rows] == [["3", "18.5", "12.0"], ["3", "21.0", "20.0"]]
 
 
 def test_progress_pickles_without_its_console(progress):

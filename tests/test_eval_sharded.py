@@ -18,7 +18,7 @@ import torch
 from bench.gloo import gloo_ranks
 from bench.readers import random_eval_set
 from raymcn.collectives import Collectives
-from raymcn.config import MODALITIES, RETRIEVAL_METRICS, ModelConfig
+from raymcn.config import MODALITIES, ModelConfig, metric_names
 from raymcn.model import MCN
 from raymcn.train.evaluate import embed_eval_set, evaluate
 
@@ -60,7 +60,7 @@ def test_sharded_evaluation_equals_one_process(tmp_path, world):
         alone = _score(Collectives())
     finally:
         torch.set_num_threads(threads)
-    assert set(alone) == {*RETRIEVAL_METRICS, "eval_size"} and alone["eval_size"] == CLIPS + 2
+    assert set(alone) == {*metric_names(), "eval_size"} and alone["eval_size"] == CLIPS + 2
     for metrics in per_rank:  # every rank returns rank 0's scores of the whole set
         assert metrics == pytest.approx(alone, abs=1e-9), (metrics, alone)
 

@@ -70,7 +70,7 @@ def test_every_shipped_file_is_rehearsed():
 def test_a_rehearsal_keeps_what_the_lab_chose(name):
     lab = load_config(REPO / name)
     mini = shrink(lab)
-    for key in ("sweep.algorithm", "sweep.suggest", "sweep.grace_epochs", "sweep.reduction_factor",
+    for key in ("sweep.algorithm", "sweep.suggest", "sweep.metric", "sweep.grace_epochs", "sweep.reduction_factor",
                 "sweep.max_concurrent", "sweep.max_trial_failures", "schedule.stage1_fraction",
                 "schedule.stage_order", "optim.lr", "run.storage_path", "run.name", "run.seed", "scale.max_failures"):
         section, field = key.split(".")
@@ -350,6 +350,42 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
     assert "\nAnswer: " in out
     assert (exp / "best_by_stage_order.png").exists() and (exp / "search_best_by_stage_order.png").exists()
     verdict_ok(exp)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_shipped_sweep_by_the_median_rank_answers_by_the_lowest(tmp_path):
+    """``raymcn sweep --config sweeps/smoke.yaml --rehearse --set sweep.metric=<the median rank>``,
+    confirmed per stage order (the lab's question: the answer line comes from a confirmation, which
+    the smoke file has none of). The epoch lines show the median rank; each trial's best is its
+    lowest, the search's table runs lowest first, the answer names the order of the lowest mean,
+    and the sweep's best run (``--json``) is one with the lowest."""
+    from raymcn.results.experiment import load_experiment
+
+    results, medr = tmp_path / "results", "text_to_video_MedR"
+    status, out, _ = rehearse(["--config", str(REPO / "sweeps/smoke.yaml"), "--rehearse", "--json",
+                               "--set", f"sweep.metric=best_{medr}",
+                               "--set", "sweep.confirm={per: schedule.stage_order, repeats: 2}"], results)
+    assert status == 0, out[-3000:]
+    exp, lines = sweep_folder(results), out.splitlines()
+    epochs = [line for line in lines if EPOCH_LINE.match(line)]
+    assert len(epochs) == 12 and all("  MedR " in line and "R@10" not in line for line in epochs), epochs
+    search, curves = load_experiment(exp)
+    assert search.set_index("trial")[f"best_{medr}"].to_dict() == curves.groupby("trial")[medr].min().to_dict()
+    assert search[f"best_{medr}"].is_monotonic_increasing
+    confirmed, _ = load_experiment(exp / "confirm")
+    assert len(confirmed) == 4 and set(confirmed["status"]) == {"done"}
+    means = confirmed.groupby("schedule.stage_order")[f"best_{medr}"].mean()
+    assert f"best_{medr} by schedule.stage_order, confirmation over seeds 2 and 3: 4 of 4 runs done" in out
+    answer = out[out.index("\nAnswer: ") + 1:].split("\n\n")[0]
+    order = answer.split()[1]
+    assert means[order] == means.min(), (answer, means)
+    assert answer.startswith(f"Answer: {order} learns the best joint space by best_{medr}: {means.min():.1f}, ")
+    best = json.loads(lines[-1])["best_config"]
+    mine = confirmed[(confirmed["schedule.stage_order"] == best["schedule.stage_order"])
+                     & (confirmed["run.seed"] == best["run.seed"])]
+    assert mine[f"best_{medr}"].tolist() == [confirmed[f"best_{medr}"].min()]
 
 
 @pytest.mark.ray

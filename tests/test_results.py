@@ -16,12 +16,13 @@ import pytest
 import yaml
 from tune_dirs import metrics_for
 
-from raymcn.config import PRIMARY_METRIC, RETRIEVAL_METRICS
+from raymcn.config import DEFAULT_OBJECTIVE, metric_names, objective
 from raymcn.results import ExperimentError, format_table, group_table, load_experiment, main_table
 from raymcn.results.plots import write_plots
 
 EPOCHS = 4
 R10 = "text_to_video_R@10"
+TARGET = objective(DEFAULT_OBJECTIVE)  # each trial's best R@10: what these sweep files (no sweep.metric) optimize
 # trial id -> (stage order, lr, R@10 per reported epoch, errored)
 TRIALS = {
     "a0001_00000": ("AV_T", 1e-4, [10.0, 20.0, 30.0, 25.0], False),  # done, best != final
@@ -94,7 +95,7 @@ def test_final_and_best_values(exp_dir):
         if not r10s:
             continue
         final, best_r10 = metrics_for(r10s[-1]), max(r10s)
-        for m in RETRIEVAL_METRICS:
+        for m in metric_names():
             assert t.loc[tid, f"final_{m}"] == pytest.approx(final[m])
         assert t.loc[tid, f"best_{R10}"] == pytest.approx(best_r10)
         assert t.loc[tid, "best_text_to_video_R@1"] == pytest.approx(best_r10 / 10)
@@ -188,7 +189,7 @@ def test_markdown_and_csv(exp_dir):
 
 def test_group_mean_std_match_numpy(exp_dir):
     trials = load_experiment(exp_dir)[0]
-    g = group_table(trials, "schedule.stage_order").set_index("schedule.stage_order")
+    g = group_table(trials, "schedule.stage_order", f"best_{R10}").set_index("schedule.stage_order")
     assert list(g.index) == ["joint", "AV_T", "VT_A"]  # by mean best R@10 of full-budget trials: 33, 30, none
     for order in ("AV_T", "joint", "VT_A"):
         members = [v for v in TRIALS.values() if v[0] == order]
@@ -206,14 +207,14 @@ def test_group_mean_std_match_numpy(exp_dir):
             assert math.isnan(g.loc[order, f"best_{R10}_std"])
     assert "1 errored trial not counted" in g.loc["AV_T", "note"]
     assert g.loc["VT_A", "n_stopped"] == 1 and "1 stopped-early trial" in g.loc["VT_A", "note"]
-    md = format_table(g.reset_index(), "md")
+    md = format_table(g.reset_index(), "md", f"best_{R10}")
     joint = np.array([40.0, 26.0])
     assert f"{joint.mean():.2f} ± {joint.std(ddof=1):.2f}" in md  # "33.00 ± 9.90"
     assert f"best_{R10} |" in md and f"best_{R10}_std" not in md.splitlines()[0]
     csv = pd.read_csv(io.StringIO(format_table(g.reset_index(), "csv")))
     assert {f"best_{R10}_mean", f"best_{R10}_std", "n", "ci95_low", "ci95_high", "p", "p_holm"} <= set(csv.columns)
     with pytest.raises(KeyError, match="loss.margin"):
-        group_table(trials, "loss.margin")
+        group_table(trials, "loss.margin", f"best_{R10}")
 
 
 def _is_png(path) -> bool:
@@ -222,12 +223,12 @@ def _is_png(path) -> bool:
 
 def test_plots(exp_dir):
     trials, curves = load_experiment(exp_dir)
-    paths = write_plots(exp_dir, trials, curves)
+    paths = write_plots(exp_dir, trials, curves, TARGET)
     assert sorted(p.name for p in paths) == ["best_by_stage_order.png", "learning_curves.png", "metric_vs_lr.png"]
     assert all(p.parent == exp_dir and _is_png(p) for p in paths)
     assert not list(exp_dir.glob(".*.tmp"))  # written via a temporary file, renamed over the target
     skipped = []
-    paths = write_plots(exp_dir, trials.drop(columns=["optim.lr"]), curves, on_skip=skipped.append)
+    paths = write_plots(exp_dir, trials.drop(columns=["optim.lr"]), curves, TARGET, on_skip=skipped.append)
     assert len(paths) == 2 and skipped == ["metric_vs_lr.png: optim.lr was not swept"]
 
 
@@ -244,7 +245,7 @@ def test_learning_curves_mark_the_stage_switch(exp_dir):
     from raymcn.results.plots import learning_curves_figure
 
     trials, curves = load_experiment(exp_dir)
-    fig = learning_curves_figure(trials, curves)
+    fig = learning_curves_figure(trials, curves, TARGET)
     panels = {ax.get_title(loc="left").split(":")[0]: ax for ax in fig.axes if ax.get_visible()}
     assert sorted(panels) == ["AV_T", "VT_A", "joint"]
 
@@ -266,7 +267,7 @@ def test_best_by_order_error_bars_are_the_95_ci(tmp_path):
     values = {"joint": [30.0, 34.0, 31.0], "AV_T": [20.0, 25.0, 22.0], "VT_A": [10.0]}
     rows = [{"trial": f"{o}{i}", "status": "done", "schedule.stage_order": o, "run.seed": i, f"best_{R10}": v}
             for o, vs in values.items() for i, v in enumerate(vs)]
-    fig = best_by_order_figure(pd.DataFrame(rows))
+    fig = best_by_order_figure(pd.DataFrame(rows), TARGET)
     ax = fig.axes[0]
     bars = [c for c in ax.containers if c.has_yerr]
     spans = sorted(tuple(seg[:, 1]) for bar in bars for seg in bar.lines[2][0].get_segments())
@@ -300,7 +301,7 @@ def test_main_table(exp_dir, capsys):
     assert main_table([str(exp_dir), "--format", "csv", "--no-plots"]) == 0
     captured = capsys.readouterr()
     back = pd.read_csv(io.StringIO(captured.out))  # stdout is exactly one CSV table
-    assert len(back) == len(TRIALS) and f"best_{PRIMARY_METRIC}" in back
+    assert len(back) == len(TRIALS) and f"best_{R10}" in back
     assert main_table([str(exp_dir), "--format", "csv", "--group-by", "schedule.stage_order", "--no-plots"]) == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out))["n"].sum() == len(TRIALS)
     assert main_table([str(exp_dir), "--group-by", "nope.key", "--no-plots"]) == 2

@@ -155,8 +155,8 @@ def test_pair_on_seed_alone_pairs_groups_with_their_own_configurations():
     rows = [("joint", 1e-3, s, v, "done") for s, v in zip((11, 12, 13, 14), (30.0, 34, 31, 33))]
     rows += [("AV_T", 3e-3, s, v, "done") for s, v in zip((11, 12, 13, 15), (28.0, 31, 29, 40))]
     df = pd.DataFrame(rows, columns=["schedule.stage_order", "optim.lr", "run.seed", R10, "status"])
-    assert group_statistics(df, "schedule.stage_order").loc["AV_T", "test"] == WELCH
-    g = group_statistics(df, "schedule.stage_order", pair_on=["run.seed"])
+    assert group_statistics(df, "schedule.stage_order", R10).loc["AV_T", "test"] == WELCH
+    g = group_statistics(df, "schedule.stage_order", R10, pair_on=["run.seed"])
     assert g.loc["AV_T", "test"] == PAIRED and g.loc["AV_T", "pairs"] == 3  # seeds 11, 12, 13 only
     assert g.loc["AV_T", "vs_best"] == pytest.approx(np.mean([28 - 30, 31 - 34, 29 - 31]))
     assert "2 unpaired trial(s) left out" in g.loc["AV_T", "note"]
@@ -179,7 +179,7 @@ def trials_frame() -> pd.DataFrame:
 def test_group_statistics_rule_and_numbers():
     df = trials_frame()
     assert pairing_keys(df, "schedule.stage_order") == ["optim.lr", "run.seed"]
-    g = group_statistics(df, "schedule.stage_order")
+    g = group_statistics(df, "schedule.stage_order", R10)
     assert list(g.index) == ["joint", "AV_T", "AT_V", "VT_A"]  # best mean first (running VT_A's 40 not counted)
     joint = np.array([30.0, 34, 31, 33])
     half = T975[3] * joint.std(ddof=1) / 2
@@ -193,7 +193,7 @@ def test_group_statistics_rule_and_numbers():
     assert "n = 1: no interval" in g.loc["VT_A", "note"]
     assert g["p_holm"].iloc[1:3].to_numpy() == pytest.approx(holm(g["p"].iloc[1:3].to_numpy()))
     assert math.isnan(g.loc["VT_A", "p_holm"])  # no test, not counted in the Holm family
-    two = group_statistics(df[df["run.seed"] <= 2], "schedule.stage_order")
+    two = group_statistics(df[df["run.seed"] <= 2], "schedule.stage_order", R10)
     assert "n = 2: interval uses t(0.975, 1) = 12.71" in two.loc["joint", "note"]
 
 

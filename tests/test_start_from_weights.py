@@ -17,7 +17,7 @@ from original_ref import SMALL, OriginalReference, original_state_dict, save_ori
 
 import raymcn.cli as cli
 from raymcn.cli import main, preset_path
-from raymcn.config import RUN_CONFIG_FILE, Config, ModelConfig, load_config
+from raymcn.config import RUN_CONFIG_FILE, Config, ModelConfig, load_config, metric_table
 from raymcn.data.evalsets import load_eval_set
 from raymcn.data.synthetic import SynthSettings, write_corpus
 from raymcn.model import MCN
@@ -65,7 +65,8 @@ def test_eval_of_imported_weights_follows_the_msrvtt_protocol(original, imported
                  str(corpus.word_vectors), "--device", "cpu", "--json"]) == 0
     out = capsys.readouterr().out
     got = last_json(out)
-    assert "R@K divides by 1000" in out and got["eval_size"] == 1000 and got["epochs"] == 0
+    over_all = "/".join(m.short for m in metric_table() if m.over_all_queries)  # R@1/R@5/... (config/metrics.py)
+    assert f"{over_all} divide by 1000" in out and got["eval_size"] == 1000 and got["epochs"] == 0
 
     # Independently: the original's forward from the original tensors (with raymcn's ceil pooling
     # steps, its documented deviation), scores t . (v + a), rank = strictly greater scores.
@@ -77,9 +78,10 @@ def test_eval_of_imported_weights_follows_the_msrvtt_protocol(original, imported
     scores = (out["text"] @ (out["video"] + out["audio"]).T).numpy()
     ranks = (scores > np.diag(scores)[:, None]).sum(axis=1)
     assert 50 <= len(ranks) < 60  # the pickle lacks the clips "without audio"
-    for k in (1, 5, 10):
+    for k in (1, 5, 10, 50):
         assert got[f"text_to_video_R@{k}"] == pytest.approx(100.0 * (ranks < k).sum() / 1000)
     assert got["text_to_video_MedR"] == pytest.approx(float(np.median(ranks)) + 1)  # over the present clips
+    assert got["text_to_video_MeanR"] == pytest.approx(float(np.mean(ranks)) + 1)  # over the present clips too
 
 
 # --- the loading every worker does ---------------------------------------------------------------

@@ -61,16 +61,18 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
     # over both attempts, ending with the last epoch's metrics
     from mlflow.tracking import MlflowClient
 
-    from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective
     from raymcn.train.monitor.trackers import safe_name
+
+    DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported
 
     assert not [k for k in _keys(f"{runs}/{run}") if "mlflow" in k]
     folder = default_cache_dir(Config()) / "trackers" / run
     client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     history = client.get_metric_history((folder / "mlflow_run_id.txt").read_text().strip(),
-                                        safe_name(PRIMARY_METRIC))
+                                        safe_name(DEFAULT_METRIC))
     by_epoch = {m.step: m.value for m in history}
-    assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[PRIMARY_METRIC])
+    assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[DEFAULT_METRIC])
 
 
 @pytest.mark.soak  # the sweep's storage path is the run's (the test above); this adds its tables, plots, MLflow
@@ -79,10 +81,12 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     table and plots from a local copy, MLflow's store in the local cache."""
     import mlflow
 
-    from raymcn.config import PRIMARY_METRIC, Config, default_cache_dir
+    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective
     from raymcn.train.monitor.trackers import safe_name
     from raymcn.results.table import load_experiment
     from raymcn.sweep.tuner import mlflow_uri
+
+    DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported
 
     sweeps = f"{bucket}/sweeps"
     assert main(["sweep", "--config", "sweeps/smoke.yaml", "--json", "--set", f"run.storage_path={sweeps}",
@@ -90,7 +94,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     out = last_json(capsys.readouterr().out)
     exp = out["experiment_dir"]
     assert exp.startswith(sweeps + "/")
-    assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint") and PRIMARY_METRIC in out["best_metrics"]
+    assert out["best_config"]["schedule.stage_order"] in ("AV_T", "joint") and DEFAULT_METRIC in out["best_metrics"]
     keys = _keys(exp)
     assert "raymcn_sweep.yaml" in keys and sum(k.endswith("/result.json") for k in keys) == 2, keys
     from raymcn.servers import sweeps as marks
@@ -101,7 +105,7 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     csv = capsys.readouterr().out.strip().splitlines()
     header = csv[0].split(",")
     assert len(csv) == 1 + 2, csv  # one row per trial
-    for col in ("schedule.stage_order", f"final_{PRIMARY_METRIC}", f"best_{PRIMARY_METRIC}", "total_loss",
+    for col in ("schedule.stage_order", f"final_{DEFAULT_METRIC}", f"best_{DEFAULT_METRIC}", "total_loss",
                 "epochs", "status", "wall_s", "time_forward_s"):
         assert col in header, header
     local = default_cache_dir(Config()) / "experiments" / exp.rsplit("/", 1)[1]
@@ -113,12 +117,12 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     assert len(trials) == 2 and set(trials["status"]) == {"done"}
     assert sorted(trials["schedule.stage_order"]) == ["AV_T", "joint"]
     assert (trials["epochs"] == 2).all() and len(curves) == 4
-    best = curves.groupby("trial")[PRIMARY_METRIC].max()
+    best = curves.groupby("trial")[DEFAULT_METRIC].max()
     for _, row in trials.iterrows():
-        assert row[f"best_{PRIMARY_METRIC}"] == pytest.approx(best[row["trial"]])
+        assert row[f"best_{DEFAULT_METRIC}"] == pytest.approx(best[row["trial"]])
     for png in ("learning_curves.png", "best_by_stage_order.png"):  # plots go to the local copy
         assert (local / png).stat().st_size > 5000
 
     mlflow.set_tracking_uri(mlflow_uri(exp))
     runs = mlflow.search_runs(search_all_experiments=True)
-    assert len(runs) == 2 and f"metrics.{PRIMARY_METRIC.replace('@', '_at_')}" in runs.columns
+    assert len(runs) == 2 and f"metrics.{DEFAULT_METRIC.replace('@', '_at_')}" in runs.columns

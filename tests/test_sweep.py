@@ -5,10 +5,11 @@ import math
 import pytest
 
 from raymcn.cli import preset_path
-from raymcn.config import PRIMARY_METRIC, load_config
+from raymcn.config import DEFAULT_OBJECTIVE, load_config, objective
 from raymcn.train.stages import budget_epoch
 
 pytestmark = pytest.mark.ray
+DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported  # what the default sweep reports to Tune
 
 EPOCHS, FRACTION = 6, 0.5  # stage 2 starts at epoch 3 (0-based): the third modality joins there
 
@@ -21,7 +22,7 @@ def fake_trial(config):
     for epoch in range(1, EPOCHS + 1):
         in_stage2 = epoch > math.ceil(FRACTION * EPOCHS)
         r10 = (60.0 + epoch if in_stage2 else 1.0) if staged else 20.0 + epoch
-        tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, math.ceil(FRACTION * EPOCHS)), PRIMARY_METRIC: r10})
+        tune.report({"epoch": epoch, "budget_epoch": budget_epoch(epoch, math.ceil(FRACTION * EPOCHS)), DEFAULT_METRIC: r10})
 
 
 def run_fake_sweep(time_attr, tmp_path, orders):
@@ -39,7 +40,7 @@ def run_fake_sweep(time_attr, tmp_path, orders):
         tune.with_resources(fake_trial, {"cpu": 0.25}),
         param_space={"schedule.stage_order": tune.grid_search(orders)},
         # one trial at a time, in the given order: ASHA's decisions then do not depend on timing
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode="max", scheduler=scheduler, max_concurrent_trials=1),
+        tune_config=tune.TuneConfig(metric=DEFAULT_METRIC, mode="max", scheduler=scheduler, max_concurrent_trials=1),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name=time_attr, verbose=0),
     ).fit()
     return {r.config["schedule.stage_order"]: int(r.metrics["epoch"]) for r in grid}
@@ -88,15 +89,15 @@ def test_bohb_lets_go_of_a_trial_it_completed_before_a_restore(tmp_path, toleran
 
     cls = bohb_searcher_class() if tolerant else TuneBOHB
     space = {"optim.lr": tune.loguniform(1e-4, 1e-2)}
-    before = cls(space=space, metric=PRIMARY_METRIC, mode="max", seed=0)
+    before = cls(space=space, metric=DEFAULT_METRIC, mode="max", seed=0)
     assert before.suggest("t1") is not None
-    result = {PRIMARY_METRIC: 0.5, "hyperband_info": {"budget": 2}}
+    result = {DEFAULT_METRIC: 0.5, "hyperband_info": {"budget": 2}}
     before.on_trial_result("t1", result)
     before.on_pause("t1")
     before.on_trial_complete("t1")  # stopped while paused (its bracket filled without it)
     before.save_to_dir(str(tmp_path), "before")  # Tune's checkpoint: Tune itself still says PAUSED
 
-    after = cls(space=space, metric=PRIMARY_METRIC, mode="max", seed=0)
+    after = cls(space=space, metric=DEFAULT_METRIC, mode="max", seed=0)
     after.restore_from_dir(str(tmp_path))
     after.on_unpause("t1")  # HyperBand runs it again ...
     if not tolerant:

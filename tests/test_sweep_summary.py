@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from raymcn.config import DEFAULT_OBJECTIVE, objective
 from raymcn.results.confirmation import ConfirmSettings, plan_text, select_candidates, trial_configs
 from raymcn.results.experiment import load_experiment
 from raymcn.results.summary import MAX_WIDTH, sweep_summary
@@ -44,7 +45,7 @@ def confirmed(tmp_path):
                         extra=TIMING)
             i += 1
     settings = ConfirmSettings(ORDER, 1, 2)
-    picked = select_candidates(load_experiment(exp)[0], settings, epochs=2)
+    picked = select_candidates(load_experiment(exp)[0], settings, epochs=2, target=objective(DEFAULT_OBJECTIVE))
     write_sweep_yaml(confirm, epochs=2)
     (confirm / "confirm_plan.yaml").write_text(plan_text(settings, picked, [2, 3]))
     values = {"AV_T": [24.0, 25.5], "VT_A": [43.0, 44.1], "AT_V": [8.0, 7.0], "joint": [40.0, 40.5]}

@@ -19,8 +19,9 @@ beside a benchmark's figures); ``--stale`` lists each JSON whose producing code
 (:data:`PRODUCERS`) changed since that commit. The measurements are read, never recomputed here:
 a figure changes when its command is rerun and its JSON replaced, then this script is run. The
 preflight's messages (``preflight.json``) are computed, not measured, so ``tests/test_docs.py``
-recomputes them from today's code. One table is not a measurement: development.md's list of the
-documented commands, from ``tools/doc_commands.py``.
+recomputes them from today's code. Two tables are not measurements: development.md's list of the
+documented commands, from ``tools/doc_commands.py``, and sweeps.md's table of the metrics, from
+``raymcn/config/metrics.py``.
 """
 
 from __future__ import annotations
@@ -527,6 +528,19 @@ def commands() -> str:
             + table(["command", "how", "what changes, or why not run", "tests"], rows, right=4))
 
 
+def metrics() -> str:
+    """sweeps.md's list of the retrieval metrics, from the one table (raymcn/config/metrics.py):
+    what ``sweep.metric`` may name, grouped by which way is better and which queries each is over."""
+    from raymcn.config import metric_table
+
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for m in metric_table():
+        groups.setdefault((m.direction, m.over_all_queries), []).append(f"`{m.name}`")
+    return "\n".join(f"- {'higher' if direction == 'max' else 'lower'} is better, over "
+                     f"{'all' if over_all else 'the present'} queries: {', '.join(names)}"
+                     for (direction, over_all), names in groups.items())
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     **{f"run.{name}": functools.partial(ran, name) for name in SHOWN_RUNS},
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
@@ -536,7 +550,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "gpu.unrun": gpu_unrun, "gpu.unrun-short": functools.partial(gpu_unrun, False),
     "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
-    "commands": commands,
+    "commands": commands, "metrics": metrics,
     "tests.fast": lambda: tier("fast"), "tests.ci": lambda: tier("ci"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
     "tests.slowest": slowest_tests, "tests.machine": lambda: f"{machine('test_durations')} (a fresh clone's `.ci/run`)",
     "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,

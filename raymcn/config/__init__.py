@@ -1,12 +1,13 @@
 """Run and sweep configuration: one frozen dataclass per concern, built from YAML + dotted overrides.
 
-Owns every setting name (``optim.lr``, ``data.batch_size`` ...), the metric names, and the checks
+Owns every setting name (``optim.lr``, ``data.batch_size`` ...), the table of metrics, and the checks
 that must fail *before* Ray starts. Imports nothing from the rest of raymcn.
 
-``names`` (names declared once, where presets and marks are), ``errors`` (what a user is shown),
-``sections`` (the eight sections: each setting, its bounds and meaning), ``checks`` (each
-section's checks), ``loading`` (the whole :class:`Config`, from YAML and overrides, and the
-checks across sections). Everything is imported from here: ``from raymcn.config import Config``.
+``names`` (names declared once, where presets and marks are), ``metrics`` (the retrieval metrics,
+one table), ``errors`` (what a user is shown), ``sections`` (the eight sections: each setting, its
+bounds and meaning), ``checks`` (each section's checks), ``loading`` (the whole :class:`Config`,
+from YAML and overrides, and the checks across sections). Everything is imported from here:
+``from raymcn.config import Config``.
 """
 
 from raymcn.config.checks import CONFIRM_KEYS, field_problems, validate_sweep
@@ -28,6 +29,18 @@ from raymcn.config.loading import (
     parse_override,
     validate,
 )
+from raymcn.config.metrics import (
+    DEFAULT_OBJECTIVE,
+    Metric,
+    Objective,
+    metric,
+    metric_names,
+    metric_of_column,
+    metric_table,
+    objective,
+    objective_choices,
+    retrieval_values,
+)
 from raymcn.config.names import (
     COLLECTIVE_TIMEOUT_FACTOR,
     COLLECTIVE_TIMEOUT_MIN_FACTOR,
@@ -42,10 +55,7 @@ from raymcn.config.names import (
     METRICS_FILE,
     MID_EPOCH_KEY,
     MODALITIES,
-    PRIMARY_METRIC,
-    PRIMARY_MODE,
     PROGRESS_FILE,
-    RETRIEVAL_METRICS,
     RUN_CONFIG_FILE,
     SEARCH_ALGORITHMS,
     SEARCH_DOMAINS,
@@ -75,13 +85,13 @@ from raymcn.config.sections import (
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_FACTOR", "COLLECTIVE_TIMEOUT_MIN_FACTOR", "CONFIRM_DIR", "CONFIRM_KEYS", "CONFIRM_PLAN_FILE",
-    "CONSOLE_LOG_FILE", "DECISIONS_FILE", "DEFAULT_PRESET", "DRAIN_MARKS_DIR", "EVAL_SET_KINDS", "METRICS_FILE",
-    "METRIC_PREFIX", "MID_EPOCH_KEY", "MODALITIES", "PRIMARY_METRIC", "PRIMARY_MODE", "PROGRESS_FILE",
-    "RETRIEVAL_METRICS", "RUN_CONFIG_FILE", "SEARCH_ALGORITHMS", "SEARCH_DOMAINS", "SECTIONS", "STAGE_ORDERS",
-    "SWEEP_CONFIG_FILE", "TRACKERS", "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig",
-    "LossConfig", "ModelConfig", "NodeInputError", "OptimConfig", "PermanentError", "RayUnavailable", "RunSection",
-    "ScaleConfig", "ScheduleConfig", "SweepConfig", "Workers", "all_keys", "default_cache_dir",
-    "default_storage_path", "doctor_hint", "drain_marks_dir", "field_problems", "load_config", "load_config_text",
-    "parse_interval", "parse_override", "permanent_cause", "preset_path", "reason", "setting", "validate",
-    "validate_sweep",
+    "CONSOLE_LOG_FILE", "DECISIONS_FILE", "DEFAULT_OBJECTIVE", "DEFAULT_PRESET", "DRAIN_MARKS_DIR", "EVAL_SET_KINDS",
+    "METRICS_FILE", "METRIC_PREFIX", "MID_EPOCH_KEY", "MODALITIES", "PROGRESS_FILE", "RUN_CONFIG_FILE",
+    "SEARCH_ALGORITHMS", "SEARCH_DOMAINS", "SECTIONS", "STAGE_ORDERS", "SWEEP_CONFIG_FILE", "TRACKERS",
+    "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig", "LossConfig", "Metric",
+    "ModelConfig", "NodeInputError", "Objective", "OptimConfig", "PermanentError", "RayUnavailable", "RunSection",
+    "ScaleConfig", "ScheduleConfig", "SweepConfig", "Workers", "all_keys", "default_cache_dir", "default_storage_path",
+    "doctor_hint", "drain_marks_dir", "field_problems", "load_config", "load_config_text", "metric", "metric_names",
+    "metric_of_column", "metric_table", "objective", "objective_choices", "parse_interval", "parse_override",
+    "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "validate", "validate_sweep",
 ]

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from raymcn.config.names import SEARCH_DOMAINS
-from raymcn.config.sections import SECTIONS, SweepConfig, all_keys, coerce, did_you_mean, field_types
+from raymcn.config.sections import SECTIONS, SweepConfig, all_keys, allowed_values, coerce, did_you_mean, field_types
 
 
 def _num(x: float) -> str:
@@ -19,8 +19,9 @@ def _num(x: float) -> str:
 def _bound_problem(key: str, value: Any, meta: dict[str, Any]) -> str | None:
     """The message for ``value`` against the bounds declared at its field (None when it is in them)."""
     shown = list(value) if isinstance(value, tuple) else value
-    if "choices" in meta and value not in meta["choices"]:
-        return f"{key}={value!r}: allowed values are {', '.join(map(str, meta['choices']))}"
+    choices = allowed_values(meta)
+    if choices is not None and value not in choices:
+        return f"{key}={value!r}: allowed values are {', '.join(map(str, choices))}"
     if "check" in meta and not meta["check"](value):
         return f"{key}={shown}: {meta['why']}"
     if not isinstance(value, (int, float)) or isinstance(value, bool):

@@ -1,5 +1,5 @@
-"""Names declared once: the modalities, stage orders and metrics, the files and folders raymcn
-writes, and where the embedded presets and the drain marks are. Stdlib only."""
+"""Names declared once: the modalities, stage orders and the metrics' prefix, the files and folders
+raymcn writes, and where the embedded presets and the drain marks are. Stdlib only."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from pathlib import Path
 MODALITIES = ("video", "audio", "text")
 STAGE_ORDERS = ("AV_T", "VT_A", "AT_V", "joint")
 SEARCH_ALGORITHMS = ("bohb", "asha", "optuna", "random", "grid")
-METRIC_PREFIX = "text_to_video"
-RETRIEVAL_METRICS = tuple(f"{METRIC_PREFIX}_{m}" for m in ("R@1", "R@5", "R@10", "MedR"))
-PRIMARY_METRIC = f"{METRIC_PREFIX}_R@10"
-PRIMARY_MODE = "max"
+METRIC_PREFIX = "text_to_video"  # the retrieval direction every metric of config/metrics.py measures
 TRACKERS = ("mlflow", "wandb", "tensorboard")  # run.trackers
 SEARCH_DOMAINS = ("loguniform", "uniform", "choice", "randint", "grid")
 EVAL_SET_KINDS = ("synthetic", "youcook", "msrvtt")

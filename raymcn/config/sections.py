@@ -9,25 +9,34 @@ import difflib
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
+from raymcn.config.metrics import DEFAULT_OBJECTIVE, objective_choices
 from raymcn.config.names import COLLECTIVE_TIMEOUT_FACTOR, SEARCH_ALGORITHMS, STAGE_ORDERS, TRACKERS
 
 
 def setting(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None, choices: tuple | None = None, check: Any = None, why: str = "") -> Any:
+            lt: float | None = None, choices: tuple | Callable[[], tuple] | None = None, check: Any = None,
+            why: str = "") -> Any:
     """A config field with its bounds declared where it is defined (read by ``checks.field_problems``).
 
-    ``ge``/``gt``/``le``/``lt`` bound a number, ``choices`` lists the allowed values, ``check`` is a
-    predicate with ``why`` as its message. Adding a setting is one line.
+    ``ge``/``gt``/``le``/``lt`` bound a number, ``choices`` lists the allowed values (or is a
+    function returning them, read at each check: a list kept elsewhere), ``check`` is a predicate
+    with ``why`` as its message. Adding a setting is one line.
     """
     meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, check=check, why=why).items()
             if v not in (None, "")}
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def allowed_values(meta: Any) -> tuple | None:
+    """The ``choices`` a field's :func:`setting` declares, as a tuple (None when it declares none)."""
+    choices = meta.get("choices")
+    return tuple(choices()) if callable(choices) else choices
 
 
 def _five_widths(v: tuple[int, ...]) -> bool:
@@ -219,7 +228,7 @@ class RunSection:
     name: str = ""  # "" = a unique name per fresh run (a reused name silently resumes)
     storage_path: str = ""  # "" = $RAYMCN_RESULTS or ~/raymcn_results; a folder or a bucket URI
     seed: int = 1  # model initialisation, data order (epoch permutation, each rank's share, clips), k-means
-    checkpoints_to_keep: int = setting(2, ge=1)  # the best by R@10 among epoch ends; the latest is always kept too
+    checkpoints_to_keep: int = setting(2, ge=1)  # the best by sweep.metric among epoch ends; the latest is kept too
     # Checkpoints inside an epoch as well as at every epoch end: a step count ("500") or a duration
     # ("30m", "2h", "90s"); "0" = epoch ends only. A HowTo100M epoch lasts hours and the lab's
     # servers rebooted about an hour into runs: a reboot then costs at most this much training.
@@ -266,6 +275,10 @@ class RunSection:
 @dataclass(frozen=True)
 class SweepConfig:
     algorithm: str = setting("random", choices=SEARCH_ALGORITHMS)  # the search (bohb, asha: early stopping by budget)
+    # What the sweep optimizes: a metric of the table in docs/sweeps.md ("Choosing the metric"), as
+    # best_NAME (a trial counts by its best epoch) or NAME (by its last). The table's direction (lower
+    # is better for the ranks) steers the search, early stopping, confirmation, answer and tables.
+    metric: str = setting(DEFAULT_OBJECTIVE, choices=objective_choices)
     suggest: str = setting("random", choices=("random", "optuna"))  # asha only: where new configs come from
     num_samples: int = setting(4, ge=1)  # configurations the search draws (a grid: repeats of the whole grid)
     max_concurrent: int = setting(1, ge=1)  # = total GPUs // GPUs per trial

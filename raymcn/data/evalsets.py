@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymcn.config import NodeInputError, PermanentError
+from raymcn.config import NodeInputError, PermanentError, metric_table
 from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, l2_normalize
 from raymcn.data.formats.files import load_pickle
 from raymcn.data.formats.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
@@ -215,6 +215,13 @@ def _msrvtt_total(present: int, override: int | None) -> tuple[int, str]:
     total = override or (MSRVTT_TEST_QUERIES if present <= MSRVTT_TEST_QUERIES else present)
     if total == present:
         return total, ""
+    # each metric's rule is its row's in the table (config/metrics.py): all the protocol's queries, or the present
+    over_all = "/".join(m.short for m in metric_table() if m.over_all_queries)
+    over_present = "/".join(m.short for m in metric_table() if not m.over_all_queries)
+    rules = []
+    if over_all:
+        rules.append(f"{over_all} divide by {total}, so the {total - present} missing clips count as misses")
+    if over_present:
+        rules.append(f"{over_present} are over the {present} present clips, as in the original protocol")
     return total, (f"MSR-VTT: {present} of {total} test clips are in the pickle (the others have no audio); "
-                   f"R@K divides by {total}, so the {total - present} missing clips count as misses; "
-                   f"MedR is over the {present} present clips, as in the original protocol")
+                   + "; ".join(rules))

@@ -6,14 +6,13 @@ and ``watch`` all depend on it and never on each other in a circle.
 
 from __future__ import annotations
 
-from raymcn.config import PRIMARY_METRIC, SWEEP_CONFIG_FILE  # noqa: F401 - re-exported for the results modules
+from raymcn.config import SWEEP_CONFIG_FILE, metric_of_column  # noqa: F401 - re-exported for the results modules
 
 STAGE_KEY = "schedule.stage_order"
 LR_KEY = "optim.lr"
 EPOCHS_KEY = "schedule.epochs"
 FRACTION_KEY = "schedule.stage1_fraction"
 SEED_KEY = "run.seed"
-PRIMARY_BEST = f"best_{PRIMARY_METRIC}"
 # Derived per trial by table.load_experiment: the epoch at which a staged order adds its third
 # modality. No dot in the name, so it is never taken for a swept key (see is_config_key).
 SWITCH_EPOCH = "switch_epoch"
@@ -21,9 +20,17 @@ SWITCH_EPOCH = "switch_epoch"
 TUNE_TIMES = frozenset({"time_total_s", "time_this_iter_s", "time_since_restore"})
 
 
-def metric_mode(metric: str) -> str:
-    """``"min"`` for MedR (lower is better), ``"max"`` for R@K (also for ``best_``/``final_`` columns)."""
-    return "min" if metric.endswith("MedR") else "max"
+def metric_mode(column: str) -> str:
+    """The direction of the metric a column holds, from the table of metrics: ``"max"`` (higher is
+    better, R@K) or ``"min"`` (the ranks); for its ``best_``/``final_`` columns too.
+
+    Raises:
+        KeyError: the column holds no listed metric.
+    """
+    m = metric_of_column(column)
+    if m is None:
+        raise KeyError(f"'{column}' holds no metric of the table (raymcn/config/metrics.py): no direction to order by")
+    return m.direction
 
 
 def is_config_key(col: str) -> bool:
@@ -44,14 +51,13 @@ def is_result_column(col: str) -> bool:
 
 
 def cell_spec(col: str) -> str:
-    """Format spec by column name: R@K in percent points (2 decimals), MedR 1 decimal, losses 4
-    significant digits, p-values 2 significant digits."""
+    """Format spec by column name: a metric's as its table says (R@K in percent points with 2
+    decimals, ranks with 1), losses 4 significant digits, p-values 2 significant digits."""
     if col in ("p", "p_holm"):
         return ".2g"
-    if "R@" in col:
-        return ".2f"
-    if col.endswith("MedR"):
-        return ".1f"
+    metric = metric_of_column(col)
+    if metric is not None:
+        return metric.spec
     if col.endswith("_loss"):
         return ".4g"
     if col in ("samples_per_s", "wall_s"):

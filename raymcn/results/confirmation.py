@@ -4,9 +4,10 @@ The best trial of a search is an optimistic estimate: it is the maximum of noisy
 sweep sets ``sweep.confirm: {per: KEY, top: 1, repeats: 5}`` and its search has ended:
 
 1. :func:`select_candidates` takes, per value of KEY (e.g. per stage order), its ``top`` best
-   configurations by the mean best primary metric of their trials **at the full budget** (every
-   epoch of ``schedule.epochs``). A group none of whose trials ran the full budget (ASHA or BOHB
-   stopped them all) is judged at the longest budget its trials reached, and the plan says so.
+   configurations by the mean of the sweep's metric (``sweep.metric``, in its direction) over
+   their trials **at the full budget** (every epoch of ``schedule.epochs``). A group none of whose
+   trials ran the full budget (ASHA or BOHB stopped them all) is judged at the longest budget its
+   trials reached, and the plan says so.
 2. :func:`confirmation_seeds`: ``repeats`` seeds that the search never used, the same list for
    every group, so every confirmation comparison is paired on the seed.
 3. Every candidate x seed is one trial of a second Tune experiment, ``EXP/confirm/``, at the full
@@ -29,9 +30,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from raymcn.config import CONFIRM_DIR, CONFIRM_PLAN_FILE, PRIMARY_MODE, Config
-from raymcn.results.columns import PRIMARY_BEST, SEED_KEY, STAGE_KEY, is_config_key
-from raymcn.results.experiment import ExperimentError, load_experiment
+from raymcn.config import CONFIRM_DIR, CONFIRM_PLAN_FILE, SWEEP_CONFIG_FILE, Config, Objective
+from raymcn.results.columns import SEED_KEY, STAGE_KEY, is_config_key
+from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
 
 CANDIDATE = "candidate"  # the confirmation table's group column when top > 1
 DEFAULT_REPEATS = 5
@@ -81,7 +82,7 @@ def confirmation_seeds(cfg: Config, repeats: int) -> list[int]:
 class Candidate:
     """One configuration to confirm: ``label`` names it in the tables (the group value, with
     `` #2`` etc. when top > 1); ``config`` holds its swept keys without the seed; ``score`` is the
-    mean best primary metric of its search trials at the budget ``basis`` names."""
+    mean of the sweep's metric over its search trials at the budget ``basis`` names."""
 
     label: str
     group: Any
@@ -96,11 +97,12 @@ class NothingToConfirm(ValueError):
     """No group of the search has a trial with a value; the message says what the search holds."""
 
 
-def select_candidates(trials: pd.DataFrame, s: ConfirmSettings, epochs: int) -> list[Candidate]:
-    """The ``s.top`` best configurations per value of ``s.per`` (module doc, step 1).
+def select_candidates(trials: pd.DataFrame, s: ConfirmSettings, epochs: int, target: Objective) -> list[Candidate]:
+    """The ``s.top`` best configurations per value of ``s.per`` (module doc, step 1), by the
+    sweep's metric ``target`` in its direction.
 
     ``trials``: the search's table (``results.experiment.load_experiment``): ``status``,
-    ``epochs``, the swept keys and ``PRIMARY_BEST``. A configuration is the tuple of swept keys
+    ``epochs``, the swept keys and ``target.column``. A configuration is the tuple of swept keys
     other than ``run.seed`` (its seed repeats are averaged). Errored trials never count.
 
     Raises:
@@ -109,8 +111,8 @@ def select_candidates(trials: pd.DataFrame, s: ConfirmSettings, epochs: int) -> 
     if s.per not in trials:
         raise NothingToConfirm(f"sweep.confirm.per={s.per!r} is not a column of the search's table")
     keys = [c for c in trials.columns if is_config_key(c) and c != SEED_KEY]
-    usable = trials[(trials["status"] != "error") & trials[PRIMARY_BEST].notna()]
-    sign = 1 if PRIMARY_MODE == "max" else -1
+    column = target.column
+    usable = trials[(trials["status"] != "error") & trials[column].notna()]
     out: list[Candidate] = []
     for group, part in usable.groupby(s.per, sort=False):
         full = part[part["status"] == "done"]
@@ -120,15 +122,15 @@ def select_candidates(trials: pd.DataFrame, s: ConfirmSettings, epochs: int) -> 
             reached = int(part["epochs"].max())
             basis = f"longest budget reached: {reached} of {epochs} epochs (no trial ran the full budget)"
             pool = part[part["epochs"] == reached]
-        scored = pool.groupby(keys, dropna=False, sort=False)[PRIMARY_BEST].agg(["mean", "size"])
-        scored = scored.sort_values("mean", ascending=sign < 0, kind="stable").head(s.top)
+        scored = pool.groupby(keys, dropna=False, sort=False)[column].agg(["mean", "size"])
+        scored = scored.sort_values("mean", ascending=target.mode == "min", kind="stable").head(s.top)
         for rank, (values, row) in enumerate(scored.iterrows(), start=1):
             values = values if isinstance(values, tuple) else (values,)
             config = {k: _plain(v) for k, v in zip(keys, values) if not _missing(v)}
             label = str(group) if s.top == 1 else f"{group} #{rank}"
             out.append(Candidate(label, _plain(group), rank, config, float(row["mean"]), int(row["size"]), basis))
     if not out:
-        raise NothingToConfirm(f"no trial of the search has a {PRIMARY_BEST} value to select by "
+        raise NothingToConfirm(f"no trial of the search has a {column} value to select by "
                                f"({len(trials)} trials, statuses: {trials['status'].value_counts().to_dict()})")
     return sorted(out, key=lambda c: (str(c.group), c.rank))
 
@@ -190,13 +192,15 @@ def _same(a: Any, b: Any) -> bool:
 @dataclass
 class Confirmation:
     """A sweep's confirmation phase as read from disk: its plan and its trials so far (``trials``
-    with the ``candidate`` column of :func:`label_trials`; empty frames before its first trial)."""
+    with the ``candidate`` column of :func:`label_trials`; empty frames before its first trial),
+    and what the sweep optimizes (``objective``, the search's ``sweep.metric``)."""
 
     settings: ConfirmSettings
     candidates: list[Candidate]
     seeds: list[int]
     trials: pd.DataFrame
     curves: pd.DataFrame
+    objective: Objective
 
     @property
     def planned(self) -> int:
@@ -210,9 +214,13 @@ def load_confirmation(experiment_dir: str | Path) -> Confirmation | None:
     if plan is None:
         return None
     s, candidates, seeds = plan
+    where = Path(experiment_dir) / CONFIRM_DIR
+    # its own sweep file names the metric it selected and runs by (the search's, unless `raymcn
+    # sweep --confirm EXP --set sweep.metric=...` chose another); written right after the plan
+    target = sweep_objective(where if (where / SWEEP_CONFIG_FILE).exists() else experiment_dir)
     try:
-        trials, curves = load_experiment(Path(experiment_dir) / CONFIRM_DIR)
+        trials, curves = load_experiment(where)
     except ExperimentError:  # planned, no trial started yet
-        trials = pd.DataFrame(columns=["trial", "status", "epochs", s.per, SEED_KEY, PRIMARY_BEST])
+        trials = pd.DataFrame(columns=["trial", "status", "epochs", s.per, SEED_KEY, target.column])
         curves = pd.DataFrame(columns=["trial", "epoch"])
-    return Confirmation(s, candidates, seeds, label_trials(trials, candidates), curves)
+    return Confirmation(s, candidates, seeds, label_trials(trials, candidates), curves, target)

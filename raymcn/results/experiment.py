@@ -13,8 +13,10 @@ on a copy of the directory, and in the default test tier. Layout read (Ray 2.x f
 
 ``<trial_dir>`` is any name (Tune's default or ``sweep.names.trial_dirname``); the trial id comes
 from the rows, Tune's state, or else the directory name. Column names are the metric and loss
-names of the training loop (``config.RETRIEVAL_METRICS``, ``*_loss``), so the table, the
-``--json`` output and Tune's results agree.
+names of the training loop (the table of metrics, ``config/metrics.py``; ``*_loss``), so the
+table, the ``--json`` output and Tune's results agree. What the sweep optimizes is its
+``sweep.metric`` (:func:`sweep_objective`); a sweep saved before that setting existed optimized
+the default, each trial's best R@10.
 """
 
 from __future__ import annotations
@@ -32,22 +34,22 @@ import yaml
 
 from raymcn.config import (
     METRICS_FILE,
-    PRIMARY_MODE,
-    RETRIEVAL_METRICS,
     TRIAL_ERRORS_DIR,
     TRIAL_STATUS_FILE,
+    Objective,
     ScheduleConfig,
+    SweepConfig,
+    metric_table,
+    objective,
     reason,
 )
 from raymcn.results.columns import (
     EPOCHS_KEY,
     FRACTION_KEY,
-    PRIMARY_BEST,
     STAGE_KEY,
     SWEEP_CONFIG_FILE,
     SWITCH_EPOCH,
     TUNE_TIMES,
-    metric_mode,
 )
 
 # Tune statuses meaning "not finished yet": PENDING also covers trials that were running when the
@@ -127,6 +129,21 @@ def _base_config(exp_dir: Path) -> dict[str, Any] | None:
     except (OSError, yaml.YAMLError):
         return None
     return _flatten(cfg) if isinstance(cfg, dict) else None
+
+
+def sweep_objective(exp_dir: str | Path) -> Objective:
+    """What the sweep in ``exp_dir`` optimizes: the ``sweep.metric`` of its ``raymcn_sweep.yaml``;
+    the setting's default when the file is absent or was saved before the setting existed.
+
+    Raises:
+        ExperimentError: the file names a metric the table does not list (the message lists them).
+    """
+    exp_dir = Path(exp_dir).expanduser()
+    name = (_base_config(exp_dir) or {}).get("sweep.metric", SweepConfig().metric)
+    try:
+        return objective(str(name))
+    except ValueError as e:
+        raise ExperimentError(f"{exp_dir / SWEEP_CONFIG_FILE}: {e}") from None
 
 
 def _int(v: Any) -> int | None:
@@ -221,14 +238,15 @@ def _status(trial_dir: Path, tid: str, epochs: int, target: int | None, running:
 
 
 def _summary(curve: pd.DataFrame) -> dict[str, Any]:
-    """final_/best_ retrieval metrics, final *_loss, step timings and wall time of one curve."""
+    """final_/best_ retrieval metrics (best by each metric's direction), final *_loss, step timings
+    and wall time of one curve."""
     out: dict[str, Any] = {}
     last = curve.iloc[-1] if len(curve) else pd.Series(dtype=object)
-    for m in RETRIEVAL_METRICS:
-        values = pd.to_numeric(curve[m], errors="coerce") if m in curve else pd.Series(dtype=float)
-        out[f"final_{m}"] = _num(last.get(m))
-        best = values.min() if metric_mode(m) == "min" else values.max()
-        out[f"best_{m}"] = float(best) if pd.notna(best) else math.nan
+    for m in metric_table():
+        values = pd.to_numeric(curve[m.name], errors="coerce") if m.name in curve else pd.Series(dtype=float)
+        out[f"final_{m.name}"] = _num(last.get(m.name))
+        best = (values * m.sign).max() * m.sign
+        out[f"best_{m.name}"] = float(best) if pd.notna(best) else math.nan
     # "final" = the last epoch's row for every column, so all final_* values describe one epoch;
     # a loss term absent from that row is NaN rather than a stale value from an earlier stage.
     for k in curve.columns:
@@ -253,11 +271,12 @@ def load_experiment(exp_dir: str | Path | Any,
 
     Returns:
         trials: one row per trial, columns ``trial, status, epochs, <swept dotted keys>,
-            final_<metric>, best_<metric>`` (for each of RETRIEVAL_METRICS; best = max for R@K,
-            min for MedR), ``<name>_loss`` (last epoch's value), step timings ``time_*_s`` and
-            ``samples_per_s`` (the last epoch's per-step means), ``wall_s`` (Tune's time_total_s),
-            ``switch_epoch`` (:func:`switch_epoch` of the trial's order; NaN for joint).
-            Sorted by ``best_<PRIMARY_METRIC>``, best first; trials that never reported come last.
+            final_<metric>, best_<metric>`` (for each metric of the table; best by its direction:
+            the highest R@K, the lowest rank), ``<name>_loss`` (last epoch's value), step timings
+            ``time_*_s`` and ``samples_per_s`` (the last epoch's per-step means), ``wall_s``
+            (Tune's time_total_s), ``switch_epoch`` (:func:`switch_epoch` of the trial's order; NaN
+            for joint). Sorted by the sweep's ``sweep.metric`` (:func:`sweep_objective`), best
+            first; trials that never reported come last.
         curves: one row per (trial, epoch) with every scalar the trial reported.
 
     ``status``: ``error`` (error.txt, or the trial's file in ``TRIAL_ERRORS_DIR``), ``running`` (in ``running_trial_ids`` or unfinished in
@@ -265,10 +284,12 @@ def load_experiment(exp_dir: str | Path | Any,
     (reached schedule.epochs), else ``stopped`` (early-stopped by the scheduler).
 
     Raises:
-        ExperimentError: the directory does not exist or holds no trial directory.
+        ExperimentError: the directory does not exist or holds no trial directory, or its sweep
+            file names a metric the table does not list.
     """
     exp_dir = Path(getattr(exp_dir, "experiment_path", exp_dir)).expanduser()
     dirs = trial_dirs(exp_dir)
+    ranked_by = sweep_objective(exp_dir)
     running = {str(t) for t in (running_trial_ids or ())}
     base = _base_config(exp_dir)
     base_epochs = _int((base or {}).get(EPOCHS_KEY))
@@ -290,7 +311,7 @@ def load_experiment(exp_dir: str | Path | Any,
     if base_epochs is None:  # no sweep YAML: the longest trial defines "done"
         _infer_done(records)
     trials = _order_columns(pd.DataFrame(records), config_keys)
-    return _sort(trials), _curves_frame(curves)
+    return _sort(trials, ranked_by), _curves_frame(curves)
 
 
 def _trial_switch(params: dict[str, Any], base: dict[str, Any] | None) -> float:
@@ -310,16 +331,16 @@ def _infer_done(records: list[dict[str, Any]]) -> None:
 
 
 def _order_columns(df: pd.DataFrame, config_keys: list[str]) -> pd.DataFrame:
-    metrics = [f"{p}_{m}" for m in RETRIEVAL_METRICS for p in ("final", "best")]
+    values = [f"{p}_{m.name}" for m in metric_table() for p in ("final", "best")]
     losses = sorted((c for c in df if c.endswith("_loss")), key=lambda c: (c != "total_loss", c))
     timing = sorted(c for c in df if c.startswith("time_") and c.endswith("_s")) + [
         c for c in ("samples_per_s",) if c in df]
-    cols = ["trial", "status", "epochs", *config_keys, *metrics, *losses, *timing, "wall_s", SWITCH_EPOCH]
+    cols = ["trial", "status", "epochs", *config_keys, *values, *losses, *timing, "wall_s", SWITCH_EPOCH]
     return df.reindex(columns=cols)
 
 
-def _sort(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values([PRIMARY_BEST, "trial"], ascending=[PRIMARY_MODE == "min", True],
+def _sort(df: pd.DataFrame, ranked_by: Objective) -> pd.DataFrame:
+    return df.sort_values([ranked_by.column, "trial"], ascending=[ranked_by.mode == "min", True],
                           na_position="last", kind="stable").reset_index(drop=True)
 
 

@@ -23,8 +23,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from raymcn.config import PRIMARY_METRIC, STAGE_ORDERS
-from raymcn.results.columns import LR_KEY, PRIMARY_BEST, STAGE_KEY, SWITCH_EPOCH
+from raymcn.config import STAGE_ORDERS, Objective
+from raymcn.results.columns import LR_KEY, STAGE_KEY, SWITCH_EPOCH
 from raymcn.results.stats import counted, group_statistics
 
 LEARNING_CURVES = "learning_curves.png"
@@ -88,13 +88,14 @@ def _mark_switch(ax, label: str, switches: pd.Series) -> None:
                     textcoords="offset points", ha="left", va="top", fontsize=8.5, color="0.2")
 
 
-def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, by: str = STAGE_KEY,
+def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, target: Objective, by: str = STAGE_KEY,
                            phase: str = "") -> Figure | str:
-    """Primary metric vs epoch: one panel per stage order (per value of ``by``; shared axes), one
-    line per trial; a staged order's panel shades stage 1 and marks the switch epoch
-    (``switch_epoch`` column). ``phase`` ("confirmation") goes into the title."""
-    if PRIMARY_METRIC not in curves or curves[PRIMARY_METRIC].notna().sum() == 0:
-        return f"no trial reported {PRIMARY_METRIC}"
+    """The sweep's metric (``target``) vs epoch: one panel per stage order (per value of ``by``;
+    shared axes), one line per trial; a staged order's panel shades stage 1 and marks the switch
+    epoch (``switch_epoch`` column). ``phase`` ("confirmation") goes into the title."""
+    metric = target.reported
+    if metric not in curves or curves[metric].notna().sum() == 0:
+        return f"no trial reported {metric}"
     groups = _groups(trials, by)
     ncols = 1 if len(groups) == 1 else 2
     nrows = math.ceil(len(groups) / ncols)
@@ -104,9 +105,9 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, by: str =
     for ax, (label, group) in zip(axes, groups):
         drawn = 0
         for tid in group["trial"]:
-            c = curves[(curves["trial"] == tid) & curves[PRIMARY_METRIC].notna()]
+            c = curves[(curves["trial"] == tid) & curves[metric].notna()]
             if not c.empty:
-                ax.plot(c["epoch"], c[PRIMARY_METRIC], color=_colour(label), alpha=0.75, lw=1.4, marker=".", ms=4)
+                ax.plot(c["epoch"], c[metric], color=_colour(label), alpha=0.75, lw=1.4, marker=".", ms=4)
                 drawn += 1
         ax.set_xlim(0.5, last_epoch + 0.5)
         if SWITCH_EPOCH in group:
@@ -119,39 +120,41 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, by: str =
     for ax in axes[len(groups):]:
         ax.set_visible(False)
     fig.supxlabel("epoch")
-    fig.supylabel(PRIMARY_METRIC)
+    fig.supylabel(metric + " (lower is better)" * (target.mode == "min"))
     staged = SWITCH_EPOCH in trials and trials[SWITCH_EPOCH].notna().any()
     fig.suptitle(f"{phase} learning curves".strip().capitalize()
                  + (" (shaded: stage 1, dashed: stage switch)" if staged else ""))
     return fig
 
 
-def best_by_order_figure(trials: pd.DataFrame, by: str = STAGE_KEY, pair_on: list[str] | None = None,
-                         phase: str = "") -> Figure | str:
-    """Best primary metric per trial (filled dots: finished trials, the ones counted; hollow:
-    running or errored) and per order the mean with its 95 % t-interval (black diamond and error
-    bar; none for n = 1); tick labels give n and the Holm-adjusted p-value of the test against the
-    best order, "(W)" when it is Welch's. The y range follows the dots and the intervals of n >= 3;
-    a wider interval (n = 2: t(0.975, 1) = 12.7) is cut at the edge and its end printed there.
+def best_by_order_figure(trials: pd.DataFrame, target: Objective, by: str = STAGE_KEY,
+                         pair_on: list[str] | None = None, phase: str = "") -> Figure | str:
+    """The sweep's metric per trial (``target.column``; filled dots: finished trials, the ones
+    counted; hollow: running or errored) and per order the mean with its 95 % t-interval (black
+    diamond and error bar; none for n = 1); tick labels give n and the Holm-adjusted p-value of the
+    test against the best order (by the metric's direction), "(W)" when it is Welch's. The y range
+    follows the dots and the intervals of n >= 3; a wider interval (n = 2: t(0.975, 1) = 12.7) is
+    cut at the edge and its end printed there.
     ``by``, ``pair_on``: the groups and the pairing (a confirmation: candidates, paired on the
     seed); ``phase`` goes into the title."""
     if by not in trials:
         return f"{by} was not swept"
-    if trials[PRIMARY_BEST].notna().sum() == 0:
-        return f"no trial reported {PRIMARY_METRIC}"
-    stats = group_statistics(trials, by, PRIMARY_BEST, pair_on=pair_on)
+    column = target.column
+    if trials[column].notna().sum() == 0:
+        return f"no trial reported {target.reported}"
+    stats = group_statistics(trials, by, column, pair_on=pair_on)
     stats.index = stats.index.map(str)
     best = stats.index[0]
     fig = _new_figure(8.0, 5.0)
     ax = fig.add_subplot()
     groups = _groups(trials, by)
     rng = np.random.default_rng(0)  # fixed jitter: the same picture on every refresh
-    ticks, bars, span = [], [], list(trials[PRIMARY_BEST].dropna().to_numpy(float))
+    ticks, bars, span = [], [], list(trials[column].dropna().to_numpy(float))
     for x, (label, group) in enumerate(groups):
         s = stats.loc[label]
         ticks.append(f"{label}\nn={int(s['n'])}" + _p_label(label, best, s))
         is_counted = counted(group).to_numpy()
-        y = group[PRIMARY_BEST].to_numpy(float)
+        y = group[column].to_numpy(float)
         jitter = x - 0.12 + rng.uniform(-0.08, 0.08, y.size)
         ax.scatter(jitter[is_counted], y[is_counted], color=_colour(label), alpha=0.65, s=28, zorder=2)
         ax.scatter(jitter[~is_counted], y[~is_counted], facecolors="none", edgecolors=_colour(label), s=28, zorder=2)
@@ -173,13 +176,13 @@ def best_by_order_figure(trials: pd.DataFrame, by: str = STAGE_KEY, pair_on: lis
     sharing = "seed" if pair_on else "seed and config"
     ax.set_xlabel(f"p: Holm-adjusted, two-sided, against {best} (paired t-test over trials sharing {sharing};"
                   "\n(W): Welch's t-test, no pairs)", fontsize=8.5, color="0.25")
-    ax.set_ylabel(PRIMARY_BEST)
-    ax.set_title(f"{phase}: " * bool(phase) + f"best {PRIMARY_METRIC} per stage order"
+    ax.set_ylabel(column + " (lower is better)" * (target.mode == "min"))
+    ax.set_title(f"{phase}: " * bool(phase) + f"{'best' if target.best else 'final'} {target.reported} per stage order"
                  + (" (each point one seed, full budget)" if phase else ""), fontsize=11)
     ax.grid(axis="y", alpha=0.3)
     handles = [Line2D([], [], ls="", marker="o", color="0.5", alpha=0.65, label="one trial at the full budget"),
                Line2D([], [], ls="-", marker="D", color="black", label="mean and 95% CI (t-interval)")]
-    if not counted(trials[trials[PRIMARY_BEST].notna()]).all():
+    if not counted(trials[trials[column].notna()]).all():
         handles.insert(1, Line2D([], [], ls="", marker="o", markerfacecolor="none", color="0.4",
                                  label="stopped early, running or errored (not counted)"))
     ax.legend(handles=handles, loc="best", fontsize=8.5)
@@ -207,42 +210,45 @@ def _p_label(label: str, best: str, s: pd.Series) -> str:
     return f"\np={s['p_holm']:.2g}" + ("" if s["test"].startswith("paired") else " (W)")
 
 
-def metric_vs_lr_figure(trials: pd.DataFrame) -> Figure | str:
-    """Best primary metric vs learning rate (log x), coloured by stage order."""
+def metric_vs_lr_figure(trials: pd.DataFrame, target: Objective) -> Figure | str:
+    """The sweep's metric per trial (``target.column``) vs learning rate (log x), coloured by stage order."""
     if LR_KEY not in trials:
         return f"{LR_KEY} was not swept"
+    column = target.column
     lr = pd.to_numeric(trials[LR_KEY], errors="coerce")
-    ok = lr.gt(0) & trials[PRIMARY_BEST].notna()
+    ok = lr.gt(0) & trials[column].notna()
     if not ok.any():
-        return f"no trial has both a positive {LR_KEY} and {PRIMARY_METRIC}"
+        return f"no trial has both a positive {LR_KEY} and {target.reported}"
     if lr[ok].nunique() < 2:  # one column of dots says nothing about the learning rate
         return f"{LR_KEY} has a single value"
     fig = _new_figure()
     ax = fig.add_subplot()
     for label, group in _groups(trials[ok]):
-        ax.scatter(pd.to_numeric(group[LR_KEY]), group[PRIMARY_BEST], color=_colour(label), label=label, alpha=0.75)
+        ax.scatter(pd.to_numeric(group[LR_KEY]), group[column], color=_colour(label), label=label, alpha=0.75)
     ax.set_xscale("log")
-    ax.set(xlabel=LR_KEY, ylabel=PRIMARY_BEST, title="best metric vs learning rate")
+    ax.set(xlabel=LR_KEY, ylabel=column + " (lower is better)" * (target.mode == "min"),
+           title=f"{'best' if target.best else 'final'} metric vs learning rate")
     ax.grid(alpha=0.3, which="both")
     ax.legend(title=STAGE_KEY if STAGE_KEY in trials else None)
     return fig
 
 
-def write_plots(exp_dir: str | Path, trials: pd.DataFrame, curves: pd.DataFrame,
+def write_plots(exp_dir: str | Path, trials: pd.DataFrame, curves: pd.DataFrame, target: Objective,
                 on_skip: Callable[[str], None] | None = None, *, prefix: str = "", by: str = STAGE_KEY,
                 pair_on: list[str] | None = None, phase: str = "") -> list[Path]:
     """Write ``learning_curves.png``, ``best_by_stage_order.png`` and ``metric_vs_lr.png`` (each
-    name behind ``prefix``) into ``exp_dir`` and return the paths written. A plot whose column is
+    name behind ``prefix``) of the sweep's metric ``target`` into ``exp_dir`` and return the paths
+    written. A plot whose column is
     absent (e.g. lr not swept) is skipped; ``on_skip`` receives "NAME: reason" (default: printed to
     stderr). Each figure is built by ``<name>_figure``, which returns the reason instead when it
     cannot be drawn. ``by``, ``pair_on``, ``phase``: see :func:`best_by_order_figure`; a
     confirmation (``phase``) has one configuration per group, so no learning-rate plot."""
     exp_dir = Path(exp_dir)
     on_skip = on_skip or (lambda msg: print(f"skipped {msg}", file=sys.stderr))
-    figures = [(LEARNING_CURVES, learning_curves_figure(trials, curves, by, phase)),
-               (BEST_BY_ORDER, best_by_order_figure(trials, by, pair_on, phase))]
+    figures = [(LEARNING_CURVES, learning_curves_figure(trials, curves, target, by, phase)),
+               (BEST_BY_ORDER, best_by_order_figure(trials, target, by, pair_on, phase))]
     if not phase:
-        figures.append((METRIC_VS_LR, metric_vs_lr_figure(trials)))
+        figures.append((METRIC_VS_LR, metric_vs_lr_figure(trials, target)))
     written = []
     for name, outcome in figures:
         if isinstance(outcome, Figure):

@@ -2,7 +2,7 @@
 
 The lab's question is "which stage order learns the best joint space"; a mean over a handful of
 seeds answers it only with its uncertainty. Per group (by default per ``schedule.stage_order``) of
-one per-trial value (by default ``best_text_to_video_R@10``):
+one per-trial value (the sweep's ``sweep.metric``; by default ``best_text_to_video_R@10``):
 
 Only trials at the full budget count (:func:`counted`: status done, i.e. ran every epoch of
 ``schedule.epochs``). A trial the scheduler stopped early was measured at a smaller budget: beside
@@ -13,7 +13,8 @@ are provisional or cut short.
 * **Interval**: Student t-interval of the mean, ``mean ± t(0.975, n−1) · s / √n`` (``s`` with
   ddof=1). Seeds are few and their spread unknown, so the t (not the normal) quantile. n = 1 has
   no spread and gets no interval; n = 2 gets the honest, wide one (t(0.975, 1) = 12.71).
-* **Test against the best group** (highest mean, lowest for MedR), two-sided:
+* **Test against the best group** (the best mean in the metric's direction, from the table of
+  metrics: the highest R@K, the lowest rank), two-sided:
   paired t-test (``scipy.stats.ttest_rel``) on *pairs*, else Welch's t-test
   (``scipy.stats.ttest_ind(equal_var=False)``) on all trials of the two groups.
 * **Pairing rule**: two trials pair when they differ only in the grouping key, i.e. they share
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from raymcn.results.columns import PRIMARY_BEST, is_config_key, metric_mode
+from raymcn.results.columns import is_config_key, metric_mode
 
 CONFIDENCE = 0.95
 ALPHA, POWER = 0.05, 0.8  # of the detectable difference
@@ -197,8 +198,8 @@ def pairing_keys(trials: pd.DataFrame, by: str) -> list[str]:
     return [c for c in trials.columns if is_config_key(c) and c != by]
 
 
-def group_statistics(trials: pd.DataFrame, by: str, metric: str = PRIMARY_BEST,
-                     order: list | None = None, pair_on: list[str] | None = None) -> pd.DataFrame:
+def group_statistics(trials: pd.DataFrame, by: str, metric: str, order: list | None = None,
+                     pair_on: list[str] | None = None) -> pd.DataFrame:
     """Per value of ``by``, statistics of ``metric`` over the :func:`counted` trials that have a value.
 
     ``pair_on``: the keys two trials must share to pair (default :func:`pairing_keys`: every other

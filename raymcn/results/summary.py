@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from raymcn.results.columns import PRIMARY_BEST, SEED_KEY, cell_spec
+from raymcn.results.columns import SEED_KEY, cell_spec
 from raymcn.results.confirmation import load_confirmation
-from raymcn.results.experiment import ExperimentError, load_experiment
+from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
 from raymcn.results.render import format_cell, render_table
 from raymcn.results.table import (
     _ci,
@@ -46,10 +46,11 @@ def phase_line(what: str, trials: pd.DataFrame, where: str | Path) -> str:
     return f"{what}: {len(trials)} trials ({errored} errored) in {where}"
 
 
-def answer_table(grouped: pd.DataFrame, by: str, confirmation: bool, metric: str = PRIMARY_BEST) -> str:
-    """The group statistics a reader judges the answer by, as a Markdown table of at most
-    :data:`MAX_WIDTH` characters (the widest group label permitting): n, mean, 95 % interval, the
-    difference to the best group, its test and pairs, Holm's p and the detectable difference."""
+def answer_table(grouped: pd.DataFrame, by: str, confirmation: bool, metric: str) -> str:
+    """The group statistics of ``metric`` (the sweep's) a reader judges the answer by, as a
+    Markdown table of at most :data:`MAX_WIDTH` characters (the widest group label permitting):
+    n, mean, 95 % interval, the difference to the best group, its test and pairs, Holm's p and
+    the detectable difference."""
     spec, best = cell_spec(metric), grouped[by].iloc[0]
     tested = grouped["test"] != ""
     counts = {"seeds": grouped["n_finished"]} if confirmation else {
@@ -84,6 +85,7 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
     exp_dir = Path(exp_dir).expanduser()
     try:
         trials, curves = load_experiment(exp_dir)
+        target = sweep_objective(exp_dir)
     except ExperimentError as e:
         return f"no results yet: {e}\n"
     conf = load_confirmation(exp_dir)
@@ -96,32 +98,34 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         s = conf.settings
         grouped = confirmation_grouped(conf)
         done = int((conf.trials["status"] == "done").sum())
-        lines += [f"{PRIMARY_BEST} by {s.group_column}, confirmation over {seed_list(conf.seeds)}: "
+        metric = conf.objective.column
+        lines += [f"{metric} by {s.group_column}, confirmation over {seed_list(conf.seeds)}: "
                   f"{done} of {conf.planned} runs done", "",
-                  answer_table(grouped, s.group_column, confirmation=True).rstrip("\n"), "",
-                  answer_line(grouped, s.group_column, done, conf.planned).rstrip("\n")]
+                  answer_table(grouped, s.group_column, True, metric).rstrip("\n"), "",
+                  answer_line(grouped, s.group_column, done, conf.planned, metric).rstrip("\n")]
     elif by is not None:
-        grouped = group_table(trials, by)
-        if f"{PRIMARY_BEST}_mean" in grouped and not grouped[f"{PRIMARY_BEST}_mean"].isna().all():
-            lines += [f"{PRIMARY_BEST} by {by}, search:", "",
-                      answer_table(grouped, by, confirmation=False).rstrip("\n")]
+        metric = target.column
+        grouped = group_table(trials, by, metric)
+        if f"{metric}_mean" in grouped and not grouped[f"{metric}_mean"].isna().all():
+            lines += [f"{metric} by {by}, search:", "", answer_table(grouped, by, False, metric).rstrip("\n")]
     else:
-        view = without_timing(compact(trials))
-        if PRIMARY_BEST in view:
-            view = view.sort_values(PRIMARY_BEST, ascending=False, na_position="last")
+        view = without_timing(compact(trials, target))
+        if target.column in view:
+            view = view.sort_values(target.column, ascending=target.mode == "min", na_position="last")
         from raymcn.results.table import format_table
 
-        lines += [f"the best trials by {PRIMARY_BEST}:", "", format_table(view.head(10), "md").rstrip("\n")]
+        lines += [f"the best trials by {target.column}:", "", format_table(view.head(10), "md").rstrip("\n")]
     written = []
     if plots:
         from raymcn.results.plots import write_plots  # matplotlib only when plots are written
 
         skipped = lambda msg: print(f"skipped {msg}", file=sys.stderr)  # noqa: E731
-        written = write_plots(exp_dir, trials, curves, on_skip=skipped, prefix="search_" if conf is not None else "")
+        written = write_plots(exp_dir, trials, curves, target, on_skip=skipped,
+                              prefix="search_" if conf is not None else "")
         if conf is not None and len(conf.trials):
-            written += write_plots(exp_dir, conf.trials, conf.curves, on_skip=skipped, by=conf.settings.group_column,
-                                   pair_on=[SEED_KEY], phase="confirmation")
-    tables = write_tables(exp_dir / TABLES_DIR, trials, by, conf)
+            written += write_plots(exp_dir, conf.trials, conf.curves, conf.objective, on_skip=skipped,
+                                   by=conf.settings.group_column, pair_on=[SEED_KEY], phase="confirmation")
+    tables = write_tables(exp_dir / TABLES_DIR, trials, by, conf, target)
     lines.append("")
     if written:
         lines += _wrapped(f"plots in {exp_dir}: " + ", ".join(p.name for p in written))

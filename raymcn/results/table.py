@@ -17,9 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from raymcn.config import RETRIEVAL_METRICS
+from raymcn.config import Objective, metric_table
 from raymcn.results.columns import (
-    PRIMARY_BEST,
     SEED_KEY,
     STAGE_KEY,
     SWITCH_EPOCH,
@@ -30,7 +29,7 @@ from raymcn.results.columns import (
     metric_mode,
 )
 from raymcn.results.confirmation import CANDIDATE, Confirmation, load_confirmation
-from raymcn.results.experiment import ExperimentError, load_experiment
+from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
 from raymcn.results.render import format_cell, render_table
 from raymcn.results.stats import counted, group_statistics, pairing_keys
 
@@ -43,8 +42,7 @@ class GroupKeyError(KeyError):
 
 
 # --- public: grouping ----------------------------------------------------------------------------
-def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BEST,
-                pair_on: list[str] | None = None) -> pd.DataFrame:
+def group_table(df: pd.DataFrame, by: str, metric: str, pair_on: list[str] | None = None) -> pd.DataFrame:
     """Per value of ``by``, over the group's trials *at the full budget* (status done, when the
     table has a status; stopped, running and errored trials are counted but their values left out:
     a stopped trial ran fewer epochs, a running one's values are provisional, an errored one's were
@@ -56,7 +54,8 @@ def group_table(df: pd.DataFrame, by: str = STAGE_KEY, metric: str = PRIMARY_BES
     ``test``, ``pairs``, ``t``, ``dof``, ``p``, ``p_holm``, ``mde``, ``note``; the note also counts
     the trials left out), then mean and sample std (``ddof=1``; NaN for a group of one) of every
     result column as ``<col>_mean``, ``<col>_std``. Trials without a value are left out of that
-    column's mean/std. Groups are sorted by the mean of ``metric``, best first. ``pair_on``: as in
+    column's mean/std. ``metric``: a column of a listed metric (the sweep's, ``Objective.column``);
+    groups are sorted by its mean, best first by its direction. ``pair_on``: as in
     :func:`stats.group_statistics`.
 
     Raises:
@@ -118,12 +117,17 @@ def means_only(grouped: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- public: formatting --------------------------------------------------------------------------
-def format_table(df: pd.DataFrame, fmt: str = "md") -> str:
+def format_table(df: pd.DataFrame, fmt: str = "md", metric: str | None = None) -> str:
     """``md``: a Markdown pipe table (via ``render.render_table``), numbers right-aligned and
-    rounded per column kind (R@K 2 decimals, MedR 1, losses 4 significant digits), missing values
-    as ``-``, ``X_mean``/``X_std`` pairs as one column ``X`` "12.34 ± 1.20", ``ci95_low``/
-    ``ci95_high`` as one column ``95% CI (t)`` "[10.1, 14.6]". ``csv``: every column at full
-    precision (pairs stay separate)."""
+    rounded per column kind (:func:`~raymcn.results.columns.cell_spec`: a metric as its table
+    says, losses 4 significant digits), missing values as ``-``, ``X_mean``/``X_std`` pairs as one
+    column ``X`` "12.34 ± 1.20", ``ci95_low``/``ci95_high`` (a :func:`group_table`'s interval of
+    ``metric``, in its format) as one column ``95% CI (t)`` "[10.1, 14.6]". ``csv``: every column
+    at full precision (pairs stay separate).
+
+    Raises:
+        ValueError: the table has an interval and ``metric`` is not given.
+    """
     if fmt != "md":
         return render_table(df, fmt)
     display: dict[str, Any] = {}
@@ -136,7 +140,9 @@ def format_table(df: pd.DataFrame, fmt: str = "md") -> str:
             display[base] = [_pm(base, m, s) for m, s in zip(df[col], df[f"{base}_std"])]
             merged.append(base)
         elif col == "ci95_low" and "ci95_high" in df:
-            display["95% CI (t)"] = [_ci(lo, hi, cell_spec(PRIMARY_BEST)) for lo, hi in zip(df[col], df["ci95_high"])]
+            if metric is None:
+                raise ValueError("format_table: the table has a 95% interval; name the metric it is of")
+            display["95% CI (t)"] = [_ci(lo, hi, cell_spec(metric)) for lo, hi in zip(df[col], df["ci95_high"])]
             merged.append("95% CI (t)")
         else:
             display[col] = df[col].reset_index(drop=True)
@@ -154,7 +160,7 @@ def _ci(low: Any, high: Any, spec: str) -> str:
     return f"[{format_cell(low, spec)}, {format_cell(high, spec)}]"
 
 
-def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metric: str = PRIMARY_BEST,
+def format_statistics(grouped: pd.DataFrame, by: str, pair_keys: list[str], metric: str,
                       heading: str | None = None, confirmation: bool = False) -> str:
     """The answer to "which group is best", as Markdown: per group the trials (searched, stopped
     early, at the full budget; a ``confirmation`` shows its seeds instead), mean, 95 % t-interval,
@@ -225,12 +231,13 @@ def without_timing(df: pd.DataFrame) -> pd.DataFrame:
     return df[[c for c in df.columns if not is_timing_column(c.removesuffix("_mean").removesuffix("_std"))]]
 
 
-def compact(trials: pd.DataFrame) -> pd.DataFrame:
-    """The columns a live view has room for: trial, status, epochs, swept keys, final and best
-    primary metric, best MedR, total_loss, samples/s."""
+def compact(trials: pd.DataFrame, target: Objective) -> pd.DataFrame:
+    """The columns a live view has room for: trial, status, epochs, swept keys, the final and best
+    value of the sweep's metric (``target``), the best of each metric the table marks ``compact``
+    (the median rank), total_loss, samples/s."""
+    shown = [target.metric, *(m for m in metric_table() if m.compact and m != target.metric)]
     keep = ["trial", "status", "epochs", *[c for c in trials.columns if is_config_key(c)],
-            PRIMARY_BEST.replace("best_", "final_", 1), PRIMARY_BEST, "best_" + RETRIEVAL_METRICS[-1],
-            "total_loss", "samples_per_s"]
+            f"final_{target.metric.name}", *(f"best_{m.name}" for m in shown), "total_loss", "samples_per_s"]
     return trials[[c for c in keep if c in trials.columns]]
 
 
@@ -239,22 +246,22 @@ def group_key(trials: pd.DataFrame, requested: str | None) -> str | None:
     return requested or (STAGE_KEY if STAGE_KEY in trials else None)
 
 
-def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief: bool = False,
+def report(trials: pd.DataFrame, by: str | None, target: Objective, *, timing: bool = False, brief: bool = False,
            heading: str | None = None) -> str:
     """The Markdown report of ``raymcn table`` (and, ``brief``, of ``raymcn watch``): the per-trial
-    table, then for ``by`` the statistics table (its first line ``heading``, when given) and
-    (unless ``brief``) mean ± std of every result column per group. ``brief`` shows the
-    :func:`compact` columns.
+    table, then for ``by`` the statistics table of the sweep's metric (``target``; its first line
+    ``heading``, when given) and (unless ``brief``) mean ± std of every result column per group.
+    ``brief`` shows the :func:`compact` columns.
 
     Raises:
         GroupKeyError: ``by`` is not a column.
     """
-    grouped = group_table(trials, by) if by else None
+    grouped = group_table(trials, by, target.column) if by else None
     shown = (lambda df: df) if timing else without_timing
-    view = compact(trials) if brief else shown(trials.drop(columns=[SWITCH_EPOCH], errors="ignore"))
+    view = compact(trials, target) if brief else shown(trials.drop(columns=[SWITCH_EPOCH], errors="ignore"))
     parts = [format_table(view, "md")]
     if grouped is not None:
-        parts.append(format_statistics(grouped, by, pairing_keys(trials, by), heading=heading))
+        parts.append(format_statistics(grouped, by, pairing_keys(trials, by), target.column, heading=heading))
         if not brief:
             parts.append(f"mean ± std (ddof=1) over the full-budget trials, grouped by {by}:\n\n"
                          + format_table(shown(means_only(grouped)), "md"))
@@ -265,7 +272,7 @@ def report(trials: pd.DataFrame, by: str | None, *, timing: bool = False, brief:
 def confirmation_grouped(conf: Confirmation) -> pd.DataFrame:
     """The confirmation's group table: per candidate (per value of ``per`` when top is 1), paired
     on the seed alone."""
-    return group_table(conf.trials, conf.settings.group_column, pair_on=[SEED_KEY])
+    return group_table(conf.trials, conf.settings.group_column, conf.objective.column, pair_on=[SEED_KEY])
 
 
 def search_heading(trials: pd.DataFrame, by: str | None, conf: Confirmation | None) -> str | None:
@@ -273,13 +280,14 @@ def search_heading(trials: pd.DataFrame, by: str | None, conf: Confirmation | No
     if conf is None:
         return None
     return (f"Search ({len(trials)} trials; its best per {conf.settings.per} is confirmed below), "
-            f"{PRIMARY_BEST} by {by}:")
+            f"{conf.objective.column} by {by}:")
 
 
 def confirmation_report(conf: Confirmation) -> str:
     """What was confirmed and why (the selection), the confirmation runs, their statistics and the
     answer line."""
-    s, spec = conf.settings, cell_spec(PRIMARY_BEST)
+    s, target = conf.settings, conf.objective
+    spec = cell_spec(target.column)
     keys = sorted({k for c in conf.candidates for k in c.config if k != s.per})
     selection = pd.DataFrame({
         s.group_column: [c.label for c in conf.candidates],
@@ -292,23 +300,24 @@ def confirmation_report(conf: Confirmation) -> str:
              f"over seeds {', '.join(map(str, conf.seeds))} (fresh, the same for every group) at the full budget; "
              f"{done} of {conf.planned} runs done.\n", render_table(selection, "md", right=("search mean",))]
     if len(conf.trials):
-        view = compact(conf.trials)
+        view = compact(conf.trials, target)
         if s.top > 1:
             view.insert(2, CANDIDATE, conf.trials[CANDIDATE])
         parts.append(format_table(view, "md"))
         grouped = confirmation_grouped(conf)
         by = s.group_column
-        parts.append(format_statistics(grouped, by, [SEED_KEY], heading=f"{PRIMARY_BEST} by {by}, confirmation:",
-                                       confirmation=True))
-        parts.append(answer_line(grouped, by, done, conf.planned))
+        parts.append(format_statistics(grouped, by, [SEED_KEY], target.column,
+                                       heading=f"{target.column} by {by}, confirmation:", confirmation=True))
+        parts.append(answer_line(grouped, by, done, conf.planned, target.column))
     return "\n".join(parts)
 
 
-def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric: str = PRIMARY_BEST,
+def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric: str,
                 alpha: float = 0.05) -> str:
-    """The research question's answer in one paragraph, from the confirmation's group table:
-    the best group with its mean, interval and seeds; the groups it beats (Holm-adjusted p below
-    ``alpha``); the ones it cannot be told from, with the difference this many seeds could detect."""
+    """The research question's answer in one paragraph, from the confirmation's group table of
+    ``metric`` (the sweep's, best group first by its direction): the best group with its mean,
+    interval and seeds; the groups it beats (Holm-adjusted p below ``alpha``); the ones it cannot
+    be told from, with the difference this many seeds could detect."""
     g = grouped[grouped["n_finished"] > 0]
     if g.empty:
         return "Answer: none yet (no confirmation run has finished).\n"
@@ -335,15 +344,16 @@ def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric:
     return "\n".join(textwrap.wrap(text + ".", 100)) + "\n"
 
 
-def write_tables(out: str | Path, trials: pd.DataFrame, by: str | None, conf: Confirmation | None) -> list[Path]:
+def write_tables(out: str | Path, trials: pd.DataFrame, by: str | None, conf: Confirmation | None,
+                 target: Objective) -> list[Path]:
     """Every table of a sweep as CSV files in the folder ``out`` (full precision, every column):
-    the search's trials and (grouped ``by``) groups, the confirmation's trials and groups. Returns
-    the paths written."""
+    the search's trials and (grouped ``by``, statistics of ``target``) groups, the confirmation's
+    trials and groups. Returns the paths written."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     tables = {"search_trials.csv": trials}
     if by is not None:
-        tables["search_groups.csv"] = group_table(trials, by)
+        tables["search_groups.csv"] = group_table(trials, by, target.column)
     if conf is not None and len(conf.trials):
         tables["confirmation_trials.csv"] = conf.trials
         tables["confirmation_groups.csv"] = confirmation_grouped(conf)
@@ -360,6 +370,7 @@ def run_table(args: argparse.Namespace) -> int:
     the plain names (the search's get ``search_`` in front)."""
     try:
         trials, curves = load_experiment(args.experiment_dir)
+        target = sweep_objective(args.experiment_dir)
     except ExperimentError as e:
         print(f"raymcn table: {e}", file=sys.stderr)
         return 2
@@ -367,16 +378,17 @@ def run_table(args: argparse.Namespace) -> int:
     by = group_key(trials, args.group_by) if args.format == "md" else args.group_by
     try:
         if args.format == "csv" and getattr(args, "out", None):
-            for path in write_tables(args.out, trials, by or group_key(trials, None), conf):
+            for path in write_tables(args.out, trials, by or group_key(trials, None), conf, target):
                 print(f"table: {path}", file=sys.stderr)
         elif args.format == "csv" and conf is not None and not args.group_by:
             # the confirmation's group table is the answer: that is what a pipe gets
             print(format_table(confirmation_grouped(conf), "csv"), end="")
         elif args.format == "csv":
             # csv goes to a file or a pipe: exactly one table on stdout, notes on stderr
-            print(format_table(group_table(trials, by) if by else trials, "csv"), end="")
+            print(format_table(group_table(trials, by, target.column) if by else trials, "csv"), end="")
         else:
-            print(report(trials, by, timing=getattr(args, "timing", False), heading=search_heading(trials, by, conf)))
+            print(report(trials, by, target, timing=getattr(args, "timing", False),
+                         heading=search_heading(trials, by, conf)))
             if conf is not None:
                 print(confirmation_report(conf))
     except GroupKeyError as e:
@@ -388,10 +400,11 @@ def run_table(args: argparse.Namespace) -> int:
 
         skipped = lambda msg: print(f"skipped {msg}", file=notes)  # noqa: E731
         where = Path(args.experiment_dir).expanduser()
-        written = write_plots(where, trials, curves, on_skip=skipped, prefix="search_" if conf is not None else "")
+        written = write_plots(where, trials, curves, target, on_skip=skipped,
+                              prefix="search_" if conf is not None else "")
         if conf is not None and len(conf.trials):
-            written += write_plots(where, conf.trials, conf.curves, on_skip=skipped, by=conf.settings.group_column,
-                                   pair_on=[SEED_KEY], phase="confirmation")
+            written += write_plots(where, conf.trials, conf.curves, conf.objective, on_skip=skipped,
+                                   by=conf.settings.group_column, pair_on=[SEED_KEY], phase="confirmation")
         for path in written:
             print(f"plot: {path}", file=notes)
     return 0

@@ -21,7 +21,7 @@ from typing import Callable, TextIO
 from raymcn.config import CONFIRM_DIR, PROGRESS_FILE
 from raymcn.results.columns import SEED_KEY, SWEEP_CONFIG_FILE
 from raymcn.results.confirmation import load_confirmation
-from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment
+from raymcn.results.experiment import STATUSES, ExperimentError, load_experiment, sweep_objective
 from raymcn.results.table import GroupKeyError, confirmation_report, group_key, report, search_heading
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + erase screen: each refresh replaces the last on a terminal
@@ -72,6 +72,10 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
     """
     head = f"raymcn watch {exp_dir}  ({now})"
     try:
+        target = sweep_objective(exp_dir)
+    except ExperimentError as e:  # its sweep file names a metric the table does not list
+        return f"{head}\n{e}\n", last
+    try:
         sig = signature(exp_dir)
         trials, curves = load_experiment(exp_dir)
     except ExperimentError:
@@ -81,7 +85,7 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
     counts = trials["status"].value_counts()
     conf = load_confirmation(exp_dir)
     lines = [head, f"{len(trials)} trials: " + ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES), "",
-             report(trials, group_key(trials, by), brief=True,
+             report(trials, group_key(trials, by), target, brief=True,
                     heading=search_heading(trials, group_key(trials, by), conf))]
     if conf is not None:
         lines += [confirmation_report(conf)]
@@ -93,10 +97,10 @@ def refresh(exp_dir: Path, by: str | None, plots: bool, last: Signature | None,
             from raymcn.results.plots import write_plots  # matplotlib only when plots are wanted
 
             skipped: list[str] = []
-            written = write_plots(exp_dir, trials, curves, on_skip=skipped.append,
+            written = write_plots(exp_dir, trials, curves, target, on_skip=skipped.append,
                                   prefix="search_" if conf is not None else "")
             if conf is not None and len(conf.trials):
-                written += write_plots(exp_dir, conf.trials, conf.curves, on_skip=skipped.append,
+                written += write_plots(exp_dir, conf.trials, conf.curves, conf.objective, on_skip=skipped.append,
                                        by=conf.settings.group_column, pair_on=[SEED_KEY], phase="confirmation")
             lines.append(f"plots rewritten at {now}: " + ", ".join(p.name for p in written) + f" in {exp_dir}")
             lines += [f"skipped {s}" for s in skipped]

@@ -21,10 +21,10 @@ Changed (and nothing else):
     configuration and confirmation seeds to 2;
   * devices: CPU workers (``scale.use_gpu: false``), one worker per trial, each reserving an equal
     share of half the given CPUs so that ``sweep.max_concurrent`` trials fit.
-Kept: the search algorithm and its suggestions, the scheduler's ``grace_epochs`` and
-``reduction_factor``, ``stage1_fraction``, the stage order(s), every swept key with its domain,
-learning rates, the confirmation's ``per`` and ``top``, ``max_concurrent``, failures allowed, the
-storage path and run name.
+Kept: the search algorithm and its suggestions, the metric it optimizes (``sweep.metric``), the
+scheduler's ``grace_epochs`` and ``reduction_factor``, ``stage1_fraction``, the stage order(s),
+every swept key with its domain, learning rates, the confirmation's ``per`` and ``top``,
+``max_concurrent``, failures allowed, the storage path and run name.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The sweep's lines for a person: a Tune callback on the driver (see ``train/monitor/console.py``).
 
-Per trial one start line with its swept keys; per trial-epoch one line (epoch, R@10, loss,
-samples/s) made from the result Tune received, i.e. rank 0's report, printed once per (trial,
-epoch) even when a restored trial reports an epoch again; an error line when a trial fails, with
-where its error is written; and at most every ``sweep.status_every`` seconds a status table (a
-few columns, a row per running trial and per trial finished since the last table, printed only
-when something changed). Tune's own reporter and everything Ray prints go to the
-console log instead.
+Per trial one start line with its swept keys; per trial-epoch one line (epoch, the value of
+``sweep.metric``'s metric, loss, samples/s) made from the result Tune received, i.e. rank 0's
+report, printed once per (trial, epoch) even when a restored trial reports an epoch again; an
+error line when a trial fails, with where its error is written; and at most every
+``sweep.status_every`` seconds a status table (a few columns, a row per running trial and per
+trial finished since the last table, printed only when something changed). Tune's own reporter
+and everything Ray prints go to the console log instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from ray import tune
 
 from raymcn import storage
-from raymcn.config import PRIMARY_METRIC, TRIAL_ERRORS_DIR, Config
+from raymcn.config import TRIAL_ERRORS_DIR, Config, Metric, objective
 from raymcn.sweep.names import trial_dirname
 from raymcn.sweep.search_space import plain
 from raymcn.train.monitor.console import Console, epoch_line
@@ -55,6 +55,11 @@ class SweepProgress(tune.Callback):
         self._columns_shown = False  # the column names head the first table only: no line twice
         self._t0 = self._last_status = time.monotonic()
 
+    @property
+    def metric(self) -> Metric:
+        """What the lines show (``sweep.metric``'s metric), in its direction and format."""
+        return objective(self.cfg.sweep.metric).metric
+
     # --- per trial ----------------------------------------------------------------------------------
     def _name(self, trial) -> str:
         return trial_dirname(plain(trial.config), trial.trial_id)
@@ -74,14 +79,19 @@ class SweepProgress(tune.Callback):
         if "epoch" not in result:
             return
         epoch = int(result["epoch"])
-        self._last[trial.trial_id] = {"epoch": epoch, PRIMARY_METRIC: result.get(PRIMARY_METRIC),
-                                      "best": max(result.get(PRIMARY_METRIC, float("-inf")),
-                                                  self._last.get(trial.trial_id, {}).get("best", float("-inf")))}
+        value, before = result.get(self.metric.name), self._last.get(trial.trial_id, {}).get("best")
+        self._last[trial.trial_id] = {"epoch": epoch, "value": value, "best": self._better(value, before)}
         if (trial.trial_id, epoch) in self._epochs_shown:  # a restored trial reports its last epoch again
             return
         self._epochs_shown.add((trial.trial_id, epoch))
-        self._say(epoch_line(epoch, int(self._setting(trial, "schedule.epochs")), result, name=self._name(trial),
-                             workers=_fixed_workers(self._setting(trial, "scale.num_workers"))))
+        self._say(epoch_line(epoch, int(self._setting(trial, "schedule.epochs")), result, self.metric,
+                             name=self._name(trial), workers=_fixed_workers(self._setting(trial, "scale.num_workers"))))
+
+    def _better(self, a: float | None, b: float | None) -> float | None:
+        """The better of two values of the metric by its direction (None: no value)."""
+        if a is None or b is None:
+            return b if a is None else a
+        return a if self.metric.sign * a >= self.metric.sign * b else b
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
         # trial_fn ends a trial hit by a permanent error normally (no retry): say so here.
@@ -109,11 +119,12 @@ class SweepProgress(tune.Callback):
 
     def status_table(self, trials: list, elapsed: float) -> list[str]:
         """The status since the last table, or nothing when nothing changed: a header with the
-        elapsed time, the counts per status and the best R@10 so far; then a row (trial, status,
-        epoch, R@10, best R@10, time since it started) for every running or paused trial and for
-        every trial that finished since the last table, under the column names in the first table
-        only. A finished trial is listed once and pending ones are only counted, so no line repeats
-        itself from table to table."""
+        elapsed time, the counts per status and the best value of the metric so far (R@10 by
+        default; the lowest for a rank); then a row (trial, status, epoch, its value, its best,
+        time since it started) for every running or paused trial and for every trial that
+        finished since the last table, under the column names in the first table only. A finished
+        trial is listed once and pending ones are only counted, so no line repeats itself from
+        table to table."""
         now = time.monotonic()
         state = tuple((t.trial_id, t.status, self._last.get(t.trial_id, {}).get("epoch", 0)) for t in trials)
         if state == self._shown_state:
@@ -122,10 +133,12 @@ class SweepProgress(tune.Callback):
         counts: dict[str, int] = {}
         for t in trials:
             counts[_short(t.status)] = counts.get(_short(t.status), 0) + 1
-        best = max(((v["best"], tid) for tid, v in self._last.items() if v["best"] != float("-inf")), default=None)
+        m = self.metric
+        best = max(((v["best"], tid) for tid, v in self._last.items() if v["best"] is not None),
+                   key=lambda pair: m.sign * pair[0], default=None)
         names = {t.trial_id: self._name(t) for t in trials}
         head = (f"status after {_clock(elapsed)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
-                + (f"; best R@10 {best[0]:.2f} ({names.get(best[1], best[1])})" if best else ""))
+                + (f"; best {m.short} {best[0]:{m.spec}} ({names.get(best[1], best[1])})" if best else ""))
         rows = []
         for t in trials:
             if t.trial_id not in self._started or t.trial_id in self._finished_shown:
@@ -133,13 +146,13 @@ class SweepProgress(tune.Callback):
             if t.status in ("TERMINATED", "ERROR"):
                 self._finished_shown.add(t.trial_id)
             last = self._last.get(t.trial_id, {})
-            r10, top = last.get(PRIMARY_METRIC), last.get("best", float("-inf"))
+            value, top = last.get("value"), last.get("best")
             rows.append((names[t.trial_id], _short(t.status), str(last.get("epoch", 0)),
-                         "-" if r10 is None else f"{r10:.2f}", "-" if top == float("-inf") else f"{top:.2f}",
+                         "-" if value is None else f"{value:{m.spec}}", "-" if top is None else f"{top:{m.spec}}",
                          _clock(now - self._start_time.get(t.trial_id, now))))
         if not rows:
             return [head]
-        header = ("trial", "status", "epoch", "R@10", "best", "for")
+        header = ("trial", "status", "epoch", m.short, "best", "for")
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         fmt = "  " + "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
         columns = [] if self._columns_shown else [fmt.format(*header)]

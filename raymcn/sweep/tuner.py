@@ -28,16 +28,16 @@ from raymcn.config import (
     CONFIRM_PLAN_FILE,
     DECISIONS_FILE,
     MID_EPOCH_KEY,
-    PRIMARY_METRIC,
-    PRIMARY_MODE,
     SWEEP_CONFIG_FILE,
     TRIAL_ERRORS_DIR,
     TRIAL_STATUS_FILE,
     Config,
     ConfigError,
+    Objective,
     default_storage_path,
     doctor_hint,
     load_config_text,
+    objective,
     permanent_cause,
 )
 from raymcn.environment import Environment
@@ -386,7 +386,7 @@ def swept_input_problems(cfg: Config) -> list[str]:
 def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console | None = None,
               inputs: RunInputs | None = None, callbacks: tuple = ()) -> SweepResult:
     """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
-    and return the best trial (by the primary metric). ``console``: where the per-trial lines go
+    and return the best trial (by ``sweep.metric``). ``console``: where the per-trial lines go
     (:class:`~raymcn.sweep.trial_lines.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
     them (its preflight did), else resolved here, once for every trial; ``callbacks``: Tune
     callbacks besides the console's and the trackers'."""
@@ -403,10 +403,11 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
 
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
     limit = None if isinstance(search_alg, BasicVariantGenerator) else cfg.sweep.max_concurrent
+    target = objective(cfg.sweep.metric)
     tuner = tune.Tuner(
         _trainable(cfg, experiment_dir, inputs),
         param_space=search_space(cfg),
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=num_samples(cfg),
+        tune_config=tune.TuneConfig(metric=target.reported, mode=target.mode, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
                                     search_alg=search_alg, scheduler=scheduler,
                                     trial_dirname_creator=trial_dirname_creator,
@@ -415,7 +416,7 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
                                   callbacks=_callbacks(cfg, experiment_dir, console) + list(callbacks),
                                   failure_config=_failure_config(cfg)),
     )
-    return _summarise(tuner.fit(), experiment_dir)
+    return _summarise(tuner.fit(), experiment_dir, target)
 
 
 def sweep_config(experiment_dir: str, option: str) -> Config:
@@ -453,7 +454,7 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
         run_config = tuner._local_tuner.get_run_config()
         run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
-    return _summarise(tuner.fit(), experiment_dir)
+    return _summarise(tuner.fit(), experiment_dir, objective(cfg.sweep.metric))
 
 
 def confirm_dir(experiment_dir: str) -> str:
@@ -491,14 +492,15 @@ def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, A
     inputs = inputs or resolve_inputs(cfg)
     storage.write_text(storage.join(where, CONFIRM_PLAN_FILE), plan)
     storage.write_text(storage.join(where, SWEEP_CONFIG_FILE), base.dump_text())
+    target = objective(base.sweep.metric)
     tuner = tune.Tuner(
         _trainable(base, where, inputs),
-        tune_config=tune.TuneConfig(metric=PRIMARY_METRIC, mode=PRIMARY_MODE, num_samples=len(configs),
+        tune_config=tune.TuneConfig(metric=target.reported, mode=target.mode, num_samples=len(configs),
                                     max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
                                     trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
         run_config=tune.RunConfig(name=CONFIRM_DIR, storage_path=experiment_dir,
                                   callbacks=_callbacks(base, where, console), failure_config=_failure_config(cfg)))
-    return _summarise(tuner.fit(), where)
+    return _summarise(tuner.fit(), where, target)
 
 
 def trial_errors(experiment_dir: str) -> dict[str, str]:
@@ -507,19 +509,20 @@ def trial_errors(experiment_dir: str) -> dict[str, str]:
     return {Path(name).stem: storage.read_text(storage.join(where, name)).strip() for name in storage.files(where)}
 
 
-def _summarise(grid, experiment_dir: str) -> SweepResult:
+def _summarise(grid, experiment_dir: str, target: Objective) -> SweepResult:
+    """The sweep's result; its best trial by ``target`` (the sweep's :class:`~raymcn.config.Objective`)."""
     failed = trial_errors(experiment_dir)
-    ok = [r for r in grid if r.error is None and r.metrics and PRIMARY_METRIC in r.metrics
+    name, sign = target.reported, target.metric.sign
+    ok = [r for r in grid if r.error is None and r.metrics and name in r.metrics
           and r.metrics.get("trial_id") not in failed]
-    sign = 1 if PRIMARY_MODE == "max" else -1
 
-    def best_ever(r) -> float:  # the trial's best epoch, as Tune's scope="all"
+    def score(r) -> float:  # the trial's best epoch (Tune's scope="all") or its last (scope="last")
         history = r.metrics_dataframe  # a restored trial that reported nothing since holds none
-        if history is None or PRIMARY_METRIC not in history:
-            return r.metrics[PRIMARY_METRIC]
-        return sign * (history[PRIMARY_METRIC] * sign).max()
+        if target.scope == "last" or history is None or name not in history:
+            return r.metrics[name]
+        return sign * (history[name] * sign).max()
 
-    best = max(ok, key=lambda r: sign * best_ever(r)) if ok else None
+    best = max(ok, key=lambda r: sign * score(r)) if ok else None
     best_metrics = {k: v for k, v in (best.metrics or {}).items() if isinstance(v, (int, float))} if best else {}
     # ResultGrid exposes no trial status; an early-stopped trial is TERMINATED, an interrupted one is not.
     trials = grid._experiment_analysis.trials

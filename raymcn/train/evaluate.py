@@ -13,12 +13,11 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from raymcn.collectives import Collectives
-from raymcn.config import METRIC_PREFIX, RETRIEVAL_METRICS, Config, ConfigError
+from raymcn.config import Config, ConfigError, metric_names, retrieval_values
 from raymcn.data.evalsets import EvalSetError
 from raymcn.model import MCN
 from raymcn.train import optim
@@ -40,7 +39,8 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
 
     Args:
         eval_set: object with arrays or tensors ``video`` (N,4096), ``audio`` (N,40,T),
-            ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (R@K denominator).
+            ``nframes`` (N,), ``text`` (N,W,300) and ``num_queries_total`` (the protocol's query
+            count).
         chunk: clips embedded at a time.
         comm: this rank's collectives (default: one process).
     """
@@ -48,7 +48,7 @@ def evaluate(model: nn.Module, eval_set, device: torch.device, chunk: int = 256,
     everyone = embed_eval_set(model, eval_set, device, chunk, comm)
     n = everyone.shape[0]
     total = float(getattr(eval_set, "num_queries_total", None) or n)
-    keys = [*RETRIEVAL_METRICS, "eval_size"]
+    keys = [*metric_names(), "eval_size"]
     values = torch.zeros(len(keys), dtype=torch.float64, device=device)
     if comm.rank == 0:
         metrics = retrieval_metrics(ranks_of_matches(everyone[:, 0], everyone[:, 1]), int(total))
@@ -115,21 +115,17 @@ def ranks_of_matches(queries: torch.Tensor, gallery: torch.Tensor, chunk: int = 
     return out
 
 
-def retrieval_metrics(ranks: torch.Tensor, num_queries_total: int | None = None,
-                      prefix: str = METRIC_PREFIX) -> dict[str, float]:
-    """R@1/5/10 (percent) and MedR from 0-based ranks.
+def retrieval_metrics(ranks: torch.Tensor, num_queries_total: int | None = None) -> dict[str, float]:
+    """Every metric of the table (``config/metrics.py``) from 0-based ranks, by reported name.
 
     Args:
         ranks: (N,) 0-based ranks of the queries that are present.
-        num_queries_total: denominator for R@K. MSR-VTT's protocol fixes it at 1000 although only
-            968 clips have audio, so the missing ones count as misses; MedR stays over the present
-            queries, as in the original.
+        num_queries_total: the protocol's query count (default N). MSR-VTT's protocol fixes it at
+            1000 although only 968 clips have audio; each metric of the table says whether it is
+            over all of them (the missing ones count as misses) or over the present ones.
     """
     r = ranks.cpu().numpy()
-    total = num_queries_total or len(r)
-    out = {f"{prefix}_R@{k}": 100.0 * float((r < k).sum()) / total for k in (1, 5, 10)}
-    out[f"{prefix}_MedR"] = float(np.median(r)) + 1.0
-    return out
+    return retrieval_values(r, num_queries_total or len(r))
 
 
 # --- `raymcn eval`: a checkpoint's retrieval ------------------------------------------------------------

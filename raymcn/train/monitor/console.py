@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from raymcn.config import PRIMARY_METRIC, RETRIEVAL_METRICS, reason
+from raymcn.config import Metric, metric_names, reason
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
@@ -45,17 +45,19 @@ def tagged(line: str) -> str:
     return f"{TAG}{line}"
 
 
-def epoch_line(epoch: int, epochs: int, metrics: Mapping[str, Any], name: str = "", workers: int = 0) -> str:
+def epoch_line(epoch: int, epochs: int, metrics: Mapping[str, Any], shown: Metric, name: str = "",
+               workers: int = 0) -> str:
     """The one line per (trial-)epoch: ``[name ]epoch 3/6  R@10 18.36  loss 31.95  412 samples/s``.
 
+    ``shown``: the retrieval metric the line shows (``sweep.metric``'s), in its table format.
     ``samples/s`` is the run's throughput in clips per second: the per-worker mean the loop
     reports (``samples_per_s``) times the epoch's world size (the ``workers`` metric, which an
     elastic group may change; else the ``workers`` argument), else per worker.
     Missing metrics are left out, never shown as 0."""
     workers = int(metrics.get("workers") or workers)
     parts = [f"{name} " if name else "", f"epoch {epoch}/{epochs}"]
-    if PRIMARY_METRIC in metrics:
-        parts.append(f"  R@10 {float(metrics[PRIMARY_METRIC]):5.2f}")
+    if shown.name in metrics:
+        parts.append(f"  {shown.short} {format(float(metrics[shown.name]), '5' + shown.spec)}")
     if "total_loss" in metrics:
         parts.append(f"  loss {float(metrics['total_loss']):.4g}")
     if "samples_per_s" in metrics:
@@ -211,7 +213,7 @@ class _TerminalErrors(logging.Handler):
 def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:
     """The ``--json`` object of ``train`` and ``eval``: retrieval metrics, each ``*_loss``, epochs,
     global_step, eval_size."""
-    out = {k: metrics[k] for k in RETRIEVAL_METRICS if k in metrics}
+    out = {k: metrics[k] for k in metric_names() if k in metrics}
     out.update({k: v for k, v in sorted(metrics.items()) if k.endswith("_loss")})
     out["epochs"] = int(metrics.get("epoch", 0))
     out["global_step"] = int(metrics.get("global_step", 0))

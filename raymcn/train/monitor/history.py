@@ -1,10 +1,10 @@
 """A run's per-epoch metrics as a CSV beside its checkpoints (``metrics.csv``), for pandas and spreadsheets.
 
 Rank 0 rewrites the file after every epoch's report (a few hundred bytes an epoch; a bucket has
-no append), one row per epoch with every metric the epoch reported: the loss terms, R@1/5/10,
-MedR, the timing phases, samples/s, the data counters. An epoch replayed after a restart
-replaces its own row, so the file holds each epoch once, as the uninterrupted run would, and a
-row whose write failed is written with the next epoch's (:class:`EpochTable`). No Ray.
+no append), one row per epoch with every metric the epoch reported: the loss terms, the
+retrieval metrics, the timing phases, samples/s, the data counters. An epoch replayed after a
+restart replaces its own row, so the file holds each epoch once, as the uninterrupted run would,
+and a row whose write failed is written with the next epoch's (:class:`EpochTable`). No Ray.
 """
 
 from __future__ import annotations

@@ -24,13 +24,12 @@ from ray.train.v2.api.callback import UserCallback
 
 from raymcn import storage
 from raymcn.config import (
-    PRIMARY_METRIC,
-    PRIMARY_MODE,
     RUN_CONFIG_FILE,
     Config,
     ConfigError,
     default_storage_path,
     load_config_text,
+    objective,
     permanent_cause,
 )
 from raymcn.environment import Environment
@@ -142,6 +141,7 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
     watchdog.clear(run_dir)  # a stall of an earlier invocation does not make this one's first stall permanent
     # (a run without workers feeds its trackers from its in-process rank: worker.Reports)
     tracking = [TrackersOnController(cfg, run_dir, plan.epochs)] if cfg.run.trackers and plan.max_workers else []
+    ranked = objective(cfg.sweep.metric)
     return TorchTrainer(
         train_func_per_worker,
         train_loop_config={"config": cfg, "plan": plan, "run_dir": run_dir, "label": label},
@@ -158,12 +158,12 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
             # Ray names a run by (storage path, name): the run dir's parent and its last component.
             name=storage.basename(run_dir),
             storage_path=storage.parent(run_dir),
-            # Ray keeps the latest checkpoint and the best run.checkpoints_to_keep by R@10: the
-            # epoch ends compete; a mid-epoch checkpoint reports the worst score, so it stays on
-            # disk only while it is the latest (what a resume needs).
+            # Ray keeps the latest checkpoint and the best run.checkpoints_to_keep by sweep.metric's
+            # metric: the epoch ends compete; a mid-epoch checkpoint reports the worst score, so it
+            # stays on disk only while it is the latest (what a resume needs).
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.checkpoints_to_keep,
-                                                         checkpoint_score_attribute=PRIMARY_METRIC,
-                                                         checkpoint_score_order=PRIMARY_MODE),
+                                                         checkpoint_score_attribute=ranked.reported,
+                                                         checkpoint_score_order=ranked.mode),
             failure_config=preemption.failure_config(cfg),  # a drained node's restart counted apart
             callbacks=[*(callbacks or []), *tracking, FailFastOnPermanentErrors(run_dir)],  # last: its raise ends the hook
             worker_runtime_env={"env_vars": worker_env(env)},

@@ -24,7 +24,7 @@ import ray.train.torch
 import torch
 
 from raymcn.collectives import Collectives
-from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, PRIMARY_METRIC, Config, ConfigError, reason
+from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, Config, ConfigError, objective, reason
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.batch import Batch
 from raymcn.data.formats.words import load_vocab
@@ -50,7 +50,6 @@ from raymcn.train.run_plan import RunPlan
 # How long a rank waits for Ray Train to register a drain's checkpoint: past any deadline `raymcn
 # drain` gives (by then Ray Train restarts the group anyway); it takes the upload and a poll
 DRAIN_REGISTER_TIMEOUT_S = 600.0
-MID_EPOCH_SCORE = -1.0  # the primary metric a mid-epoch checkpoint reports
 
 
 def train_func_per_worker(loop_config: dict[str, Any]) -> dict[str, float]:
@@ -258,11 +257,11 @@ class Reports:
     def save(self, run: Run, metrics: dict[str, float] | None) -> None:
         """The run's checkpoint with the epoch's ``metrics`` (None: inside an epoch) reported to Ray."""
         if metrics is None:
+            # worse than any real score of the metric Ray's retention ranks by (launch.py): it
+            # keeps a mid-epoch checkpoint only while it is the latest
+            ranked = objective(run.cfg.sweep.metric).metric
             metrics = {MID_EPOCH_KEY: 1.0, "epoch": float(run.state.epoch), "global_step": float(run.state.step),
-                       # below any real score (R@10 >= 0): Ray's retention keeps it only while it is
-                       # the latest. Finite: Ray's run snapshot stores the metrics as JSON, where -inf
-                       # becomes null and breaks its sort.
-                       PRIMARY_METRIC: MID_EPOCH_SCORE}
+                       ranked.name: ranked.worst}
         ck = None
         if self.rank == 0:  # one writer; the payload is identical on every rank
             # Not a context manager: the upload runs in Ray's background thread (ASYNC), which
@@ -317,7 +316,8 @@ class Reports:
                              f"epoch's write): {e}")
         if self.tracked is not None:
             self.tracked.report(metrics)
-        self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, workers=run.comm.world))
+        self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, objective(run.cfg.sweep.metric).metric,
+                                workers=run.comm.world))
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
 
