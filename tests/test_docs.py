@@ -316,23 +316,63 @@ def _measurements() -> list[Path]:
     return sorted((ROOT / "docs" / "measurements").glob("*.json"))
 
 
+# What bench.harness (and tools.test_durations) write about where figures come from: a run stamps what it
+# knows, and says so when its checkout had uncommitted changes. Anything else about a run's provenance
+# (a machine, commit or command filled in afterwards, a note explaining them) was written by hand.
+HARNESS_NOTES = {"commit_note": {"measured with uncommitted changes to tracked files", "not run from a git checkout",
+                                 "git is not installed"}}
+
+
+def _hand_written(figures: dict, where: str = "") -> list[str]:
+    """The keys of ``figures`` (nested too) that only a person writes: notes about a run's machine,
+    commit or command, or a stamp note other than the harness's own."""
+    out = []
+    for key, value in figures.items():
+        if isinstance(value, dict):
+            out += _hand_written(value, f"{where}{key}.")
+        elif key in ("machine_note", "command_note", "note") or \
+                (key in HARNESS_NOTES and value not in HARNESS_NOTES[key]) or "not recorded by the run" in str(value):
+            out.append(f"{where}{key}")
+    return out
+
+
+def test_a_note_written_by_hand_is_found():
+    assert _hand_written({"commit_note": "measured with uncommitted changes to tracked files", "x": {"y": 1}}) == []
+    assert _hand_written({"machine": "a", "machine_note": "corrected", "sweep": {"command_note": "from notes"},
+                          "commit_note": "the commit that added this file"}) == \
+        ["machine_note", "sweep.command_note", "commit_note"]
+
+
 @pytest.mark.parametrize("path", _measurements(), ids=lambda p: p.name)
-def test_every_measurement_names_its_machine_its_commit_and_its_command(path):
-    """A figure is only as good as the machine and the code it was measured with: every JSON the pages
-    are written from names both (a commit of this repository) and the command that wrote it, and a
-    benchmark's command parses with that benchmark's parser."""
+def test_every_measurement_says_where_it_comes_from_and_nothing_is_filled_in_by_hand(path):
+    """A figure is only as good as the machine and the code it was measured with. A JSON carries what
+    its run recorded (bench.harness stamps machine, commit and command) and nothing added by hand; the
+    commit that wrote its figures comes from git (docgen.written_at), so every page can name the code
+    the figures describe; a recorded commit is one of this repository; the command shown for it, the
+    recorded one or the one that writes it again (docgen.RERUN), parses with its benchmark's parser."""
     import importlib
     import subprocess
 
+    from tools import docgen
+
     figures = json.loads(path.read_text())
-    assert all(figures.get(k) for k in ("machine", "commit", "command")), \
-        f"{path.name}: name the machine, the commit and the command (bench.harness stamps what a benchmark writes)"
-    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{figures['commit']}^{{commit}}"],
-                           capture_output=True, check=False).returncode == 0
-    assert known, f"{path.name}: commit {figures['commit']!r} is not a commit of this repository"
-    words = shlex.split(figures["command"])
+    assert not _hand_written(figures), f"{path.name}: provenance written by hand: {_hand_written(figures)}"
+    assert docgen.written_at(path.stem), f"{path.name}: its figures are not committed (git knows no commit that wrote them)"
+    if docgen.recorded_commit(path.stem):
+        known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{figures['commit']}^{{commit}}"],
+                               capture_output=True, check=False).returncode == 0
+        assert known, f"{path.name}: commit {figures['commit']!r} is not a commit of this repository"
+    words = shlex.split(docgen.rerun(path.stem))
     if words[:2] == ["python", "-m"] and words[2].startswith("bench."):
         importlib.import_module(words[2]).build_parser().parse_args(words[3:])  # exits on an unknown flag
+
+
+def test_the_commit_that_wrote_a_measurement_ignores_a_later_edit_of_its_stamp():
+    """loader.json's figures were written at 19d8398; later commits changed only what was written
+    around them (its provenance, added and then removed)."""
+    from tools import docgen
+
+    assert docgen.written_at("loader") == "19d8398"
 
 
 def test_every_measurement_has_the_code_that_writes_it_listed():

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,20 +75,82 @@ def ci(lo: float, hi: float, fmt: str = ".1f") -> str:
 
 
 # --- where and how each measurement was made --------------------------------------------------------------
+# What bench.harness (and tools.test_durations) stamp on the figures they write. JSONs written before the
+# harness stamped carry only what their run recorded; nothing is filled in by hand (tests/test_docs.py).
+STAMP = ("machine", "commit", "commit_note", "command")
+NOT_RECORDED = "machine not recorded"
+
+
 def machine(name: str) -> str:
     """NAME.json's machine, short: ``AMD EPYC, 2 cores, torch 2.13.0+cpu`` (the host's name and the
-    thread count left out); for a GPU's figures the GPU, torch and CUDA."""
+    thread count left out); for a GPU's figures the GPU, torch and CUDA; :data:`NOT_RECORDED` for a
+    run that recorded none."""
     f = m(name)
     if f.get("gpus"):
         return f"{f['gpus'][0]}, torch {f['torch']}, CUDA {f['cuda']}"
+    if not f.get("machine"):
+        return NOT_RECORDED
     line = re.sub(r", [^,]+(?=, torch )", "", f["machine"])  # the host's name
     return re.sub(r"\(R\)| Processor| with \d+ threads?", "", line)
 
 
+# Notes about a run's provenance that older versions of some JSONs carried, added by hand (no run writes them).
+_HAND_NOTES = ("machine_note", "commit_note", "command_note", "note", "preflight_note")
+
+
+def _figures(recorded: dict, top: bool = True) -> dict:
+    """A JSON's figures: all of it but the stamp and any note about where it came from."""
+    return {k: _figures(v, False) if isinstance(v, dict) else v for k, v in recorded.items()
+            if not (top and k in STAMP) and k not in _HAND_NOTES}
+
+
+@functools.cache
+def written_at(name: str) -> str | None:
+    """The commit that wrote NAME.json's figures as they are today, from git: the oldest commit of the
+    newest run of the file's versions that hold every figure of today's (the stamp aside; a later
+    version may have dropped some). The code measured is that commit's or older. None while the
+    figures are not committed yet."""
+    path = f"docs/measurements/{name}.json"
+    today, found = _figures(m(name)), None
+    for commit in _git("log", "--format=%h", "--", path).stdout.split():
+        then = _git("show", f"{commit}:{path}")
+        held = _figures(json.loads(then.stdout)) if then.returncode == 0 else {}
+        if any(held.get(key, held) != value for key, value in today.items()):
+            break
+        found = commit
+    return found
+
+
+def recorded_commit(name: str) -> str | None:
+    """The commit NAME.json's run recorded (bench.harness stamps it), or None."""
+    commit = m(name).get("commit")
+    return commit if commit and commit != "unknown" else None
+
+
+def measured_at(name: str) -> str | None:
+    """The commit whose code NAME.json's figures describe: the one its run recorded, else the one that
+    wrote the JSON (:func:`written_at`: that commit's code or older)."""
+    return recorded_commit(name) or written_at(name)
+
+
+def rerun(name: str) -> str:
+    """The command that writes NAME.json again today: the one its run recorded, else :data:`RERUN`'s
+    (filled in from the settings the JSON records)."""
+    return m(name).get("command") or RERUN[name].format(**m(name))
+
+
 def ran(name: str) -> str:
-    """The command that wrote NAME.json, then where: ``python -m bench.kmeans --json`` (AMD EPYC, 2
-    cores, torch 2.13.0+cpu; commit f6a06d7)."""
-    return f"`{m(name)['command']}` ({machine(name)}; commit {m(name)['commit']})"
+    """Where NAME.json's figures come from, as a page shows it beside them: ``python -m bench.kmeans
+    --json`` (AMD EPYC, 2 cores, torch 2.13.0+cpu; commit f6a06d7); for a run that recorded less,
+    what it did not record, and the commit that wrote its JSON."""
+    recorded, commit = m(name).get("command"), recorded_commit(name)
+    if recorded and commit:
+        note = f"; {m(name)['commit_note']}" if m(name).get("commit_note") else ""
+        return f"`{recorded}` ({machine(name)}; commit {commit}{note})"
+    unknown = [w for w, known in (("command", recorded), ("machine", machine(name) != NOT_RECORDED)) if not known]
+    where = [machine(name)] if machine(name) != NOT_RECORDED else []
+    where += [f"{' and '.join(unknown)} not recorded"] if unknown else []
+    return f"`{rerun(name)}` ({'; '.join([*where, f'written at {written_at(name)}'])})"
 
 
 # The measurements whose command and machine a page shows (``run.NAME``).
@@ -99,7 +162,8 @@ SHOWN_RUNS = ("chaos", "test_durations", "drain_check", "eval_sharding", "grad_c
 # --- the first GPU: bench.gpu_smoke and the runs of gpu_runs.json ------------------------------------------
 def gpu_where() -> str:
     g = m("gpu_runs")
-    return f"one {g['gpus'][0]} (torch {g['torch']}, CUDA {g['cuda']}, ray {g['ray']}; commit {g['commit']})"
+    return (f"one {g['gpus'][0]} (torch {g['torch']}, CUDA {g['cuda']}, ray {g['ray']}; transcribed from the runs' "
+            f"logs, written at {written_at('gpu_runs')})")
 
 
 def gpu_smoke() -> str:
@@ -595,6 +659,43 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
 
 
+# NAME -> how to write NAME.json again today, for a JSON whose run recorded no command (formatted with
+# the JSON's own fields: the settings it records). A run stamped by the harness names its own.
+RERUN: dict[str, str] = {
+    "chaos": "python -m bench.chaos --faults 21",
+    "compression": "python -m bench.compression --disk-mb-s {disk_mb_s:g} --reader-ms {reader_ms:g} --cores {cores}",
+    "drain_check": "python -m bench.drain_check --out docs/measurements/drain_check.json",
+    "eval_sharding": "python -m bench.eval_sharding --out docs/measurements/eval_sharding.json",
+    "grad_cache": "python -m bench.grad_cache --clips 64 128 256 --bn-clips 128 --out docs/measurements/grad_cache.json",
+    "gpu_runs": "python -m pytest -m gpu -s (then a train, a sweep and doctor --step on the GPU; the file is "
+                "transcribed from their logs)",
+    "kmeans": "python -m bench.kmeans --out docs/measurements/kmeans.json",
+    "loader": "python -m bench.loader --sizes long --repeat 3 --out docs/measurements/loader.json",
+    "loader_short_and_long": "python -m bench.loader --out docs/measurements/loader_short_and_long.json",
+    "memory": "python -m bench.memory --out docs/measurements/memory.json",
+    "overhead": "python -m bench.overhead --arms torchrun ray-ddp train-local train-raydata train-raydata-noprefetch "
+                "--out docs/measurements/overhead.json",
+    "rung_correlation": "python -m bench.rung_correlation --processes 1 --out docs/measurements/rung_correlation.json",
+    "scale": "python -m bench.scale --out docs/measurements/scale.json",
+    "shard_dtype": "python -m bench.shard_dtype --out docs/measurements/shard_dtype.json",
+    "sweep_efficiency": "python -m bench.sweep_efficiency --out docs/measurements/sweep_efficiency.json",
+    "trial_cost": "python -m bench.trial_cost --out docs/measurements/trial_cost.json",
+}
+
+
+@dataclass(frozen=True)
+class Held:
+    """Why a measurement's figures still hold although its code (:data:`PRODUCERS`) changed since
+    they were measured: every change up to ``through`` was read, and ``why`` says what it leaves
+    as it was. A change after ``through`` makes the JSON stale again until it is read too."""
+
+    through: str
+    why: str
+
+
+HELD: dict[str, Held] = {}
+
+
 def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
     """The commits after ``commit`` that changed any of ``paths`` (``git log --oneline``, newest
     first); None when ``commit`` is not a commit of this repository."""
@@ -603,20 +704,49 @@ def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
     return _git("log", "--format=%h %s", f"{commit}..HEAD", "--", *paths).stdout.splitlines()
 
 
+def _measurements() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(MEASURED.glob("*.json"))}
+
+
+def _changed(name: str, figures: dict) -> tuple[str | None, list[str] | None]:
+    """(the commit NAME's figures describe, the commits that changed its code since; None when that
+    commit is not in this repository)."""
+    commit = figures["commit"] if figures.get("commit") not in (None, "unknown") else written_at(name)
+    return commit, changes_since(commit, PRODUCERS[name]) if commit else None
+
+
 def stale_measurements(measurements: dict[str, dict] | None = None) -> dict[str, str]:
     """NAME -> why, for each JSON under docs/measurements (or of ``measurements``, NAME -> its
-    figures) whose producing code (:data:`PRODUCERS`) changed since the commit it names."""
-    if measurements is None:
-        measurements = {p.stem: json.loads(p.read_text()) for p in sorted(MEASURED.glob("*.json"))}
+    figures) whose producing code (:data:`PRODUCERS`) changed since the commit it describes
+    (:func:`measured_at`), unless :data:`HELD` says why its figures still hold after every change."""
     out = {}
-    for name, figures in measurements.items():
-        since = changes_since(figures["commit"], PRODUCERS[name])
+    for name, figures in (_measurements() if measurements is None else measurements).items():
+        commit, since = _changed(name, figures)
         if since is None:
-            out[name] = f"its commit {figures['commit']} is not in this repository"
-        elif since:
+            out[name] = f"its commit {commit} is not in this repository" if commit else "its figures are not committed"
+        elif since and not (name in HELD and changes_since(HELD[name].through, PRODUCERS[name]) == []):
             newest = since[0][:72] + ("…" if len(since[0]) > 72 else "")
-            out[name] = f"{len(since)} commits since {figures['commit']} changed its code (newest: {newest})"
+            out[name] = f"{len(since)} commits since {commit} changed its code (newest: {newest})"
     return out
+
+
+def held_measurements() -> dict[str, tuple[str, int, Held]]:
+    """NAME -> (the commit it measured, the commits that changed its code since, :data:`HELD`'s note),
+    for each JSON whose code changed since and whose note still covers every change."""
+    out = {}
+    for name, figures in _measurements().items():
+        commit, since = _changed(name, figures)
+        if since and name in HELD and changes_since(HELD[name].through, PRODUCERS[name]) == []:
+            out[name] = (commit, len(since), HELD[name])
+    return out
+
+
+def measurement_ages() -> str:
+    """development.md's table: each measurement whose code changed since, and why its figures hold."""
+    rows = [[f"`{name}.json`", commit, f"{n} (read to {held.through})", held.why]
+            for name, (commit, n, held) in held_measurements().items()]
+    return table(["measurement", "measured at", "commits changing its code since", "why its figures still hold"],
+                 rows, right=4)
 
 
 def capture(name: str) -> str:
@@ -655,13 +785,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", metavar="NAME", choices=sorted(CAPTURES),
                         help="rerun a captured command and store its console text in docs/measurements/NAME.txt")
     parser.add_argument("--stale", action="store_true",
-                        help="list each measurement whose producing code changed since its commit, with the command "
-                             "that rewrites it; exit 1 if any")
+                        help="list each measurement whose producing code changed since the commit it measured: with "
+                             "the note that says why its figures still hold, or as stale with the command that rewrites "
+                             "it; exit 1 if any is stale")
     args = parser.parse_args(argv)
     if args.stale:
+        for name, (commit, n, held) in held_measurements().items():
+            print(f"docs/measurements/{name}.json: {n} commits since {commit} changed its code, read to "
+                  f"{held.through}; still holds (docs/development.md): {held.why}")
         stale = stale_measurements()
         for name, why in stale.items():
-            print(f"docs/measurements/{name}.json: {why}\n  rerun: {m(name)['command']}")
+            print(f"docs/measurements/{name}.json: STALE: {why}\n  rerun: {rerun(name)}")
         return 1 if stale else 0
     if args.capture:
         (MEASURED / f"{args.capture}.txt").write_text(capture(args.capture) + "\n")
