@@ -89,7 +89,7 @@ def machine(name: str) -> str:
     if f.get("gpus"):
         return f"{f['gpus'][0]}, torch {f['torch']}, CUDA {f['cuda']}"
     if not f.get("machine"):
-        return NOT_RECORDED
+        return f"{f['cpus']} CPUs, model not recorded" if f.get("cpus") else NOT_RECORDED
     line = re.sub(r", [^,]+(?=, torch )", "", f["machine"])  # the host's name
     return re.sub(r"\(R\)| Processor| with \d+ threads?", "", line)
 
@@ -147,8 +147,11 @@ def ran(name: str) -> str:
     if recorded and commit:
         note = f"; {m(name)['commit_note']}" if m(name).get("commit_note") else ""
         return f"`{recorded}` ({machine(name)}; commit {commit}{note})"
-    unknown = [w for w, known in (("command", recorded), ("machine", machine(name) != NOT_RECORDED)) if not known]
+    unknown = [w for w, known in (("command", recorded), ("machine", m(name).get("machine") or m(name).get("gpus")))
+               if not known]
     where = [machine(name)] if machine(name) != NOT_RECORDED else []
+    if where and "not recorded" in where[0]:
+        where, unknown = [f"{m(name)['cpus']} CPUs"], unknown
     where += [f"{' and '.join(unknown)} not recorded"] if unknown else []
     return f"`{rerun(name)}` ({'; '.join([*where, f'written at {written_at(name)}'])})"
 
@@ -183,24 +186,44 @@ def gpu_tier() -> str:
     return f"{len(t['passed'])} passed, {len(t['skipped'])} skipped ({', '.join(sorted(set(t['skipped'].values())))})"
 
 
-# What each test of the gpu tier checks (in short, in full), for the sentences that say what is unrun.
+# What each test of the gpu tier checks, for the sentence that says what is unrun.
 GPU_TESTS = {
-    "test_on_two_gpus_a_prefetch_thread_feeding_gpu_1_leaves_no_context_on_gpu_0": (
-        "a rank on a second GPU", "a rank on GPU 1 leaving GPU 0 alone"),
-    "test_on_gpus_the_multi_rank_run_under_nccl": (
-        "NCCL between ranks with SyncBatchNorm across them",
-        "NCCL between 2–4 ranks with SyncBatchNorm, evaluation and a resume on GPU"),
-    "test_on_gpus_the_paper_step_peaks_below_the_estimate_at_each_rank": (
-        "the 4-rank memory", "the 4 ranks' memory at the paper's step"),
+    "test_on_two_gpus_a_prefetch_thread_feeding_gpu_1_leaves_no_context_on_gpu_0": "a rank on GPU 1 leaving GPU 0 alone",
+    "test_on_gpus_the_multi_rank_run_under_nccl":
+        "NCCL between 2–4 ranks with SyncBatchNorm, evaluation and a resume on GPU",
+    "test_on_gpus_the_paper_step_peaks_below_the_estimate_at_each_rank": "the 4 ranks' memory at the paper's step",
 }
 
 
-def gpu_unrun(full: bool = True) -> str:
+def gpu_unrun() -> str:
     """What the gpu tier skipped on the GPUs it had: each skipped test's subject."""
-    subjects = [GPU_TESTS[t.split("::")[1]][full] for t in m("gpu_runs")["gpu_tier"]["skipped"]]
-    if full:
-        return "; ".join(subjects)
-    return ", ".join(subjects[:-1]) + " and " + subjects[-1] if len(subjects) > 1 else "".join(subjects)
+    return "; ".join(GPU_TESTS[t.split("::")[1]] for t in m("gpu_runs")["gpu_tier"]["skipped"])
+
+
+def gpu_data_phase() -> str:
+    """The data phase of bench.gpu_smoke's plain step: the batch's wait, its pinning and copy."""
+    v = m("gpu_smoke")["variants"]["plain"]
+    return f"{v['phases_s']['data'] * 1e3:.1f} ms of a {v['s_per_step_wall']:.3f} s step on {m('gpu_smoke')['gpus'][0]}"
+
+
+def _gpu_tests() -> list[str]:
+    """Every test of the suite marked ``gpu`` (FILE::NAME), read from the test files' source."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("mark.gpu" in ast.unparse(d) for d in node.decorator_list):
+                found.append(f"tests/{path.name}::{node.name}")
+    return found
+
+
+def gpu_not_yet_run() -> str:
+    """How many of the gpu tier's tests today were not in the run gpu_runs.json records."""
+    t = m("gpu_runs")["gpu_tier"]
+    ran = set(t["passed"]) | set(t["skipped"])
+    tests = _gpu_tests()
+    return f"{sum(x not in ran for x in tests)} of its {len(tests)} tests today came after that run"
 
 
 def gpu_train() -> str:
@@ -234,13 +257,6 @@ def _original() -> float:
     """The original loader at its best: one `np.load` per npz file in 4 processes (a DataLoader's
     workers), the honest baseline (arm a2; the single process, arm a, is slower)."""
     return _long()["a2"]["videos_per_s"]
-
-
-def loader_summary() -> str:
-    rows = [[label, f"{_long()['dtypes'][d]['mb_per_video']:.2f} MB", f"{_vps(d):.0f}", f"{_vps(d) / _original():.1f}×"]
-            for label, d in (("fp32", "float32"), ("fp16 (default)", "float16"))]
-    return table(["shards", "on disk per video", "videos/s, clips drawn",
-                  f"vs `np.load` per npz file, 4 processes ({_original():.0f}/s)"], rows)
 
 
 LOADER_ARMS = [("a", "(a) original: one `np.load` per npz, 1 process"), ("a2", "(a2) the same, 4 processes (a DataLoader's workers)"),
@@ -398,6 +414,15 @@ def grad_cache_slopes() -> str:
     return f"{s['off']['bytes_per_clip'] / 1e6:.2f} MB per clip without caching and {s['cached']['bytes_per_clip'] / 1e6:.2f} MB with it"
 
 
+def grad_cache_bn() -> str:
+    """What chunk statistics do to DAVEnet's gradient: its cosine to the plain step's at the smallest
+    chunk bench.grad_cache measured."""
+    bn = m("grad_cache")["bn"]
+    row = min(bn["rows"], key=lambda r: r["chunk"])
+    return (f"chunks of {row['chunk']} of {bn['clips']} clips turn DAVEnet's gradient to a cosine of "
+            f"{row['grads']['davenet']['cos']:.2f} with the plain step's")
+
+
 LOSS_MEMORY_BATCHES = (4096,)  # the pages show these; the JSON holds every B measured
 
 
@@ -534,13 +559,64 @@ def trial_fixed() -> str:
 
 
 def drain_share(every: int = 10) -> str:
-    """Asking every ``every`` steps, as a share of the shortest paper step measured on a GPU (the
-    H200's at a 4-GPU server's share: a slower GPU's step is longer, its share smaller)."""
+    """Asking every ``every`` steps (the cost measured on a CPU machine), as a share of a 4-GPU
+    server's share of the paper step measured on one GPU (bench.gpu_smoke's plain variant; the ring
+    variant's is shorter). The page names both machines."""
     return f"{100 * m('drain_check')['ask_ms'] / 1e3 / (every * _gpu_step()):.2f}"
 
 
 def _gpu_step() -> float:
     return m("gpu_smoke")["variants"]["plain"]["s_per_step_wall"]
+
+
+# --- the lab's sizes and durations (docs/lab-guide.md), computed from what was measured ----------------------
+def _epoch_steps() -> int:
+    return m("scale")["training"]["steps_per_epoch"]
+
+
+def _sweep_estimate(path: str):
+    """raymcn doctor's own estimate of a shipped sweep file on the lab's 2 servers (8 GPUs), from the
+    step measured on a GPU and the fixed cost of a trial measured on a CPU; no evaluation counted."""
+    from raymcn.config import load_config
+    from raymcn.doctor.estimate import estimate
+
+    cfg = load_config(ROOT / path)
+    return estimate(cfg, cfg.schedule.steps_per_epoch or _epoch_steps(), _gpu_step(), 0.0, {"GPU": 8, "CPU": 128},
+                    m("trial_cost")["steady"]["current"]["fixed_s"])
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min" if seconds >= 60 else \
+        f"{seconds:.0f} s"
+
+
+def lab_sizes() -> str:
+    """lab-guide.md's table: what the lab's data and runs take, each from the measurement it comes
+    from, with that measurement's machine."""
+    t, long, scales = m("scale")["training"], _long(), m("scale")["scales"]
+    videos, steps, batch = t["videos"], _epoch_steps(), 128
+    mb = {d: long["dtypes"][d]["mb_per_video"] for d in ("float16",)}
+    whole = max(scales, key=lambda x: x["captions"])
+    pickle_gb = whole["pickle_bytes"] * whole["fraction"] / 1e9
+    bpp = max(x["bytes_per_pickle_byte"] for x in scales)
+    bohb = _sweep_estimate("sweeps/stage_order_bohb.yaml")
+    gpu, cpu = machine("gpu_smoke").split(",")[0], machine("loader")
+    rows = [
+        ["the shards, fp16 (the default)", f"{mb['float16'] * videos / 1e6:.1f} TB",
+         f"{mb['float16']:.2f} MB a video × {videos / 1e6:.2f} M videos", cpu],
+        ["memory for the caption table while converting", f"{bpp * pickle_gb:.0f} GB",
+         f"{bpp:.2f} bytes per byte of the {pickle_gb:.1f} GB caption pickle", machine("scale")],
+        ["reading every npz file once (the conversion takes longer)", _hours(videos / _original()),
+         f"{_original():.0f} videos/s, `np.load` in 4 processes", cpu],
+        ["a paper epoch: the GPUs' compute alone", _hours(steps * _gpu_step()),
+         f"{steps} steps × {_gpu_step():.3f} s, a rank's share of the step", gpu],
+        ["a paper epoch: the reading, if 2 CPUs read", _hours(steps * batch / _vps("float16")),
+         f"{steps} steps × {batch} videos at {_vps('float16'):.0f} videos/s", cpu],
+        ["the stage-order sweep: compute and trial start-up", f"{bohb.wall_s[0] / 3600:.0f}–{bohb.wall_s[1] / 3600:.0f} h",
+         f"{bohb.search_trials} search trials, {bohb.confirm_runs} confirmation runs of {bohb.epochs} epochs, 2 at once",
+         f"{gpu}; start-up: {machine('trial_cost').split(',')[0]}"],
+    ]
+    return table(["what", "from", "measured on", "about"], [[r[0], r[2], r[3], r[1]] for r in rows], right=3)
 
 
 # --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
@@ -597,13 +673,14 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "drain.share-10": drain_share,
     "drain.gpu-step": lambda: f"{_gpu_step():.3f} s",
     "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.tier": gpu_tier,
-    "gpu.unrun": gpu_unrun, "gpu.unrun-short": functools.partial(gpu_unrun, False),
-    "gpu.name": lambda: f"one {m('gpu_runs')['gpus'][0]}", "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
+    "gpu.unrun": gpu_unrun,
+    "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
+    "gpu.not-yet-run": gpu_not_yet_run, "gpu.data-phase": lambda: gpu_data_phase(), "grad-cache.bn": lambda: grad_cache_bn(),
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
-    "commands": commands,
+    "commands": commands, "lab.sizes": lab_sizes, "measurements.ages": lambda: measurement_ages(),
     "tests.fast": lambda: tier("fast"), "tests.ci": lambda: tier("ci"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
-    "tests.slowest": slowest_tests, "tests.machine": lambda: f"{machine('test_durations')} (a fresh clone's `.ci/run`)",
-    "loader.summary": loader_summary, "loader.full": loader_full, "loader.short-long": loader_short_long,
+    "tests.slowest": slowest_tests,
+    "loader.full": loader_full, "loader.short-long": loader_short_long,
     "loader.fp16": lambda: f"{_vps('float16'):.0f}",
     "loader.fp16-vs-original": lambda: f"{_vps('float16') / _original():.1f}",
     "shards.bytes": shard_bytes, "shards.paired": shard_dtype_paired,
@@ -693,7 +770,28 @@ class Held:
     why: str
 
 
-HELD: dict[str, Held] = {}
+MAIN = "39c05ec"  # the commit these notes were read through (the branch point of this page pass)
+HELD: dict[str, Held] = {
+    "test_durations": Held(MAIN, "tests added since: the counts are that many low"),
+    "chaos": Held(MAIN, "code reorganised; tests/test_chaos.py, asserting the outcome shown, passed in the recorded "
+                        "soak tier"),
+    "compression": Held(MAIN, "it times pyarrow's codecs on generated bytes; raymcn's code only moved"),
+    "drain_check": Held(MAIN, "the call it times is unchanged; the benchmark's default step changed"),
+    "eval_sharding": Held(MAIN, "code moved; evaluation now first broadcasts BatchNorm's buffers (kilobytes)"),
+    "grad_cache": Held(MAIN, "the estimate gained ring, DDP and GPU terms only, none in this step"),
+    "gpu_runs": Held(MAIN, "a record of one run; the doctor's failure it shows was fixed since (c99452f)"),
+    "gpu_smoke": Held(MAIN, "the same batches (6a4caf9); k-means lost host syncs, which only shortens a step"),
+    "kmeans": Held(MAIN, "the iteration's product is unchanged; the reseed on the device adds little"),
+    "loader": Held(MAIN, "bytes: the format is unchanged; rates: a reader before its read-ahead"),
+    "loader_short_and_long": Held(MAIN, "only code the read path does not run moved"),
+    "memory": Held(MAIN, "rerun at 39c05ec (AMD EPYC family 26): every peak within 4 bytes"),
+    "overhead": Held(MAIN, "the loop was reorganised; a step's work and Ray's start unchanged"),
+    "rung_correlation": Held(MAIN, "both arms ran one code; the R@10 levels are 2fcddd1's"),
+    "scale": Held(MAIN, "files renamed, benchmark-only code moved out"),
+    "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
+    "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
+    "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),
+}
 
 
 def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
@@ -743,10 +841,10 @@ def held_measurements() -> dict[str, tuple[str, int, Held]]:
 
 def measurement_ages() -> str:
     """development.md's table: each measurement whose code changed since, and why its figures hold."""
-    rows = [[f"`{name}.json`", commit, f"{n} (read to {held.through})", held.why]
-            for name, (commit, n, held) in held_measurements().items()]
-    return table(["measurement", "measured at", "commits changing its code since", "why its figures still hold"],
-                 rows, right=4)
+    rows = [[f"`{name}`", commit, held.why] for name, (commit, n, held) in held_measurements().items()]
+    through = sorted({held.through for _, _, held in held_measurements().values()})
+    return (table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3)
+            + f"\n\nEvery change was read through {', '.join(through)}.")
 
 
 def capture(name: str) -> str:
