@@ -398,6 +398,32 @@ def test_a_measurement_older_than_its_code_is_listed_stale():
     assert "not in this repository" in stale["memory"] and "changed its code" in stale["preflight"]
 
 
+def test_a_note_keeps_a_measurement_off_the_stale_list_only_until_its_code_changes_again(monkeypatch):
+    import subprocess
+
+    from tools import docgen
+
+    commits = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%h", "--", *docgen.PRODUCERS["preflight"]],
+                             capture_output=True, text=True, check=True).stdout.split()
+    newest, older = commits[0], commits[3]
+    monkeypatch.setattr(docgen, "HELD", {"preflight": docgen.Held(newest, "read")})
+    assert docgen.stale_measurements({"preflight": {"commit": older}}) == {}
+    monkeypatch.setattr(docgen, "HELD", {"preflight": docgen.Held(commits[1], "read before the newest change")})
+    assert set(docgen.stale_measurements({"preflight": {"commit": older}})) == {"preflight"}
+
+
+def test_every_note_names_a_measurement_and_a_commit_of_this_repository():
+    import subprocess
+
+    from tools import docgen
+
+    assert set(docgen.HELD) <= set(docgen.PRODUCERS)
+    for name, note in docgen.HELD.items():
+        known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{note.through}^{{commit}}"],
+                               capture_output=True, check=False).returncode == 0
+        assert known and note.why, f"{name}: its note reads through {note.through!r}, not a commit here"
+
+
 def test_every_generator_is_used_and_every_marker_has_one():
     from tools import docgen
 

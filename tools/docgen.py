@@ -14,9 +14,10 @@ runs it). ``--capture NAME`` reruns a cheap, deterministic command and stores it
 ``docs/measurements/NAME.txt`` (:data:`CAPTURES`); the long runs (a sweep, the benchmarks) store
 theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran).
 
-Every JSON names the machine, the commit and the command that wrote it (``run.NAME`` shows them
-beside a benchmark's figures); ``--stale`` lists each JSON whose producing code
-(:data:`PRODUCERS`) changed since that commit. The measurements are read, never recomputed here:
+A JSON carries what its run recorded (bench.harness stamps machine, commit and command), nothing
+added by hand; the commit that wrote its figures comes from git (:func:`written_at`), and
+``run.NAME`` shows both beside a benchmark's figures. ``--stale`` lists each JSON whose producing
+code (:data:`PRODUCERS`) changed since, unless a note (:data:`HELD`) says why its figures hold. The measurements are read, never recomputed here:
 a figure changes when its command is rerun and its JSON replaced, then this script is run. The
 preflight's messages (``preflight.json``) are computed, not measured, so ``tests/test_docs.py``
 recomputes them from today's code. One table is not a measurement: development.md's list of the
@@ -127,12 +128,6 @@ def recorded_commit(name: str) -> str | None:
     return commit if commit and commit != "unknown" else None
 
 
-def measured_at(name: str) -> str | None:
-    """The commit whose code NAME.json's figures describe: the one its run recorded, else the one that
-    wrote the JSON (:func:`written_at`: that commit's code or older)."""
-    return recorded_commit(name) or written_at(name)
-
-
 def rerun(name: str) -> str:
     """The command that writes NAME.json again today: the one its run recorded, else :data:`RERUN`'s
     (filled in from the settings the JSON records)."""
@@ -147,11 +142,10 @@ def ran(name: str) -> str:
     if recorded and commit:
         note = f"; {m(name)['commit_note']}" if m(name).get("commit_note") else ""
         return f"`{recorded}` ({machine(name)}; commit {commit}{note})"
-    unknown = [w for w, known in (("command", recorded), ("machine", m(name).get("machine") or m(name).get("gpus")))
-               if not known]
-    where = [machine(name)] if machine(name) != NOT_RECORDED else []
-    if where and "not recorded" in where[0]:
-        where, unknown = [f"{m(name)['cpus']} CPUs"], unknown
+    f = m(name)
+    has_machine = bool(f.get("machine") or f.get("gpus"))
+    where = [machine(name)] if has_machine else [f"{f['cpus']} CPUs"] if f.get("cpus") else []
+    unknown = [what for what, known in (("command", recorded), ("machine", has_machine)) if not known]
     where += [f"{' and '.join(unknown)} not recorded"] if unknown else []
     return f"`{rerun(name)}` ({'; '.join([*where, f'written at {written_at(name)}'])})"
 
@@ -770,7 +764,7 @@ class Held:
     why: str
 
 
-MAIN = "39c05ec"  # the commit these notes were read through (the branch point of this page pass)
+MAIN = "39c05ec"  # the commit most of these notes were read through
 HELD: dict[str, Held] = {
     "test_durations": Held("db0fa85", "tests added since (CPU-name cases, docs checks), none removed: the counts "
                                       "are that many low"),
@@ -808,8 +802,9 @@ def _measurements() -> dict[str, dict]:
 
 
 def _changed(name: str, figures: dict) -> tuple[str | None, list[str] | None]:
-    """(the commit NAME's figures describe, the commits that changed its code since; None when that
-    commit is not in this repository)."""
+    """(the commit NAME's figures describe: the one its run recorded, else the one that wrote them,
+    :func:`written_at`; the commits that changed its code since, None when that commit is not in
+    this repository)."""
     commit = figures["commit"] if figures.get("commit") not in (None, "unknown") else written_at(name)
     return commit, changes_since(commit, PRODUCERS[name]) if commit else None
 
@@ -817,7 +812,7 @@ def _changed(name: str, figures: dict) -> tuple[str | None, list[str] | None]:
 def stale_measurements(measurements: dict[str, dict] | None = None) -> dict[str, str]:
     """NAME -> why, for each JSON under docs/measurements (or of ``measurements``, NAME -> its
     figures) whose producing code (:data:`PRODUCERS`) changed since the commit it describes
-    (:func:`measured_at`), unless :data:`HELD` says why its figures still hold after every change."""
+    (:func:`_changed`), unless :data:`HELD` says why its figures still hold after every change."""
     out = {}
     for name, figures in (_measurements() if measurements is None else measurements).items():
         commit, since = _changed(name, figures)
@@ -842,8 +837,9 @@ def held_measurements() -> dict[str, tuple[str, int, Held]]:
 
 def measurement_ages() -> str:
     """development.md's table: each measurement whose code changed since, and why its figures hold."""
-    rows = [[f"`{name}`", commit, held.why] for name, (commit, n, held) in held_measurements().items()]
-    through = sorted({held.through for _, _, held in held_measurements().values()})
+    held = held_measurements()
+    rows = [[f"`{name}`", commit, note.why] for name, (commit, _, note) in held.items()]
+    through = sorted({note.through for _, _, note in held.values()})
     return (table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3)
             + f"\n\nEvery change was read through {', '.join(through)}.")
 
