@@ -597,17 +597,18 @@ def lab_sizes() -> str:
     gpu, cpu = machine("gpu_smoke").split(",")[0], machine("loader")
     rows = [
         ["the shards, fp16 (the default)", f"{mb['float16'] * videos / 1e6:.1f} TB",
-         f"{mb['float16']:.2f} MB a video × {videos / 1e6:.2f} M videos", cpu],
+         f"bench.loader's {mb['float16']:.2f} MB a video × {videos / 1e6:.2f} M videos", cpu],
         ["memory for the caption table while converting", f"{bpp * pickle_gb:.0f} GB",
-         f"{bpp:.2f} bytes per byte of the {pickle_gb:.1f} GB caption pickle", machine("scale")],
-        ["reading every npz file once (the conversion takes longer)", _hours(videos / _original()),
-         f"{_original():.0f} videos/s, `np.load` in 4 processes", cpu],
+         f"bench.scale: {bpp:.2f} bytes per byte of a {pickle_gb:.1f} GB caption pickle", machine("scale")],
+        ["reading every npz file once (converting takes longer)", _hours(videos / _original()),
+         f"bench.loader: {_original():.0f} videos/s, `np.load` in 4 processes", cpu],
         ["a paper epoch: the GPUs' compute alone", _hours(steps * _gpu_step()),
-         f"{steps} steps × {_gpu_step():.3f} s, a rank's share of the step", gpu],
+         f"bench.gpu_smoke: {steps} steps × {_gpu_step():.3f} s, a rank's share", gpu],
         ["a paper epoch: the reading, if 2 CPUs read", _hours(steps * batch / _vps("float16")),
-         f"{steps} steps × {batch} videos at {_vps('float16'):.0f} videos/s", cpu],
+         f"bench.loader: {steps} steps × {batch} videos at {_vps('float16'):.0f} videos/s", cpu],
         ["the stage-order sweep: compute and trial start-up", f"{bohb.wall_s[0] / 3600:.0f}–{bohb.wall_s[1] / 3600:.0f} h",
-         f"{bohb.search_trials} search trials, {bohb.confirm_runs} confirmation runs of {bohb.epochs} epochs, 2 at once",
+         f"the doctor's estimate: {bohb.search_trials} trials, then {bohb.confirm_runs} runs of {bohb.epochs} epochs, "
+         "2 at once",
          f"{gpu}; start-up: {machine('trial_cost').split(',')[0]}"],
     ]
     return table(["what", "from", "measured on", "about"], [[r[0], r[2], r[3], r[1]] for r in rows], right=3)
