@@ -9,16 +9,17 @@ continued with ``raymcn sweep --resume latest``, once per search algorithm a shi
 the trials finished before the kill untouched. The verdict is ``results/rehearsal.py``'s,
 the one ``raymcn doctor --rehearse`` gives.
 
-What each algorithm loses on restore (Ray 2.60), and what that changes in the answer:
+What each algorithm loses on restore (Ray 2.60), and what that changes in the answer. Tune saves
+the searcher's state, not the scheduler's: the scheduler comes back as ``tuner.pkl`` holds it,
+from before the first trial, and every restored trial is added to it again (``sweep/tuner.py``).
 * grid, random: nothing; the variant generator's position is in Tune's state.
-* asha: its rung records are rebuilt from the restored trials' results (Tune pickles the
-  scheduler with the experiment), so a trial resumed after the kill is judged against the same
-  recorded values.
-* bohb: HyperBand's brackets are pickled with the scheduler; TuneBOHB's model is saved with the
-  searcher state. A trial that was running is restored PENDING and resumes from its Train
-  checkpoint; its bracket still counts it. A trial HyperBand stopped while paused is restored
-  PAUSED (Tune's saved status), run and stopped again: raymcn's searcher lets go of it (Ray's
-  TuneBOHB raises KeyError, ``tests/test_sweep.py``).
+* asha: its rung records start empty, so the trials reporting after the kill are compared only
+  with each other.
+* bohb: HyperBand's brackets are rebuilt: raymcn's ``SweepBOHB`` leaves finished trials out, and
+  the unfinished ones restart in new brackets from their Train checkpoints. TuneBOHB's model is
+  saved with the searcher state. A trial HyperBand stopped while paused is restored PAUSED (Tune's
+  saved status), run and stopped again: raymcn's searcher lets go of it (Ray's TuneBOHB raises
+  KeyError, ``tests/test_sweep.py``).
 * optuna: the study is saved with the searcher; a trial running at the kill is re-reported
   ("step already reported" is ignored), so its value is told once.
 The answer never depends on what a restore loses: the confirmation retrains each group's best at

@@ -32,12 +32,12 @@ class Shown:
 
 
 L, R, S = "tests/test_launcher.py", "tests/test_rehearsals.py", "tests/test_servers.py"
-LAB_FILES = "a synthetic corpus in the original layout, not the lab's"
+LAB_FILES = "a synthetic corpus in that layout"
 
 COMMANDS: dict[str, Shown] = {
     "make sweep": Shown(CHANGED, (f"{R}::test_make_sweep_killed_in_its_confirmation_resumes_it",
                                   f"{R}::test_the_default_preset_is_what_make_sweep_runs"),
-                        "the embedded default, shrunk by the rehearsal"),
+                        "the embedded default, rehearsed"),
     "make test": Shown(RUN, (".ci/run::make test",)),
     "make install": Shown(RUN, (".ci/run::make install",)),
     "source .venv/bin/activate": Shown(PARSED, ("Makefile::VENV ?= .venv",),
@@ -45,7 +45,7 @@ COMMANDS: dict[str, Shown] = {
     "raymcn train --config --json --num-workers": Shown(RUN, ("tests/test_train_ray.py::test_cli_smoke_run_learns",),
                                                         label="`raymcn train --config sweeps/smoke.yaml ...`"),
     "pip install": Shown(PARSED, ("tests/test_docs.py::test_the_pin_the_guide_installs_is_the_clusters",),
-                         "it installs onto the laptop; its pin is `cluster.yaml`'s", "`pip install \"ray[...]\"`"),
+                         "a laptop install; the pin is `cluster.yaml`'s", "`pip install \"ray[...]\"`"),
     "ray get-auth-token --generate": Shown(RUN, (f"{L}::cluster",)),
     "raymcn shards --audio-features --captions --dry-run --features --out --video-list --word-vectors": Shown(
         CHANGED, ("tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing",), LAB_FILES,
@@ -56,32 +56,44 @@ COMMANDS: dict[str, Shown] = {
     "ray up": Shown(RUN, (f"{L}::cluster", f"{L}::test_ray_up_installs_raymcn_and_pins_the_head"),
                     label="`ray up cluster.yaml`"),
     "ray up --no-restart": Shown(PARSED, ("tests/test_cluster_yaml.py::test_config_is_valid_for_ray_up",),
-                                 "a second `ray up` in the launcher tier costs minutes; the config it syncs is "
-                                 "validated"),
+                                 "minutes in the launcher tier; its config is validated"),
     "ray exec | raymcn doctor --config --rehearse --step": Shown(
         CHANGED, ("tests/test_multinode.py::test_the_doctor_checks_every_node_and_estimates_the_sweep",
                   "tests/test_multinode.py::test_the_doctor_rehearses_the_lab_sweep_on_the_cluster"),
-        "`--step` and `--rehearse` apart, on Ray's multi-node test cluster (CPU), not through `ray exec`",
+        "`--step` and `--rehearse` apart, on Ray's multi-node test cluster",
         "`ray exec ... 'raymcn doctor ...'`"),
     "ray submit --tmux | sweep.py --config": Shown(
         CHANGED, (f"{L}::test_a_killed_sweep_resumed_by_hand",
                   f"{R}::test_the_cluster_smoke_sweep_runs_to_its_end_and_its_terminal_reads_well"),
-        "the launcher tier submits `sweeps/smoke.yaml`; the lab's files are rehearsed",
+        "`sweeps/smoke.yaml`; the lab's files rehearsed",
         "`ray submit --tmux ... --config ...`"),
     "ray attach --tmux": Shown(PARSED, ("tests/test_docs.py::test_a_ray_command_shown_parses_with_rays_own_cli",),
                                "it takes over the terminal"),
     "ray exec | raymcn watch --once": Shown(CHANGED, ("tests/test_watch.py::test_once_console_contract",),
-                                            "in-process, not through `ray exec`", "`ray exec ... 'raymcn watch ...'`"),
+                                            "in-process", "`ray exec ... 'raymcn watch ...'`"),
     "ray exec | raymcn table": Shown(
         CHANGED, ("tests/test_confirm.py::test_the_table_of_a_confirmed_sweep_shows_both_phases_and_the_answer",),
-        "in-process, not through `ray exec`", "`ray exec ... 'raymcn table ...'`"),
+        "in-process", "`ray exec ... 'raymcn table ...'`"),
     "raymcn drain --reboot": Shown(CHANGED, (f"{L}::test_drain_before_a_planned_reboot",
                                              f"{S}::test_drain_drains_this_node_then_reboots"),
-                                   "`--deadline 20`, no reboot (launcher tier); `--reboot` against a mocked Ray"),
+                                   "`--deadline 20`, no reboot; `--reboot` against a mocked Ray"),
     "ray submit --tmux | sweep.py --resume": Shown(
         CHANGED, (f"{L}::test_a_killed_sweep_resumed_by_hand",
                   f"{R}::test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer"),
-        "without `--tmux`, to read the resumed sweep's output", "`ray submit --tmux ... --resume latest`"),
-    "raymcn sweep --stop": Shown(RUN, (f"{L}::test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots",
-                                       f"{S}::test_sweep_stop_latest_marks_the_sweep_a_boot_would_continue")),
+        "without `--tmux`", "`ray submit --tmux ... --resume latest`"),
+    "ray exec | raymcn sweep --stop": Shown(
+        RUN, (f"{L}::test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots",
+              f"{S}::test_sweep_stop_latest_marks_the_sweep_a_boot_would_continue"),
+        label="`ray exec ... 'raymcn sweep --stop latest'`"),
+    "python -m pytest": Shown(PARSED, ("pyproject.toml::gpu: needs CUDA (skipped without it)",),
+                              "needs CUDA; without it every `gpu` test skips",
+                              "`python -m pytest -m gpu -s`"),
+    "python -m bench.gpu_smoke --out": Shown(
+        CHANGED, ("tests/test_gpu_smoke.py::test_the_gpu_smoke_runs_every_variant_without_ray",
+                  "tests/test_gpu_smoke.py::test_on_the_gpu_the_estimate_is_never_below_the_peak"),
+        "`--device cpu --smoke`; on a GPU, `--steps 3`"),
+    "raymcn train --config --set": Shown(
+        CHANGED, (f"{R}::test_the_paper_run_trains_to_its_end",),
+        "`--rehearse` in place of the `--set`s",
+        "`raymcn train --config sweeps/paper.yaml --set ...`"),
 }
