@@ -221,6 +221,18 @@ class ScaleConfig:
     # default until a server measures both: the one GPU run so far used "highest" only
     # (docs/memory.md, "On a GPU so far"; its checklist measures both).
     matmul_precision: str = setting("highest", choices=("highest", "high"))
+    # torch.compile of the model under DDP, its forward and backward (the objective stays eager: its
+    # collectives and k-means would only break the graph). Off until a GPU measures it: on a 2-core
+    # CPU it compiled for 111 s at paper dims and then ran at 0.69x eager. A stage switch, ranks
+    # holding ⌊B/N⌋ or ⌈B/N⌉ videos and a resized group each compile once more (at most 8 per
+    # code path, then eager); the counts and seconds are in the epoch metrics. Compiled kernels are
+    # cached on each node's disk (/tmp/torchinductor_<user>), so a sweep's later trials compile faster.
+    compile: bool = False
+    # How DAVEnet's convolutions run, on the same weights (checkpoints load either way), equal to
+    # "nchw" within the precision's tolerance: "nchw" (torch's default), "channels_last" (the 2-D
+    # convolutions in channels-last memory format), "1d" (as the 1-D convolutions over time they are).
+    # Which is fastest is for a GPU to say: `python -m bench.gpu_smoke --compare`.
+    davenet_layout: str = setting("nchw", choices=("nchw", "channels_last", "1d"))
 
 
 @dataclass(frozen=True)

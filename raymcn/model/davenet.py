@@ -11,12 +11,39 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+LAYOUTS = ("nchw", "channels_last", "1d")  # how DAVEnet's convolutions run (:meth:`DAVEnet.set_layout`)
 
-def _time_conv(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
+
+class HeightOneConv2d(nn.Conv2d):
+    """A 2-D convolution whose output is one row high (its kernel spans the input's height, no
+    padding along it), which can also run as the 1-D convolution over width that it is.
+
+    With ``as_1d`` the input (B, C, H, W) is viewed as (B, C·H, W) and the weight (O, C, H, k) as
+    (O, C·H, k): the same products summed, by 1-D kernels, on the same parameter (its name and shape
+    unchanged, so checkpoints load either way). Output (B, O, 1, W') in both cases.
+    """
+
+    as_1d = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.as_1d:
+            return super().forward(x)
+        b, c, h, w = x.shape
+        if h != self.kernel_size[0] or self.padding[0] != 0:
+            raise ValueError(f"a 1-D run needs the kernel to span the input's height: input {tuple(x.shape)}, "
+                             f"kernel {self.kernel_size}, padding {self.padding}")
+        weight = self.weight.reshape(self.out_channels, c * h, self.kernel_size[1])
+        out = F.conv1d(x.reshape(b, c * h, w), weight, self.bias, stride=self.stride[1], padding=self.padding[1],
+                       dilation=self.dilation[1], groups=self.groups)
+        return out.unsqueeze(2)
+
+
+def _time_conv(in_ch: int, out_ch: int, stride: int = 1) -> HeightOneConv2d:
     """A (1, 9) convolution along time; 'same' padding so only the stride changes the length."""
-    return nn.Conv2d(in_ch, out_ch, kernel_size=(1, 9), stride=(1, stride), padding=(0, 4), bias=False)
+    return HeightOneConv2d(in_ch, out_ch, kernel_size=(1, 9), stride=(1, stride), padding=(0, 4), bias=False)
 
 
 class BasicBlock(nn.Module):
@@ -36,7 +63,7 @@ class BasicBlock(nn.Module):
         self.downsample = None
         if stride != 1 or in_ch != out_ch:
             self.downsample = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=(1, stride), bias=False),
+                HeightOneConv2d(in_ch, out_ch, kernel_size=1, stride=(1, stride), bias=False),
                 nn.BatchNorm2d(out_ch),
             )
 
@@ -73,11 +100,28 @@ class DAVEnet(nn.Module):
         self.mel_bins = mel_bins
         self.out_channels = channels[-1]
         # conv1 spans the whole mel axis, so everything after it is a 1-D net over time.
-        self.conv1 = nn.Conv2d(1, channels[0], kernel_size=(mel_bins, 1), bias=False)
+        self.conv1 = HeightOneConv2d(1, channels[0], kernel_size=(mel_bins, 1), bias=False)
         self.bn1 = nn.BatchNorm2d(channels[0])
         self.relu = nn.ReLU(inplace=True)
         self.layers = nn.Sequential(*[_layer(i, o, blocks) for i, o in zip(channels[:-1], channels[1:])])
+        self.layout = "nchw"
         self._init_weights()
+
+    def set_layout(self, layout: str) -> DAVEnet:
+        """How the convolutions run (``scale.davenet_layout``): ``"nchw"``, torch's default;
+        ``"channels_last"``, the weights and activations in channels-last memory format;
+        ``"1d"``, every convolution as the 1-D convolution over time it is (:class:`HeightOneConv2d`).
+        The same parameters and arithmetic in each, summed in the kernels' own orders. Call it before
+        the optimizer is built (the weights' memory format is the optimizer states' too)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"DAVEnet layout {layout!r}: allowed are {', '.join(LAYOUTS)}")
+        self.layout = layout
+        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        for m in self.modules():
+            if isinstance(m, HeightOneConv2d):
+                m.as_1d = layout == "1d"
+                m.weight.data = m.weight.data.contiguous(memory_format=fmt)
+        return self
 
     def _init_weights(self) -> None:
         """He-style init as in the original: N(0, sqrt(2 / (kh * kw * out_ch))); BN = identity."""
@@ -99,6 +143,8 @@ class DAVEnet(nn.Module):
         if audio.dim() != 3 or audio.shape[1] != self.mel_bins:
             raise ValueError(f"DAVEnet expects audio (B, {self.mel_bins}, T), got {tuple(audio.shape)}")
         x = audio.to(self.conv1.weight.dtype).unsqueeze(1)  # (B, 1, mel, T)
+        if self.layout == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.relu(self.bn1(self.conv1(x)))  # (B, C0, 1, T)
         x = self.layers(x)  # (B, C4, 1, T')
         return x.squeeze(2)

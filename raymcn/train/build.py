@@ -22,6 +22,7 @@ from raymcn.config import Config
 from raymcn.losses import Clustering, Layout, MCNObjective
 from raymcn.model import MCN
 from raymcn.model.syncbn import global_batchnorm
+from raymcn.train.compiled import CompileClock, compile_model
 from raymcn.train.optim import build_optimizer, build_scheduler
 from raymcn.train.run import Hooks, LoopState, Run
 from raymcn.train.run_plan import RunPlan
@@ -52,7 +53,9 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     Args:
         comm: this rank's collectives (default: one process).
         wrap: applied to the bare model (moved to its device) before the optimizer is built, e.g.
-            Ray Train's ``prepare_model`` (DDP); default: the bare model on ``device``.
+            Ray Train's ``prepare_model`` (DDP); default: the bare model on ``device``. With
+            ``scale.compile`` the wrapped model is then compiled (``compiled.py``); ``run.net``
+            stays the bare model, which the checkpoints hold.
         prepare: called with the bare model before the wrap (e.g. loading ``run.init_from`` weights).
         hooks: what the caller plugs into the run (default: none).
     """
@@ -62,11 +65,15 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     net = MCN(cfg.model)
     if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size
         net = global_batchnorm(net, device.type)
+    net.davenet.set_layout(cfg.scale.davenet_layout)
     if prepare is not None:
         prepare(net)
     model = wrap(net) if wrap is not None else net.to(device)
-    net = getattr(model, "module", model)
+    net = getattr(model, "module", model)  # the bare model, as the checkpoints hold it
+    if cfg.scale.compile:
+        model = compile_model(model)
     optimizer = build_optimizer(model, cfg)
     return Run(cfg=cfg, plan=plan, comm=comm, device=device, model=model, net=net, optimizer=optimizer,
                scheduler=build_scheduler(optimizer, cfg, plan.total_steps, plan.warmup_steps),
-               objective=build_objective(cfg, plan, device, comm), state=LoopState(), hooks=hooks or Hooks())
+               objective=build_objective(cfg, plan, device, comm), state=LoopState(), hooks=hooks or Hooks(),
+               compile_clock=CompileClock() if cfg.scale.compile else None)

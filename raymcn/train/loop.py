@@ -38,9 +38,10 @@ def run_epochs(run: Run) -> dict[str, float]:
     checkpoint) to the plan's last epoch, with ``run.hooks``; returns the last epoch's metrics.
 
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
-    ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), the
-    evaluation's metrics with ``time_eval_s``, ``epoch`` (completed), ``global_step`` and
-    ``budget_epoch`` (the sweep schedulers' clock).
+    ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), with
+    ``scale.compile`` the epoch's ``compiled_graphs`` and ``time_compile_s``, the evaluation's
+    metrics with ``time_eval_s``, ``epoch`` (completed), ``global_step`` and ``budget_epoch`` (the
+    sweep schedulers' clock).
     """
     plan, state, hooks = run.plan, run.state, run.hooks
     metrics: dict[str, float] = {}
@@ -58,6 +59,8 @@ def run_epochs(run: Run) -> dict[str, float]:
         state.epoch = epoch + 1
         state.progress = EpochProgress()  # the epoch-end checkpoint holds no partial epoch
         metrics["workers"] = float(run.comm.world)  # an elastic group's size in this epoch
+        if run.compile_clock is not None:  # this rank's compiling in the epoch (rank 0's is reported)
+            metrics.update(run.compile_clock.lap())
         if hooks.evaluate is not None:
             hooks.watch("evaluation", state.step)
             started = time.perf_counter()

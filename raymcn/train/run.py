@@ -17,6 +17,7 @@ from raymcn.config import Config
 from raymcn.data.formats.batch import Batch
 from raymcn.losses import MCNObjective
 from raymcn.train.checkpoints.policy import CheckpointPolicy
+from raymcn.train.compiled import CompileClock
 from raymcn.train.monitor.epoch_metrics import EpochProgress
 from raymcn.train.run_plan import RunPlan
 
@@ -105,6 +106,8 @@ class Run:
         hooks: what the caller plugged in (:class:`Hooks`).
         checkpoints: when to checkpoint inside an epoch (``hooks.save`` writes it); None: at
             epoch ends only.
+        compile_clock: with ``scale.compile``, what compiling has cost since the run was built
+            (``compiled.CompileClock``: each epoch's metrics say it); None: nothing is compiled.
     """
 
     cfg: Config
@@ -119,6 +122,7 @@ class Run:
     state: LoopState
     hooks: Hooks = field(default_factory=Hooks)
     checkpoints: CheckpointPolicy | None = None
+    compile_clock: CompileClock | None = None
 
     def parts(self) -> dict[str, Any]:
         """What a checkpoint holds and restores, by name (``checkpoint.save/restore``)."""

@@ -252,6 +252,7 @@ class Reports:
         self.progress.restart_clock(run.state.step)
         self.table = history.EpochTable(run_dir) if self.rank == 0 else None
         in_process = bool(cfg.run.trackers) and plan.max_workers == 0
+        self.compile_said = False  # scale.compile: what compiling cost is said once, after its first epoch
         self.tracked = trackers.EpochReports(cfg, run_dir, plan.epochs, say=out.say) if in_process else None
 
     def save(self, run: Run, metrics: dict[str, float] | None) -> None:
@@ -318,6 +319,11 @@ class Reports:
             self.tracked.report(metrics)
         self.out.say(epoch_line(run.state.epoch, run.plan.epochs, metrics, objective(run.cfg.sweep.metric).metric,
                                 workers=run.comm.world))
+        if self.rank == 0 and metrics.get("compiled_graphs") and not self.compile_said:  # once per attempt
+            self.compile_said = True
+            self.out.say(f"torch.compile: {metrics['compiled_graphs']:.0f} graph(s) compiled in "
+                         f"{metrics['time_compile_s']:.1f} s in epoch {run.state.epoch}; every epoch's in "
+                         f"{METRICS_FILE} (compiled_graphs, time_compile_s)")
         self.progress.restart_clock(run.state.step)  # the rate leaves out the evaluation and the checkpoint
 
 
