@@ -55,3 +55,67 @@ def test_on_the_gpu_the_estimate_is_never_below_the_peak(tmp_path):
     report = _smoke(tmp_path, "--steps", "3")
     for name, v in report["variants"].items():
         assert v["estimate_over_peak"] >= 1.0, (name, v)
+
+
+def _check_comparison(report: dict, workload: str = "plain") -> dict:
+    """What every --compare row must hold: the eager row is the reference, the FLOPs are one count
+    (the same arithmetic), the MFU is those FLOPs per second of step over the measured peak, a
+    compiled variant says its compile time and no other does, and every variant's losses after the
+    same steps from the same weights on the same batch are the eager one's up to rounding (their
+    kernels sum in other orders)."""
+    from bench import gpu_smoke
+
+    rows = report["compare"][workload]
+    assert list(rows) == list(gpu_smoke.LEVERS)
+    peak = report["matmul_peak"]["flops_per_s"]
+    flops = {r["flops_per_step"] for r in rows.values()}
+    assert len(flops) == 1 and flops.pop() > 0
+    eager = rows["eager"]
+    assert eager["vs_eager"] == 1.0 and eager["compile_s"] == 0 and eager["steps_to_repay_compile"] is None
+    for name, r in rows.items():
+        assert min(r["s_per_step_rounds"]) <= r["s_per_step_wall"] <= max(r["s_per_step_rounds"]), name  # the median
+        assert math.isclose(r["mfu"], r["flops_per_step"] / r["s_per_step_wall"] / peak, rel_tol=1e-9), name
+        assert math.isclose(r["vs_eager"], eager["s_per_step_wall"] / r["s_per_step_wall"], rel_tol=1e-9), name
+        assert (r["compile_s"] > 0) == name.endswith("compiled"), (name, r["compile_s"])
+        for k, v in eager["losses"].items():
+            assert math.isclose(r["losses"][k], v, rel_tol=1e-3, abs_tol=1e-6), (name, k, r["losses"][k], v)
+    return rows
+
+
+def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eager(monkeypatch):
+    """--compare's arithmetic and turns, with a layout that needs no compiling (fast): every
+    variant's rounds, one FLOP count, MFU over the measured peak, the ratio to eager."""
+    from bench import gpu_smoke
+    from raymcn.train.preflight.step_probe import one_rank_group
+
+    monkeypatch.setattr(gpu_smoke, "LEVERS", {k: gpu_smoke.LEVERS[k] for k in ("eager", "1d")})
+    device = torch.device("cpu")
+    peak = gpu_smoke.matmul_peak(device, 256)
+    assert peak["dtype"] == "float32" and peak["flops_per_s"] > 0
+    with one_rank_group(device):
+        rows = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=2,
+                                 peak_flops=peak["flops_per_s"], say=lambda line: None)
+    _check_comparison({"compare": {"plain": rows}, "matmul_peak": peak})
+    assert all(len(r["s_per_step_rounds"]) == 2 for r in rows.values())
+    table = gpu_smoke._compare_table("plain", rows)
+    assert table.splitlines()[0].startswith("| plain | clips/s | s/step | MFU | peak |")
+    assert "| eager |" in table and "| 1.00x |" in table and "n/a (CPU)" in table
+
+
+@pytest.mark.slow
+@pytest.mark.soak  # six variants, three of them compiled by Inductor's C++ on the CPU: minutes
+def test_the_comparison_runs_every_lever_without_ray(tmp_path):
+    """`python -m bench.gpu_smoke --compare` at tiny dims on a CPU, in a process without Ray: the
+    header says it is a CPU, a table row per variant, the JSON's rows as _check_comparison says."""
+    report = _smoke(tmp_path, "--device", "cpu", "--smoke", "--compare")
+    assert report["device"] == "cpu" and report["variants"] == {}
+    _check_comparison(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_every_lever_keeps_the_estimate_above_its_peak(tmp_path):
+    """The memory preflight with compile and each layout on a GPU: estimate >= each variant's peak."""
+    report = _smoke(tmp_path, "--compare", "--steps", "2", "--rounds", "2")
+    for name, v in _check_comparison(report).items():
+        assert v["estimate_over_peak"] >= 1.0, (name, v)
