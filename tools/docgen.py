@@ -852,12 +852,17 @@ def held_measurements() -> dict[str, tuple[str, int, Held]]:
 
 
 def measurement_ages() -> str:
-    """development.md's table: each measurement whose code changed since, and why its figures hold."""
-    held = held_measurements()
-    rows = [[f"`{name}`", commit, note.why] for name, (commit, _, note) in held.items()]
-    through = sorted({note.through for _, _, note in held.values()})
-    return (table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3)
-            + f"\n\nEvery change was read through {', '.join(through)}.")
+    """development.md's table: each measurement whose code changed since it was measured and that
+    has a note (:data:`HELD`), the note's reason and the commit its reader read to. It changes only
+    with the notes and the measurements, never with a later commit: ``--stale`` says which notes a
+    later change reopened."""
+    rows = []
+    for name, figures in _measurements().items():
+        commit, since = _changed(name, figures)
+        if since and name in HELD:
+            rows.append([f"`{name}`", commit, HELD[name].why, HELD[name].through])
+    return table(["JSON", "measured at or before", "why its figures still hold", "changes read through"], rows,
+                 right=4)
 
 
 def capture(name: str) -> str:
