@@ -641,10 +641,12 @@ def tiers() -> str:
 
 
 def slowest_tests() -> str:
-    """Each tier's slowest tests, the list the next cut between the tiers starts from."""
-    rows = [[TIER_NAMES[n], f"`{test.removeprefix('tests/')}`", f"{seconds:.0f}"]
-            for n, tests in m("test_durations")["tests"].items() for test, seconds in list(tests.items())[:SLOWEST]]
-    return table(["tier", "test", "seconds"], rows, right=2)
+    """Each tier's slowest tests, the list the next cut between the tiers starts from: a row per tier,
+    its tests slowest first, each with its seconds."""
+    rows = [[TIER_NAMES[n], "; ".join(f"`{test.removeprefix('tests/')}` {seconds:.0f}"
+                                      for test, seconds in list(tests.items())[:SLOWEST])]
+            for n, tests in m("test_durations")["tests"].items()]
+    return table(["tier", "its slowest tests, seconds"], rows, right=2)
 
 
 def commands() -> str:
