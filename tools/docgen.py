@@ -872,7 +872,7 @@ def measurement_ages() -> str:
     common = Counter(note.through for _, _, note in held).most_common(1)[0][0]
     rows = [[f"`{name}`", commit, note.why + ("" if note.through == common else f" (read through {note.through})")]
             for name, commit, note in held]
-    return (f"Every note read the changes through {common} unless it says otherwise.\n\n"
+    return (f"Each note covers the changes through {common} unless it says otherwise.\n\n"
             + table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3))
 
 
