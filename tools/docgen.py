@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -640,16 +641,18 @@ def tiers() -> str:
 
 
 def slowest_tests() -> str:
-    """Each tier's slowest tests, the list the next cut between the tiers starts from."""
-    rows = [[TIER_NAMES[n], f"`{test.removeprefix('tests/')}`", f"{seconds:.0f}"]
-            for n, tests in m("test_durations")["tests"].items() for test, seconds in list(tests.items())[:SLOWEST]]
-    return table(["tier", "test", "seconds"], rows, right=2)
+    """Each tier's slowest tests, the list the next cut between the tiers starts from: a row per tier,
+    its tests slowest first, each with its seconds."""
+    rows = [[TIER_NAMES[n], "; ".join(f"`{test.removeprefix('tests/')}` {seconds:.0f}"
+                                      for test, seconds in list(tests.items())[:SLOWEST])]
+            for n, tests in m("test_durations")["tests"].items()]
+    return table(["tier", "its slowest tests, seconds"], rows, right=2)
 
 
 def commands() -> str:
     """development.md's list: the README's and the guide's commands by how the suite runs them
     (tools/doc_commands.py, which tests/test_docs.py checks)."""
-    from tools.doc_commands import COMMANDS, RUN
+    from tools.doc_commands import CHANGED, COMMANDS, PARSED, RUN
 
     def name(shape: str, shown) -> str:
         return shown.label or f"`{shape}`"
@@ -658,9 +661,12 @@ def commands() -> str:
         return ", ".join(dict.fromkeys(f"`{t.split('::')[0].removeprefix('tests/')}`" for t in shown.tests))
 
     run = [name(s, c) for s, c in COMMANDS.items() if c.kind == RUN]
-    rows = [[name(s, c), c.kind, c.how, files(c)] for s, c in COMMANDS.items() if c.kind != RUN]
-    return (f"Run as written: {', '.join(run)}.\n\n"
-            + table(["command", "how", "what changes, or why not run", "tests"], rows, right=4))
+    out = f"Run as written: {', '.join(run)}."
+    for kind, why in ((CHANGED, "what changes"), (PARSED, "why not run")):
+        rows = [[name(s, c), c.how, files(c)] for s, c in COMMANDS.items() if c.kind == kind]
+        if rows:
+            out += f"\n\n{kind.capitalize()}:\n\n" + table(["command", why, "tests"], rows, right=3)
+    return out
 
 
 def metrics() -> str:
@@ -856,13 +862,18 @@ def measurement_ages() -> str:
     has a note (:data:`HELD`), the note's reason and the commit its reader read to. It changes only
     with the notes and the measurements, never with a later commit: ``--stale`` says which notes a
     later change reopened."""
-    rows = []
+    held = []
     for name, figures in _measurements().items():
         commit, since = _changed(name, figures)
         if since and name in HELD:
-            rows.append([f"`{name}`", commit, HELD[name].why, HELD[name].through])
-    return table(["JSON", "measured at or before", "why its figures still hold", "changes read through"], rows,
-                 right=4)
+            held.append((name, commit, HELD[name]))
+    if not held:
+        return "No measurement's code changed since it was measured."
+    common = Counter(note.through for _, _, note in held).most_common(1)[0][0]
+    rows = [[f"`{name}`", commit, note.why + ("" if note.through == common else f" (read through {note.through})")]
+            for name, commit, note in held]
+    return (f"Each note covers the changes through {common} unless it says otherwise.\n\n"
+            + table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3))
 
 
 def capture(name: str) -> str:
