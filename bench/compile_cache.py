@@ -7,10 +7,12 @@ Runs ``raymcn sweep`` as ``python sweep.py`` does (``python -m raymcn.cli sweep`
 own, with a fresh local Ray instance) over the embedded default with ``scale.compile=true``: a grid
 of two learning rates, one trial at a time (``sweep.max_concurrent=1``), no confirmation, and
 ``TORCHINDUCTOR_CACHE_DIR`` set to a new, empty folder. The first trial so starts cold, as a lab
-server's first trial after a reboot; the second finds what the first left in Inductor's cache on
-the node's disk (its FX graph cache and AOT autograd's cache). Each trial is a Ray Train run of
-its own, so its workers are new processes: they trace the model again (Dynamo) and look the graphs
-up in the cache instead of generating and compiling C++ again.
+server's first trial after a reboot; the second finds the kernels the first compiled in Inductor's
+FX graph cache on the node's disk. Each trial is a Ray Train run of its own, so its workers are new
+processes: they still trace the model (Dynamo) and its backward (AOT autograd) again, then load
+the compiled graphs from the cache instead of generating and compiling C++. AOT autograd's own
+cache does not serve them: Dynamo splits a DDP model's graph at the gradient buckets, and torch
+does not cache the split graphs (it logs "Won't cache a graph with fakify_first_call enabled").
 
 Per trial, from the sweep's results (each epoch's ``compiled_graphs`` and ``time_compile_s``,
 rank 0's, summed over the trial's epochs; Tune's ``time_total_s``, the trial's wall time from its

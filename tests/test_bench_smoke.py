@@ -231,7 +231,6 @@ def test_compile_cache(tmp_path):
     assert figures["settings"]["epochs"] == 1
     first, second = figures["trials"]
     assert sorted([first["optim.lr"], second["optim.lr"]]) == sorted(compile_cache.LEARNING_RATES)
-    assert first["started"] < second["started"]
     for trial in (first, second):
         assert [e["epoch"] for e in trial["epochs"]] == [1]
         assert trial["compiled_graphs"] >= 1 and positive(trial["time_compile_s"], trial["wall_s"])
