@@ -8,8 +8,9 @@ The benchmarks other tests already run count as their smoke runs and are not run
 (tests/test_sweep_efficiency.py, slow) and ``bench.chaos`` (tests/test_chaos.py, multinode).
 
 The benchmarks that start Ray in this process share one instance (``ray_local``, the last tests of
-this file). ``bench.trial_cost``'s sweep starts one of its own in a subprocess, so it runs first,
-before that instance exists (two instances at once break Ray Train's placement-group cleaner);
+this file). ``bench.trial_cost``'s and ``bench.compile_cache``'s sweeps start one of their own in a
+subprocess, so they run first, before that instance exists (two instances at once break Ray Train's
+placement-group cleaner);
 ``bench.scale`` runs without its ``--ray`` conversion, which would start one too.
 """
 
@@ -21,10 +22,11 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import last_json
+from conftest import last_json, stop_shared_ray
 
 from bench import (
     checkpoint,
+    compile_cache,
     compression,
     drain_check,
     eval_sharding,
@@ -215,6 +217,27 @@ def test_trial_cost(tmp_path):
     assert {"plan (the trial's run plan)", "fit() -> every rank in the worker function", "epochs: steps"} <= set(
         trial["items_s"])
     assert positive(figures["steady"]["current"]["wall_s"])
+
+
+@pytest.mark.ray
+@pytest.mark.soak  # a benchmark's smoke over a minute (two compiled trials): before a release
+@pytest.mark.slow
+def test_compile_cache(tmp_path):
+    """Second of the Ray tests: its sweep starts a Ray instance of its own, whose processes get the
+    benchmark's empty TORCHINDUCTOR_CACHE_DIR (the suite's instance, started before, would not).
+    Both trials trace the model in new worker processes, so both count the same graphs."""
+    stop_shared_ray()  # a previous module's instance: ours to stop (ray_local starts it again)
+    figures = smoke(compile_cache, tmp_path)
+    assert figures["settings"]["epochs"] == 1
+    first, second = figures["trials"]
+    assert sorted([first["optim.lr"], second["optim.lr"]]) == sorted(compile_cache.LEARNING_RATES)
+    for trial in (first, second):
+        assert [e["epoch"] for e in trial["epochs"]] == [1]
+        assert trial["compiled_graphs"] >= 1 and positive(trial["time_compile_s"], trial["wall_s"])
+    assert second["compiled_graphs"] == first["compiled_graphs"]
+    assert figures["second_over_first"]["compiled_graphs"] == 1.0
+    assert positive(figures["second_over_first"]["time_compile_s"], figures["second_over_first"]["wall_s"])
+    assert figures["inductor_cache"]["files"] > 0  # the trials' workers compiled into the benchmark's folder
 
 
 @pytest.mark.ray

@@ -725,6 +725,7 @@ _RUN = ("raymcn/train", "raymcn/model", "raymcn/losses", "raymcn/collectives.py"
 # a change to one of them may no longer describe today's code.
 PRODUCERS: dict[str, tuple[str, ...]] = {
     "test_durations": ("tests", "pyproject.toml", "Makefile", ".ci/run", *_RUN, "raymcn/sweep", "raymcn/data"),
+    "compile_cache": ("bench/compile_cache.py", *_RUN, "raymcn/sweep"),
     "chaos": ("bench/chaos.py", *_RUN, "raymcn/servers", "raymcn/sweep", "raymcn/phases.py", "raymcn/data/read"),
     "compression": ("bench/compression.py", "raymcn/data/formats", "raymcn/data/read"),
     "drain_check": ("bench/drain_check.py", "raymcn/train/on_ray/cluster.py"),
