@@ -155,7 +155,7 @@ def ran(name: str) -> str:
 # The measurements whose command and machine a page shows (``run.NAME``).
 SHOWN_RUNS = ("chaos", "test_durations", "drain_check", "eval_sharding", "grad_cache", "kmeans", "loader",
               "loader_short_and_long", "memory", "overhead", "preflight", "rung_correlation", "scale", "shard_dtype",
-              "sweep_efficiency", "sweep_time", "trial_cost", "compression")
+              "sweep_efficiency", "sweep_time", "trial_cost", "compression", "compile_cache")
 
 
 # --- the first GPU: bench.gpu_smoke and the runs of gpu_runs.json ------------------------------------------
@@ -682,6 +682,12 @@ def metrics() -> str:
                      for (direction, over_all), names in groups.items())
 
 
+def compile_cache() -> str:
+    """memory.md's figure: what a sweep's second compiled trial spent compiling against its first."""
+    first, second = (t["time_compile_s"] for t in m("compile_cache")["trials"])
+    return f"{second:.1f} s against the first's {first:.1f} s ({second / first:.2f}×)"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     **{f"run.{name}": functools.partial(ran, name) for name in SHOWN_RUNS},
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
@@ -692,7 +698,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.not-yet-run": gpu_not_yet_run, "gpu.data-phase": lambda: gpu_data_phase(), "grad-cache.bn": lambda: grad_cache_bn(),
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
-    "commands": commands, "metrics": metrics, "lab.sizes": lab_sizes,
+    "commands": commands, "metrics": metrics, "lab.sizes": lab_sizes, "compile.cache": compile_cache,
     "measurements.ages": lambda: measurement_ages(),
     "tests.fast": lambda: tier("fast"), "tests.ci": lambda: tier("ci"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
     "tests.slowest": slowest_tests,
