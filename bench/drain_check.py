@@ -14,7 +14,7 @@ scale: a one-float gloo broadcast from rank 0, which is what ``run.checkpoint_ev
 check costs every ``run.log_every`` steps (``checkpoints/policy.CheckpointPolicy``).
 
 From the cost c and a step time t, asking every N steps costs c / (N t) of training; the choice of
-``run.drain_check_every`` is the smallest N of 1, 2, 5, 10, 20, 50 under 1 % of the shortest paper
+``run.drain_check_every`` is the smallest N of 1, 2, 5, 10, 20, 50 under 1 % of the plain paper
 step measured on a GPU (``--step-s``, by default read from docs/measurements/gpu_smoke.json).
 """
 
@@ -32,7 +32,7 @@ MEASURED = harness.REPO / "docs" / "measurements"
 
 
 def gpu_step_s() -> float:
-    """The shortest paper step measured on a GPU: one of 4 ranks' share (bench.gpu_smoke's plain
+    """The plain paper step measured on a GPU: one of 4 ranks' share (bench.gpu_smoke's plain
     variant). A slower GPU's step is longer, so asking costs a smaller share of it."""
     return json.loads((MEASURED / "gpu_smoke.json").read_text())["variants"]["plain"]["s_per_step_wall"]
 
@@ -117,7 +117,7 @@ def build_parser():
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats (default 3)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed questions first (default 20)")
     ap.add_argument("--step-s", type=float, default=gpu_step_s(),
-                    help=f"the step the cost is a share of, seconds (default {gpu_step_s():.3f}: the shortest paper "
+                    help=f"the step the cost is a share of, seconds (default {gpu_step_s():.3f}: the plain paper "
                          "step measured on a GPU)")
     return ap
 

@@ -155,7 +155,7 @@ def test_the_papers_batch_fits_one_gpu_with_gradient_caching(device):
     assert not ok and estimate_worker_memory(cfg)["total"] > usable
     assert set(over) == {"scale.grad_cache_clips"}, over
     n = over["scale.grad_cache_clips"]
-    assert f"Try scale.grad_cache_clips={n}" in msg and "same objective" in msg
+    assert f"Try scale.grad_cache_clips={n}" in msg and "the same loss, BatchNorm's statistics per chunk" in msg
     chunked = cfg.replace(over)
     assert (chunked.data.batch_size, chunked.data.clips_per_video) == (128, 32)  # the objective is unchanged
     assert n % 32 == 0 and 0 < n < 4096 and estimate_worker_memory(chunked)["total"] <= usable
@@ -231,7 +231,7 @@ def test_ring_with_caching_before_fewer_clips():
     device = _device_between(cfg.replace({**one_video, "scale.ring_contrastive": True}), cfg.replace(one_video))
     ok, msg, over = fits(cfg, device)
     assert not ok and over["scale.ring_contrastive"] is True and over["scale.grad_cache_clips"] % 32 == 0
-    assert "Try scale.ring_contrastive=true scale.grad_cache_clips=" in msg and "same objective" in msg
+    assert "Try scale.ring_contrastive=true scale.grad_cache_clips=" in msg and "the same loss, BatchNorm's statistics per chunk" in msg
     assert fits(cfg.replace(over), device)[0]
 
 

@@ -34,7 +34,7 @@ CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--config", "{tmp}/unknown_section.yaml"], "unknown section 'optimizer' (did you mean 'optim'?)"),
     (["--set", "data.clips_per_video=32", "--set", "data.batch_size=512", "--set", "model.embed_dim=6144",
       "--set", "data.audio_frames=1000", "--set", "model.audio_channels=[128,128,256,512,1024]"],
-     "(gradient caching: the same objective"),  # the chunk depends on the conv kernel path (the CPU)
+     "(gradient caching: the same loss, BatchNorm's statistics per chunk"),  # the chunk depends on the conv kernel path (the CPU)
     (["--set", "scale.num_workers=1", "--set", "data.clips_per_video=32", "--set", "data.batch_size=512",
       "--set", "model.embed_dim=6144", "--set", "data.audio_frames=1000",
       "--set", "model.audio_channels=[128,128,256,512,1024]"], "Try data.clips_per_video="),

@@ -219,7 +219,7 @@ class ScaleConfig:
     # only the fp32 gradient factors, k-means and the cluster logits, by 2^-11 relative, 8x below the
     # bf16 rounding the embeddings already carry. "highest" (the original's fp32 numerics) stays the
     # default until a server measures both: the one GPU run so far used "highest" only
-    # (docs/memory.md, "On a GPU so far"; its checklist measures both).
+    # (docs/memory.md, "On a GPU so far"; the lab guide's step 11 measures both).
     matmul_precision: str = setting("highest", choices=("highest", "high"))
     # torch.compile of the model under DDP, its forward and backward (the objective stays eager: its
     # collectives and k-means would only break the graph). Off until a GPU measures it: on a 2-core

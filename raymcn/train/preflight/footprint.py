@@ -2,9 +2,10 @@
 
 The preflight calls :func:`fits` before Ray starts, so a run that cannot fit its device is
 refused with what to change instead of dying with an OOM hours later: the ring loss and gradient
-caching first (``scale.ring_contrastive``, ``scale.grad_cache_clips``: the same objective), only
-then a smaller ``data.clips_per_video``. No Ray and no torch here: the model's sizes come from
-``model_size.py``, the convolutions' workspace from ``convspace.py``.
+caching first (``scale.ring_contrastive``: the same objective; ``scale.grad_cache_clips``: the same
+loss, BatchNorm's statistics per chunk), only then a smaller ``data.clips_per_video``. No Ray and no
+torch here: the model's sizes come from ``model_size.py``, the convolutions' workspace from
+``convspace.py``.
 
 Each term of :func:`estimate_worker_memory` (bytes, per worker, for rank 0, the largest), its
 formula and how it was checked against measurement: docs/memory.md, "What the memory estimate
@@ -235,7 +236,7 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9, conv: str | N
 
     Returns:
         ``(ok, message, overrides)``. When it fits: ``{}``. When it does not, the dotted settings
-        to change, in this order of preference, each the same objective until (4): (1) with
+        to change, in this order of preference, each the same loss until (4): (1) with
         several workers, the ring contrastive loss (``scale.ring_contrastive``) when that alone
         fits (no second forward); (2) gradient caching, ``scale.grad_cache_clips``: the fewest
         chunks that fit, as equal as whole videos allow (:func:`balanced_chunk` of
@@ -279,10 +280,10 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9, conv: str | N
                     "passed around a ring instead of gathered)") if extra else ""
             settings = " ".join(f"{k}={str(v).lower()}" for k, v in over.items())
             return False, msg + (
-                f"Try {settings} (gradient caching{also}: the same objective; the {b} clips of a worker "
-                f"embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the fewest that fit (the "
-                f"largest chunk that fits is {largest} clips); estimated {_gib(total(cfg.replace(over)))}), or more "
-                f"workers (scale.num_workers)."), over
+                f"Try {settings} (gradient caching{also}: the same loss, BatchNorm's statistics per chunk; the {b} "
+                f"clips of a worker embedded in {-(-b // chunk)} chunks of whole videos, as equal as they go, the "
+                f"fewest that fit (the largest chunk that fits is {largest} clips); estimated "
+                f"{_gib(total(cfg.replace(over)))}), or more workers (scale.num_workers)."), over
     over = _fewer_clips(cfg, usable, total)
     smallest = cfg.replace({"scale.grad_cache_clips": cfg.data.clips_per_video})
     msg += f"Not even gradient caching with one video per chunk fits (estimated {_gib(total(smallest))}). "
