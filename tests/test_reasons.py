@@ -366,6 +366,51 @@ def test_the_instances_of_this_machine_are_found_by_their_raylets_and_ray_starts
     assert cluster.recorded_instance() == "10.0.0.5:6379"
 
 
+FAKE_RAYLET = """
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+import grpc
+server = grpc.server(ThreadPoolExecutor(max_workers=1))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_raylet_started_with_port_0_is_asked_at_the_ports_it_listens_on(tmp_path):
+    """`ray start` gives its raylet ``--node_manager_port=0``: the raylet picks its port, so the
+    connection asks it at every port the process listens on; one gRPC answer is enough. Stopped
+    (SIGSTOP), it answers at none, and the wait names it by its pid."""
+    import signal
+
+    from raymcn.train.on_ray import cluster
+
+    gcs = "127.0.0.1:59999"  # the instance it belongs to, by its raylet's command line
+    raylet = subprocess.Popen(["bash", "-c", f"exec -a {tmp_path}/raylet {sys.executable} -c '{FAKE_RAYLET}' "
+                               f"--node_manager_port=0 --node_ip_address=127.0.0.1 --gcs-address={gcs}"],
+                              stdout=subprocess.PIPE, text=True,  # renamed, it finds grpc by this path only
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    try:
+        port = int(raylet.stdout.readline())
+        found = cluster.local_raylets(gcs)
+        assert found == {raylet.pid: [f"127.0.0.1:{port}"]}, found
+        assert cluster.local_raylets("127.0.0.1:59998") == {}  # another instance's: not this one's
+        said: list[str] = []
+        cluster.wait_for_answer(found[raylet.pid], "the raylet", "the raylet", said.append, named_after_s=5,
+                                limit_s=10)
+        assert said == []
+        raylet.send_signal(signal.SIGSTOP)
+        with pytest.raises(RayUnavailable, match="the raylet did not answer within 1 s"):
+            cluster.wait_for_answer(found[raylet.pid], "the raylet", "the raylet", said.append, named_after_s=0.5,
+                                    limit_s=1.0)
+        assert said == ["Ray: no answer from the raylet for 0.5 s; " + cluster.ADVICE + ". Giving up at 1 s."]
+    finally:
+        raylet.send_signal(signal.SIGCONT)
+        raylet.kill()
+        raylet.wait()
+
+
 def test_several_instances_and_none_recorded_ask_which(monkeypatch):
     from raymcn.train.on_ray import cluster
 
@@ -728,9 +773,7 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
         runs = _timed_runs({"drain": commands["drain"], "sweep": commands["sweep"]}, env, timeout_s=200)
     finally:
         raylet.send_signal(signal.SIGCONT)
-    at = re.search(r"--node_ip_address=(\S+)", " ".join(raylet.cmdline())).group(1)
-    port = re.search(r"--node_manager_port=(\d+)", " ".join(raylet.cmdline())).group(1)
     for name, run in runs.items():
-        _bounded_as_documented(name, run, address, f"this machine's raylet at {at}:{port} (of the instance at "
-                               f"{address})", f"this machine's raylet at {at}:{port} (of the Ray instance at "
-                               f"{address}, given by RAY_ADDRESS) did not answer within 60 s")
+        _bounded_as_documented(name, run, address, f"this machine's raylet (pid {raylet.pid}) of the instance at "
+                               f"{address}", f"this machine's raylet (pid {raylet.pid}) of the Ray instance at "
+                               f"{address} (given by RAY_ADDRESS) did not answer within 60 s")

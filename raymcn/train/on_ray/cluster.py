@@ -149,10 +149,11 @@ def connected(target: str, why: str, say: Callable[[str], None] = print, advice:
     """
     say(f"Ray: connecting to the instance at {target} ({why})")
     wait_for_gcs(target, why, say, advice=advice)
-    for raylet in local_raylets(target):  # a driver attaches to it; Ray's own wait ends the process unnamed
-        wait_for_answer(raylet, f"this machine's raylet at {raylet} (of the instance at {target})",
-                        f"this machine's raylet at {raylet} (of the Ray instance at {target}, {why})", say,
-                        advice=advice)
+    for pid, addresses in local_raylets(target).items():  # a driver attaches to it; Ray ends it unnamed
+        if addresses:
+            wait_for_answer(addresses, f"this machine's raylet (pid {pid}) of the instance at {target}",
+                            f"this machine's raylet (pid {pid}) of the Ray instance at {target} ({why})", say,
+                            advice=advice)
     kwargs = {"log_to_driver": True, **init_kwargs}
     try:
         with bounded(f"Ray's connection to {target} ({why})", CONNECT_LIMIT_S, say, advice=advice):
@@ -243,19 +244,41 @@ def running_instances() -> list[str]:
     return sorted({r["gcs-address"] for r in _raylets() if r.get("gcs-address") not in (None, "", "None")})
 
 
-def local_raylets(target: str) -> list[str]:
-    """``IP:PORT`` of the raylet on this machine of the Ray instance whose GCS is at ``target`` (a
-    driver started here attaches to it), none when this machine is not one of its nodes. A raylet
-    names its GCS by the head's IP, a command often by 127.0.0.1: on this machine both are the same."""
+def local_raylets(target: str) -> dict[int, list[str]]:
+    """The raylets on this machine of the Ray instance whose GCS is at ``target`` (a driver started
+    here attaches to one), by pid: the ``IP:PORT`` addresses each may answer at. Its node manager's
+    port where its command line names one; a raylet started with port 0 (``ray start``'s default)
+    chose its own, so then every port it listens on. Empty when this machine is not a node of the
+    instance. A raylet names its GCS by the head's IP, a command often by 127.0.0.1: on this machine
+    both are the same."""
     host, _, port = target.removeprefix("ray://").rpartition(":")
     here = this_machines_addresses()
-    found = []
+    found = {}
     for raylet in _raylets():
         gcs_host, _, gcs_port = raylet.get("gcs-address", "").rpartition(":")
         same = (gcs_host, gcs_port) == (host, port) or (gcs_port == port and {host, gcs_host} <= here)
-        if same and raylet.get("node_ip_address") and raylet.get("node_manager_port"):
-            found.append(f"{raylet['node_ip_address']}:{raylet['node_manager_port']}")
+        ip = raylet.get("node_ip_address")
+        if same and ip:
+            named = raylet.get("node_manager_port", "0")
+            found[int(raylet["pid"])] = [f"{ip}:{named}"] if named not in ("", "0") else _listening(raylet["pid"], ip)
     return found
+
+
+def _listening(pid: str, ip: str) -> list[str]:
+    """``HOST:PORT`` of every TCP port process ``pid`` listens on (``ip`` for a wildcard address);
+    none when it is gone or not ours to look at."""
+    import psutil
+
+    try:
+        sockets = psutil.Process(int(pid)).net_connections(kind="tcp")
+    except psutil.Error:
+        return []
+    out = []
+    for s in sockets:
+        if s.status == psutil.CONN_LISTEN:
+            host = ip if s.laddr.ip in ("0.0.0.0", "::", "") else s.laddr.ip.removeprefix("::ffff:")  # IPv4 in v6
+            out.append(f"[{host}]:{s.laddr.port}" if ":" in host else f"{host}:{s.laddr.port}")
+    return sorted(set(out))
 
 
 def this_machines_addresses() -> set[str]:
@@ -269,7 +292,8 @@ def this_machines_addresses() -> set[str]:
 
 def _raylets() -> list[dict[str, str]]:
     """The ``--name=value`` arguments of every raylet running on this machine, a dict each (the first
-    value of a name: the raylet's own, before those of the worker commands it carries)."""
+    value of a name: the raylet's own, before those of the worker commands it carries), and its
+    ``pid``."""
     import psutil
 
     found = []
@@ -279,7 +303,7 @@ def _raylets() -> list[dict[str, str]]:
         except psutil.Error:  # gone, or another user's: not ours to join
             continue
         if cmdline and "raylet" in os.path.basename(cmdline[0]):
-            args: dict[str, str] = {}
+            args: dict[str, str] = {"pid": str(proc.pid)}
             for arg in (word for part in cmdline for word in part.split(" ")):
                 if arg.startswith("--") and "=" in arg:
                     args.setdefault(*arg[2:].split("=", 1))
@@ -308,13 +332,14 @@ def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_
                     named_after_s, limit_s, advice)
 
 
-def wait_for_answer(address: str, short: str, long: str, say: Callable[[str], None],
+def wait_for_answer(addresses: str | list[str], short: str, long: str, say: Callable[[str], None],
                     named_after_s: float | None = None, limit_s: float | None = None, advice: str = ADVICE) -> None:
-    """Wait until the gRPC server at ``address`` (a GCS, a raylet) completes a connection: its HTTP/2
-    handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no token or version is needed
-    yet, and a process that is stopped or hung never completes it (its kernel still accepts the TCP
-    connection). Named on the console as ``short`` after ``named_after_s`` (default
-    :data:`CONNECT_NAMED_AFTER_S`), given up as ``long`` after ``limit_s`` (default :data:`CONNECT_LIMIT_S`).
+    """Wait until a gRPC server of one process (a GCS, a raylet) completes a connection at one of its
+    ``addresses``: its HTTP/2 handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no
+    token or version is needed yet, and a process that is stopped or hung never completes it (its
+    kernel still accepts the TCP connection). Named on the console as ``short`` after
+    ``named_after_s`` (default :data:`CONNECT_NAMED_AFTER_S`), given up as ``long`` after
+    ``limit_s`` (default :data:`CONNECT_LIMIT_S`).
 
     Raises:
         RayUnavailable: no answer within ``limit_s``, or TLS is on and its files cannot be read.
@@ -325,17 +350,22 @@ def wait_for_answer(address: str, short: str, long: str, say: Callable[[str], No
     limit_s = CONNECT_LIMIT_S if limit_s is None else limit_s
     started = time.monotonic()
     credentials = tls_credentials()
-    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
-    with channel:
-        ready = grpc.channel_ready_future(channel)
+    channels = [grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a)
+                for a in ([addresses] if isinstance(addresses, str) else addresses)]
+    answered = threading.Event()
+    futures = [grpc.channel_ready_future(c) for c in channels]
+    for future in futures:
+        future.add_done_callback(lambda f: None if f.cancelled() else answered.set())
+    try:
         for until_s in (named_after_s, limit_s):
-            try:
-                ready.result(timeout=max(0.0, until_s - (time.monotonic() - started)))
+            if answered.wait(timeout=max(0.0, until_s - (time.monotonic() - started))):
                 return
-            except grpc.FutureTimeoutError:
-                if until_s < limit_s:
-                    say(f"Ray: no answer from {short} for {until_s:g} s; {advice}. Giving up at {limit_s:g} s.")
-        ready.cancel()
+            if until_s < limit_s:
+                say(f"Ray: no answer from {short} for {until_s:g} s; {advice}. Giving up at {limit_s:g} s.")
+    finally:
+        for future, channel in zip(futures, channels):
+            future.cancel()
+            channel.close()
     tls = " over TLS (RAY_USE_TLS)" if credentials else ""
     raise RayUnavailable(f"{long} did not answer{tls} within {limit_s:g} s; {advice}")
 
