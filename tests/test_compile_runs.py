@@ -46,7 +46,9 @@ from conftest import last_json, stop_shared_ray
 
 from raymcn.config import CONSOLE_LOG_FILE, METRICS_FILE
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+# Two Ray Train runs of the embedded default, one compiled: minutes on 2 cores, past CI's 90 minutes
+# beside the rest of the slow tier (tests/test_compile.py holds the compiled step to the eager one there)
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]
 
 # metric -> (relative tolerance, absolute tolerance), from the measurements in the module doc

@@ -597,6 +597,7 @@ def test_a_local_start_that_hangs_is_named_then_ended_and_its_processes_stopped(
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # the slow tier's SIGSTOP test runs `python sweep.py` beside a real instance that does not answer
 def test_the_main_command_beside_a_ray_instance_that_does_not_answer(silent_gcs, tmp_path):
     """`python sweep.py` (the README's main command) with RAY_ADDRESS at a GCS that never answers:
     the address and why it was chosen first, within 60 s the advice, and a non-zero exit within the

@@ -355,6 +355,7 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak  # a sweep and its confirmation: minutes past CI's 90 (test_sweep_metric.py: the fast tier's part)
 @pytest.mark.timeout(900)
 def test_a_shipped_sweep_by_the_median_rank_answers_by_the_lowest(tmp_path):
     """``raymcn sweep --config sweeps/smoke.yaml --rehearse --set sweep.metric=<the median rank>``,
