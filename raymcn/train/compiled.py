@@ -22,7 +22,6 @@ trials find them there and compile in a fraction of the first trial's time
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 # Compilations of one code path before Dynamo runs it eagerly. The run's own reasons above add
@@ -34,7 +33,7 @@ RECOMPILE_LIMIT = 8
 def compile_model(model: nn.Module) -> nn.Module:
     """``model`` compiled (its forward and backward; a DDP wrapper with its buckets' graph breaks).
     Its parameters are ``model``'s own: an optimizer may be built on either."""
-    import torch._dynamo
+    import torch._dynamo  # here: importing Dynamo costs a second, which a run without compiling never pays
 
     config = torch._dynamo.config
     # named cache_size_limit before torch 2.6 (the pyproject allows 2.3)
