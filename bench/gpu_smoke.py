@@ -34,7 +34,8 @@ layout compiled. After each variant's warm-up (its compile time said apart), the
 turns: ``--rounds`` rounds of ``--steps`` steps each, so a drift of the machine falls on all of
 them alike. Per variant: clips/s, MFU, peak memory, the ratio to eager and, for a compiled one,
 the steps after which its compile time is paid back. Default workload: ``plain`` (each compiled
-variant compiles for minutes on a GPU's first run; Inductor caches the kernels on disk).
+variant compiles for minutes on a GPU's first run; Inductor caches the kernels on disk). Every
+variant holds its own model and optimizer state: ``--levers`` picks fewer on a smaller GPU.
 
 The JSON line (last line of the output, and ``--out``) holds every figure. Runs without Ray:
 nothing it imports needs it.
@@ -96,10 +97,13 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10, blocks: int 
 
 
 def compare(workload: dict, device: torch.device, warmup: int, steps: int, rounds: int, peak_flops: float,
-            say=print) -> dict:
-    """Every lever (:data:`LEVERS`) of one workload, built at once and timed in turns (module doc)."""
+            say=print, levers: list[str] | None = None) -> dict:
+    """The ``levers`` (default: every one of :data:`LEVERS`; eager always, the reference) of one
+    workload, built at once and timed in turns (module doc)."""
+    chosen = ["eager", *(name for name in (levers or LEVERS) if name != "eager")]
     rigs, compile_s = {}, {}
-    for name, lever in LEVERS.items():
+    for name in chosen:
+        lever = LEVERS[name]
         rig = StepRig(Config().replace({**workload, **lever}), device, max_steps=warmup + rounds * steps + 1)
         rig.steps(warmup)
         compile_s[name] = rig.run.compile_clock.total()["time_compile_s"] if rig.run.compile_clock else 0.0
@@ -142,6 +146,8 @@ def build_parser():
     ap.add_argument("--variants", nargs="+", choices=["plain", "cached", "ring"], default=None,
                     help="workloads (default: all three; with --compare, plain)")
     ap.add_argument("--compare", action="store_true", help="eager, compiled and each DAVEnet layout, side by side")
+    ap.add_argument("--levers", nargs="+", choices=list(LEVERS), default=None,
+                    help="--compare: these variants only, beside eager (each holds its own model and Adam state)")
     ap.add_argument("--chunk", type=int, default=512, help="gradient-caching chunk of the cached variant (clips)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5, help="timed steps (with --compare: per variant and round)")
@@ -175,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         for workload in workloads:
             settings = variants(args.quick, args.chunk)[workload]
             if args.compare:
-                print(f"{workload}: {', '.join(LEVERS)}")
-                rows = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"])
+                print(f"{workload}: {', '.join(args.levers or LEVERS)}")
+                rows = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"],
+                               levers=args.levers)
                 report["compare"][workload] = rows
                 results.save(**report)
                 print(_compare_table(workload, rows))
