@@ -460,8 +460,9 @@ def test_a_gcs_that_does_not_answer_is_named_then_given_up(silent_gcs):
 
 
 def test_a_gcs_that_answers_is_waited_for_no_longer():
-    import grpc
     from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
 
     from raymcn.train.on_ray import cluster
 
@@ -531,8 +532,9 @@ def test_a_gcs_with_tls_on_is_asked_over_tls(tmp_path, monkeypatch):
     """A cluster with RAY_USE_TLS on: its GCS (here a gRPC server set up as Ray sets its own, mutual
     TLS) answers the check over TLS; a plain channel would never complete its handshake, and a healthy
     GCS would be reported as not answering."""
-    import grpc
     from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
 
     from raymcn.train.on_ray import cluster
 
@@ -631,9 +633,8 @@ def own_ray_instance():
     import signal
     import tempfile
 
-    import ray  # noqa: F401 - Ray's own copy of psutil comes on the path with it
-
     import psutil
+    import ray  # noqa: F401 - Ray's own copy of psutil comes on the path with it
 
     from bench.services import free_port
 

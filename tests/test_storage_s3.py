@@ -82,7 +82,6 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     import mlflow
 
     from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective
-    from raymcn.train.monitor.trackers import safe_name
     from raymcn.results.table import load_experiment
     from raymcn.sweep.tuner import mlflow_uri
 

@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import raymcn.config.metrics as table_module
 from raymcn.config import (
     DEFAULT_OBJECTIVE,
     Config,
@@ -35,7 +36,6 @@ from raymcn.config import (
     objective,
     objective_choices,
 )
-import raymcn.config.metrics as table_module
 from raymcn.results.confirmation import ConfirmSettings, plan_text, select_candidates, trial_configs
 from raymcn.results.experiment import load_experiment, sweep_objective
 from raymcn.results.table import answer_line, compact, format_table, group_table, report
@@ -135,7 +135,7 @@ def test_a_sweep_file_naming_an_unlisted_metric_is_refused_naming_the_file(tmp_p
 
 # --- a sweep by the median rank: the lowest is the best everywhere it is shown ---------------------------------
 def test_trials_are_judged_by_their_lowest_median_rank_and_ordered_lowest_first(by_medr):
-    trials, curves = load_experiment(by_medr)
+    trials, _ = load_experiment(by_medr)
     assert sweep_objective(by_medr) == BEST_MEDR
     t = trials.set_index("trial")
     for (order, lr), (_, medrs) in SEARCH.items():
@@ -281,9 +281,9 @@ def extended(monkeypatch):
 
 def test_a_metric_added_to_the_table_is_evaluated(extended):
     import torch
+    from test_eval_sharded import _eval_set, _model
 
     from raymcn.train.evaluate import embed_eval_set, evaluate, ranks_of_matches
-    from test_eval_sharded import _eval_set, _model
 
     got = evaluate(_model(), _eval_set(), torch.device("cpu"))
     assert list(got) == [*metric_names(), "eval_size"] and metric_names()[-2:] == ("text_to_video_R@100",
