@@ -92,6 +92,10 @@ COMMANDS: dict[str, Shown] = {
         CHANGED, ("tests/test_gpu_smoke.py::test_the_gpu_smoke_runs_every_variant_without_ray",
                   "tests/test_gpu_smoke.py::test_on_the_gpu_the_estimate_is_never_below_the_peak"),
         "`--device cpu --smoke`; on a GPU, `--steps 3`"),
+    "python -m bench.gpu_smoke --compare": Shown(
+        CHANGED, ("tests/test_gpu_smoke.py::test_the_comparison_runs_every_lever_without_ray",
+                  "tests/test_gpu_smoke.py::test_on_the_gpu_every_lever_keeps_the_estimate_above_its_peak"),
+        "`--device cpu --smoke`; on a GPU, `--steps 2 --rounds 2`"),
     "raymcn train --config --set": Shown(
         CHANGED, (f"{R}::test_the_paper_run_trains_to_its_end",),
         "`--rehearse` in place of the `--set`s",
