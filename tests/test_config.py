@@ -189,3 +189,16 @@ def test_a_section_that_is_not_a_mapping_names_the_file_and_section(tmp_path, te
     with pytest.raises(ConfigError) as e:
         load_config(f, ["run.name=x"])
     assert f"config file {f}: {fragment}" in str(e.value)
+
+
+def test_python_dash_m_raymcn_is_the_raymcn_command():
+    """`python -m raymcn` (a shell without the venv's scripts on its PATH) parses as `raymcn` does
+    and names a bad setting under the command's own name."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "raymcn", "config", "--set", "optim.lrr=1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out
+    assert "raymcn config: invalid configuration" in out.stderr
+    assert "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" in out.stderr
