@@ -80,7 +80,7 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
         return {"raymcn.config"}, set(), set()
-    if module in ("raymcn.cli", "raymcn", "raymcn.phases") or module.startswith("raymcn.doctor"):
+    if module in ("raymcn.cli", "raymcn.__main__", "raymcn", "raymcn.phases") or module.startswith("raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
     if where == "raymcn.servers":  # on top, beside cli; runs sweeps as `raymcn sweep` processes, imports none
         # ... but connects to Ray as every command does (the connection's module imports no torch)
