@@ -122,13 +122,13 @@ class _Parser(argparse.ArgumentParser):
 
 def parser(doc: str | None, smoke: str, raw: bool = False) -> argparse.ArgumentParser:
     """An argument parser with the harness's arguments; ``doc``: the benchmark's module docstring
-    (its first line describes it; with ``raw`` all of it, as written); ``smoke``: what ``--smoke``
-    runs."""
+    (its first paragraph describes it; with ``raw`` all of it, as written); ``smoke``: what
+    ``--smoke`` runs."""
     text = doc or ""
     spec = getattr(sys.modules["__main__"], "__spec__", None)  # `python -m bench.NAME`: usage says so
     by_name = spec is not None and spec.name.startswith("bench.")
     p = _Parser(prog=f"python -m {spec.name}" if by_name else None,
-                                description=text if raw else text.split("\n")[0],
+                                description=text if raw else " ".join(text.split("\n\n")[0].split()),
                                 formatter_class=argparse.RawDescriptionHelpFormatter if raw
                                 else argparse.HelpFormatter)
     p.add_argument("--smoke", action="store_true", help=f"the smallest size, checks the path: {smoke}")

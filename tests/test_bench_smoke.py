@@ -92,6 +92,13 @@ def test_the_figures_name_the_machine_the_commit_and_the_command(tmp_path):
     assert figures["command"] == f"python -m bench.example --smoke --out {out}"
 
 
+def test_a_benchmarks_help_describes_it_by_its_docstrings_whole_first_paragraph():
+    """A first sentence wrapped over two lines reads whole in ``--help``, not cut at the line's end;
+    the usage examples after the blank line stay out."""
+    doc = "Example: the step, timed;\nwith --x, side by side.\n\n    python -m bench.example --x\n"
+    assert harness.parser(doc, smoke="nothing").description == "Example: the step, timed; with --x, side by side."
+
+
 ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 vaes\n\n"
 
 
