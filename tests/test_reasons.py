@@ -633,8 +633,9 @@ def own_ray_instance():
     import signal
     import tempfile
 
-    import psutil
     import ray  # noqa: F401 - Ray's own copy of psutil comes on the path with it
+
+    import psutil
 
     from bench.services import free_port
 
