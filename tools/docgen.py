@@ -815,7 +815,7 @@ HELD: dict[str, Held] = {
     "scale": Held(MAIN, "files renamed, benchmark-only code moved out"),
     "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
     "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
-    "test_durations": Held("f67adda", "fast, slow at 652f4f7, soak at 02de219; since: one test's arguments, "
+    "test_durations": Held("a82be53", "fast, slow at 652f4f7, soak at 02de219; since: one test's arguments, "
                                        "three fast tests of seconds"),
     "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),
 }
