@@ -36,6 +36,9 @@ them alike. Per variant: clips/s, MFU, peak memory, the ratio to eager and, for 
 the steps after which its compile time is paid back. Default workload: ``plain`` (each compiled
 variant compiles for minutes on a GPU's first run; Inductor caches the kernels on disk). Every
 variant holds its own model and optimizer state: ``--levers`` picks fewer on a smaller GPU.
+Then ``torch.profiler`` records one more block of ``--steps`` steps of eager and of the fastest
+other variant: the ``--profile-top`` CUDA kernels by device time (on a CPU: operators by self CPU
+time), per step and as a share of the block's, so the same run says where the step's time goes.
 
 The JSON line (last line of the output, and ``--out``) holds every figure. Runs without Ray:
 nothing it imports needs it.
@@ -97,14 +100,16 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10, blocks: int 
 
 
 def compare(workload: dict, device: torch.device, warmup: int, steps: int, rounds: int, peak_flops: float,
-            say=print, levers: list[str] | None = None) -> dict:
+            say=print, levers: list[str] | None = None, profile_top: int = 0) -> dict:
     """The ``levers`` (default: every one of :data:`LEVERS`; eager always, the reference) of one
-    workload, built at once and timed in turns (module doc)."""
+    workload, built at once and timed in turns (module doc); with ``profile_top``, eager's and the
+    fastest other variant's rows carry their ``kernel_profile``."""
     chosen = ["eager", *(name for name in (levers or LEVERS) if name != "eager")]
     rigs, compile_s = {}, {}
     for name in chosen:
         lever = LEVERS[name]
-        rig = StepRig(Config().replace({**workload, **lever}), device, max_steps=warmup + rounds * steps + 1)
+        rig = StepRig(Config().replace({**workload, **lever}), device,
+                      max_steps=warmup + (rounds + 1) * steps + 1)  # + 1 block: the profile's
         rig.steps(warmup)
         compile_s[name] = rig.run.compile_clock.total()["time_compile_s"] if rig.run.compile_clock else 0.0
         rigs[name] = rig
@@ -130,7 +135,33 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
                      "estimate_bytes": estimate,
                      "steps_to_repay_compile": (compile_s[name] / saved if saved > 0 else None)
                      if compile_s[name] else None}
+    if profile_top:
+        others = [name for name in out if name != "eager"]
+        for name in ["eager", *([min(others, key=lambda n: out[n]["s_per_step_wall"])] if others else [])]:
+            out[name]["kernel_profile"] = kernel_profile(rigs[name], steps, profile_top)
     return out
+
+
+def kernel_profile(rig: StepRig, steps: int, top: int) -> list[dict]:
+    """Where ``rig``'s step spends its time: ``torch.profiler`` over one block of ``steps`` steps,
+    the ``top`` CUDA kernels by their device time (on a CPU: operators by self CPU time), each with
+    its milliseconds and calls per step and its share of the block's total, largest first."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if rig.cuda else [])]
+    with profile(activities=activities) as prof:
+        rig.steps(steps)
+    if rig.cuda:  # the kernels themselves: a CPU operator's self device time counts its kernels again
+        self_us = lambda e: e.self_device_time_total  # noqa: E731
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and self_us(e) > 0]
+    else:
+        self_us = lambda e: e.self_cpu_time_total  # noqa: E731
+        events = [e for e in prof.key_averages() if self_us(e) > 0]
+    total = sum(self_us(e) for e in events)
+    ranked = sorted(events, key=self_us, reverse=True)[:top]
+    return [{"op": e.key, "self_ms_per_step": self_us(e) / 1e3 / steps, "calls_per_step": e.count / steps,
+             "share": self_us(e) / total} for e in ranked]
 
 
 def _median(values: list[float]) -> float:
@@ -153,6 +184,8 @@ def build_parser():
     ap.add_argument("--steps", type=int, default=5, help="timed steps (with --compare: per variant and round)")
     ap.add_argument("--rounds", type=int, default=3, help="--compare: rounds of turns over the variants")
     ap.add_argument("--peak-size", type=int, default=8192, help="side of the square products of the peak")
+    ap.add_argument("--profile-top", type=int, default=15,
+                    help="--compare: the operators shown from eager's and the fastest variant's profile (0: none)")
     return ap
 
 
@@ -183,10 +216,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.compare:
                 print(f"{workload}: {', '.join(args.levers or LEVERS)}")
                 rows = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"],
-                               levers=args.levers)
+                               levers=args.levers, profile_top=args.profile_top)
                 report["compare"][workload] = rows
                 results.save(**report)
                 print(_compare_table(workload, rows))
+                for name, row in rows.items():
+                    if "kernel_profile" in row:
+                        print(_profile_table(workload, name, row["kernel_profile"], device.type))
                 continue
             res = measure_step(Config().replace(settings), device, args.warmup, args.steps)
             report["variants"][workload] = res
@@ -214,6 +250,15 @@ def _compare_table(workload: str, rows: dict[str, dict]) -> str:
         lines.append(f"| {name} | {r['clips'] / r['s_per_step_wall']:.0f} | {r['s_per_step_wall']:.4f} | "
                      f"{100 * r['mfu']:.1f} % | {peak} | {ratio} | {r['vs_eager']:.2f}x | {r['compile_s']:.1f} | "
                      f"{repay} |")
+    return "\n".join(lines)
+
+
+def _profile_table(workload: str, variant: str, ops: list[dict], device_type: str) -> str:
+    where = "device" if device_type == "cuda" else "CPU"
+    lines = [f"{workload}, {variant}: where a step's {where} time goes (top {len(ops)})",
+             "| operator | ms/step | share | calls/step |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {op['op'][:60]} | {op['self_ms_per_step']:.3f} | {100 * op['share']:.1f} % | "
+              f"{op['calls_per_step']:.0f} |" for op in ops]
     return "\n".join(lines)
 
 

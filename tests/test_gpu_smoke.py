@@ -79,7 +79,24 @@ def _check_comparison(report: dict, workload: str = "plain", levers: tuple[str, 
         assert (r["compile_s"] > 0) == name.endswith("compiled"), (name, r["compile_s"])
         for k, v in eager["losses"].items():
             assert math.isclose(r["losses"][k], v, rel_tol=1e-3, abs_tol=1e-6), (name, k, r["losses"][k], v)
+    profiled = [name for name, r in rows.items() if "kernel_profile" in r]
+    if profiled:  # eager's, and the fastest other variant's
+        others = [name for name in rows if name != "eager"]
+        fastest = min(others, key=lambda n: rows[n]["s_per_step_wall"]) if others else None
+        assert profiled == [n for n in rows if n in ("eager", fastest)], profiled
+        for name in profiled:
+            _check_profile(rows[name]["kernel_profile"])
     return rows
+
+
+def _check_profile(ops: list[dict], top: int | None = None) -> None:
+    """A kernel profile: the largest first, each a positive share of the block's time (together at
+    most all of it), at least one call a step."""
+    assert ops and (top is None or len(ops) <= top)
+    times = [op["self_ms_per_step"] for op in ops]
+    assert times == sorted(times, reverse=True) and times[-1] > 0
+    assert all(0 < op["share"] <= 1 and op["calls_per_step"] > 0 and op["op"] for op in ops)
+    assert sum(op["share"] for op in ops) <= 1 + 1e-9
 
 
 def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eager():
@@ -93,8 +110,14 @@ def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eag
     assert peak["dtype"] == "float32" and peak["flops_per_s"] > 0
     with one_rank_group(device):
         rows = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=2,
-                                 peak_flops=peak["flops_per_s"], say=lambda line: None, levers=["1d"])
+                                 peak_flops=peak["flops_per_s"], say=lambda line: None, levers=["1d"], profile_top=5)
     _check_comparison({"compare": {"plain": rows}, "matmul_peak": peak}, levers=("eager", "1d"))
+    for name in ("eager", "1d"):  # the only other variant is the fastest
+        _check_profile(rows[name]["kernel_profile"], top=5)
+    ops = {op["op"] for op in rows["eager"]["kernel_profile"]}
+    assert any("convolution" in op for op in ops), ops  # DAVEnet's convolutions are the step's largest part
+    profile = gpu_smoke._profile_table("plain", "eager", rows["eager"]["kernel_profile"], "cpu")
+    assert profile.startswith("plain, eager: where a step's CPU time goes (top 5)")
     assert all(len(r["s_per_step_rounds"]) == 2 for r in rows.values())
     table = gpu_smoke._compare_table("plain", rows)
     assert table.splitlines()[0].startswith("| plain | clips/s | s/step | MFU | peak |")
@@ -108,7 +131,8 @@ def test_the_comparison_runs_every_lever_without_ray(tmp_path):
     header says it is a CPU, a table row per variant, the JSON's rows as _check_comparison says."""
     report = _smoke(tmp_path, "--device", "cpu", "--smoke", "--compare")
     assert report["device"] == "cpu" and report["variants"] == {}
-    _check_comparison(report)
+    rows = _check_comparison(report)
+    assert "kernel_profile" in rows["eager"]  # on by default
 
 
 @pytest.mark.gpu
