@@ -138,7 +138,11 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
     if profile_top:
         others = [name for name in out if name != "eager"]
         for name in ["eager", *([min(others, key=lambda n: out[n]["s_per_step_wall"])] if others else [])]:
-            out[name]["kernel_profile"] = kernel_profile(rigs[name], steps, profile_top)
+            try:
+                out[name]["kernel_profile"] = kernel_profile(rigs[name], steps, profile_top)
+            except Exception as e:  # the timings above stand without it: keep them, and the profile's reason
+                out[name]["kernel_profile_error"] = f"{type(e).__name__}: {e}"
+                say(f"  {name}: no kernel profile ({out[name]['kernel_profile_error']})")
     return out
 
 

@@ -124,6 +124,26 @@ def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eag
     assert "| eager |" in table and "| 1.00x |" in table and "n/a (CPU)" in table
 
 
+def test_a_profile_that_fails_keeps_the_comparison_and_names_its_reason(monkeypatch):
+    """The profile comes after the timed rounds: if it raises (a profiler the device's driver
+    refuses), the rows keep their figures and say why they have no profile."""
+    from bench import gpu_smoke
+    from raymcn.train.preflight.step_probe import one_rank_group
+
+    def refuse(rig, steps, top):
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+
+    monkeypatch.setattr(gpu_smoke, "kernel_profile", refuse)
+    said = []
+    device = torch.device("cpu")
+    with one_rank_group(device):
+        rows = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=1,
+                                 peak_flops=1e9, say=said.append, levers=["eager"], profile_top=5)
+    assert rows["eager"]["s_per_step_wall"] > 0 and "kernel_profile" not in rows["eager"]
+    assert rows["eager"]["kernel_profile_error"] == "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
+    assert said[-1] == "  eager: no kernel profile (RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)"
+
+
 @pytest.mark.slow
 @pytest.mark.soak  # six variants, three of them compiled by Inductor's C++ on the CPU: minutes
 def test_the_comparison_runs_every_lever_without_ray(tmp_path):
