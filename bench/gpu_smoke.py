@@ -156,12 +156,12 @@ def kernel_profile(rig: StepRig, steps: int, top: int) -> list[dict]:
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if rig.cuda else [])]
     with profile(activities=activities) as prof:
         rig.steps(steps)
-    if rig.cuda:  # the kernels themselves: a CPU operator's self device time counts its kernels again
-        self_us = lambda e: e.self_device_time_total  # noqa: E731
-        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and self_us(e) > 0]
-    else:
-        self_us = lambda e: e.self_cpu_time_total  # noqa: E731
-        events = [e for e in prof.key_averages() if self_us(e) > 0]
+
+    def self_us(e) -> float:
+        return e.self_device_time_total if rig.cuda else e.self_cpu_time_total
+
+    # on CUDA the kernels themselves: a CPU operator's self device time counts its kernels again
+    events = [e for e in prof.key_averages() if self_us(e) > 0 and (not rig.cuda or e.device_type == DeviceType.CUDA)]
     total = sum(self_us(e) for e in events)
     ranked = sorted(events, key=self_us, reverse=True)[:top]
     return [{"op": e.key, "self_ms_per_step": self_us(e) / 1e3 / steps, "calls_per_step": e.count / steps,

@@ -328,11 +328,11 @@ def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_
     Raises:
         RayUnavailable: no answer within ``limit_s``, or TLS is on and its files cannot be read.
     """
-    wait_for_answer(target.removeprefix("ray://"), f"{target} ({why})", f"the Ray instance at {target} ({why})", say,
+    wait_for_answer([target.removeprefix("ray://")], f"{target} ({why})", f"the Ray instance at {target} ({why})", say,
                     named_after_s, limit_s, advice)
 
 
-def wait_for_answer(addresses: str | list[str], short: str, long: str, say: Callable[[str], None],
+def wait_for_answer(addresses: list[str], short: str, long: str, say: Callable[[str], None],
                     named_after_s: float | None = None, limit_s: float | None = None, advice: str = ADVICE) -> None:
     """Wait until a gRPC server of one process (a GCS, a raylet) completes a connection at one of its
     ``addresses``: its HTTP/2 handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no
@@ -350,8 +350,7 @@ def wait_for_answer(addresses: str | list[str], short: str, long: str, say: Call
     limit_s = CONNECT_LIMIT_S if limit_s is None else limit_s
     started = time.monotonic()
     credentials = tls_credentials()
-    channels = [grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a)
-                for a in ([addresses] if isinstance(addresses, str) else addresses)]
+    channels = [grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a) for a in addresses]
     answered = threading.Event()
     futures = [grpc.channel_ready_future(c) for c in channels]
     for future in futures:
