@@ -793,9 +793,10 @@ class Held:
     why: str
 
 
-MAIN = "b828cdd"  # the commit most of these notes were read through
+MAIN = "24bc803"  # the commit most of these notes were read through
 # Read through MAIN, since the measurements: the step gained two settings, off by default (compile,
-# DAVEnet's layout); the connection gained handshakes; evaluation computes two more metrics.
+# DAVEnet's layout); the connection gained handshakes; evaluation computes two more metrics;
+# `python -m raymcn`; gpu_smoke's --compare gained a kernel profile; none runs in a measured path.
 HELD: dict[str, Held] = {
     "chaos": Held(MAIN, "code reorganised; tests/test_chaos.py, asserting the outcome shown, passed in the recorded "
                         "soak tier"),
@@ -804,8 +805,8 @@ HELD: dict[str, Held] = {
     "drain_check": Held(MAIN, "the call it times is unchanged; the benchmark's default step changed"),
     "eval_sharding": Held(MAIN, "code moved; two more metrics from the same ranks (microseconds)"),
     "grad_cache": Held(MAIN, "the estimate gained ring, DDP and GPU terms only, none in this step"),
-    "gpu_runs": Held("812fe29", "a record of one run; the doctor's failure it shows was fixed since (c99452f)"),
-    "gpu_smoke": Held("812fe29", "the same batches and steps; the benchmark since adds MFU and --compare"),
+    "gpu_runs": Held(MAIN, "a record of one run; the doctor's failure it shows was fixed since (c99452f)"),
+    "gpu_smoke": Held(MAIN, "the same batches and steps; the benchmark since adds MFU and --compare"),
     "kmeans": Held(MAIN, "the iteration's product is unchanged; the reseed on the device adds little"),
     "loader": Held(MAIN, "bytes: the format is unchanged; rates: a reader before its read-ahead"),
     "loader_short_and_long": Held(MAIN, "only code the read path does not run moved"),
@@ -815,7 +816,8 @@ HELD: dict[str, Held] = {
     "scale": Held(MAIN, "files renamed, benchmark-only code moved out"),
     "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
     "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
-    "test_durations": Held("812fe29", "fast, slow at 652f4f7, soak at 02de219; since: four fast tests added, "
+    "sweep_time": Held(MAIN, "measured at a647186; since, the connection's wait takes its address as a list"),
+    "test_durations": Held(MAIN, "fast, slow at 652f4f7, soak at 02de219; since: four fast tests added, "
                                        "two extended, each seconds"),
     "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),
 }
