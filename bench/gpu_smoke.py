@@ -35,7 +35,10 @@ turns: ``--rounds`` rounds of ``--steps`` steps each, so a drift of the machine 
 them alike. Per variant: clips/s, MFU, peak memory, the ratio to eager and, for a compiled one,
 the steps after which its compile time is paid back. Default workload: ``plain`` (each compiled
 variant compiles for minutes on a GPU's first run; Inductor caches the kernels on disk). Every
-variant holds its own model and optimizer state: ``--levers`` picks fewer on a smaller GPU.
+variant holds its own model and optimizer state: ``--levers`` picks fewer on a smaller GPU. The
+compiled variants are built last; ``--budget`` seconds bound the building, so that a machine lent
+for minutes still gets a table: a variant whose build would end past it is left out, with its
+reason, and each build's time is in the partial file (``--out`` + ``.partial``) as it finishes.
 Then ``torch.profiler`` records one more block of ``--steps`` steps of eager and of the fastest
 other variant: the ``--profile-top`` CUDA kernels by device time (on a CPU: operators by self CPU
 time), per step and as a share of the block's, so the same run says where the step's time goes.
@@ -61,11 +64,11 @@ PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ra
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}
 QUICK = {"model.embed_dim": 64, "model.audio_channels": [8, 8, 16, 16, 32], "model.recon_hidden": 32,
          "data.audio_frames": 64, "loss.num_clusters": 8, "loss.kmeans_iters": 5, "loss.queue_steps": 2}
-# --compare's variants: the settings each adds to the workload's
-LEVERS = {"eager": {}, "compiled": {"scale.compile": True},
-          "channels_last": {"scale.davenet_layout": "channels_last"},
+# --compare's variants: the settings each adds to the workload's. Built in this order: the ones that
+# compile last, so that a --budget spent on compiling still leaves every layout measured.
+LEVERS = {"eager": {}, "channels_last": {"scale.davenet_layout": "channels_last"},
+          "1d": {"scale.davenet_layout": "1d"}, "compiled": {"scale.compile": True},
           "channels_last+compiled": {"scale.davenet_layout": "channels_last", "scale.compile": True},
-          "1d": {"scale.davenet_layout": "1d"},
           "1d+compiled": {"scale.davenet_layout": "1d", "scale.compile": True}}
 
 
@@ -100,20 +103,47 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10, blocks: int 
 
 
 def compare(workload: dict, device: torch.device, warmup: int, steps: int, rounds: int, peak_flops: float,
-            say=print, levers: list[str] | None = None, profile_top: int = 0) -> dict:
+            say=print, levers: list[str] | None = None, profile_top: int = 0, budget_s: float | None = None,
+            on_built=lambda built: None) -> tuple[dict, dict]:
     """The ``levers`` (default: every one of :data:`LEVERS`; eager always, the reference) of one
     workload, built at once and timed in turns (module doc); with ``profile_top``, eager's and the
-    fastest other variant's rows carry their ``kernel_profile``."""
+    fastest other variant's rows carry their ``kernel_profile``.
+
+    ``budget_s`` bounds the building, where the time goes: a variant is not built when the seconds
+    spent since the comparison began plus the longest build so far of its kind (compiled or not)
+    would pass it; the first compiled variant is built while any time is left. ``on_built(built)``
+    is called after each build with what every variant built so far took (``warmup_s``: its build
+    and warm-up steps; ``compile_s``: Dynamo's compile seconds), for a partial file that survives a
+    kill. Returns (rows by variant, reasons by variant not built).
+    """
     chosen = ["eager", *(name for name in (levers or LEVERS) if name != "eager")]
-    rigs, compile_s = {}, {}
+    rigs: dict[str, StepRig] = {}
+    built: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    began = time.perf_counter()
     for name in chosen:
         lever = LEVERS[name]
+        compiles = bool(lever.get("scale.compile"))
+        if budget_s is not None and name != "eager":
+            spent = time.perf_counter() - began
+            expected = max((b["warmup_s"] for other, b in built.items()
+                            if bool(LEVERS[other].get("scale.compile")) == compiles), default=0.0)
+            if spent + expected > budget_s:
+                skipped[name] = (f"not built: {spent:.0f} s spent"
+                                 + (f" and a build of its kind takes {expected:.0f} s" if expected else "")
+                                 + f", past --budget {budget_s:g} s")
+                say(f"  {name}: {skipped[name]}")
+                continue
+        started = time.perf_counter()
         rig = StepRig(Config().replace({**workload, **lever}), device,
                       max_steps=warmup + (rounds + 1) * steps + 1)  # + 1 block: the profile's
-        rig.steps(warmup)
-        compile_s[name] = rig.run.compile_clock.total()["time_compile_s"] if rig.run.compile_clock else 0.0
+        rig.steps(warmup)  # ends with the loop's host sync: the device's work is in the wall time
+        compile_s = rig.run.compile_clock.total()["time_compile_s"] if rig.run.compile_clock else 0.0
+        built[name] = {"warmup_s": time.perf_counter() - started, "compile_s": compile_s}
         rigs[name] = rig
-        say(f"  {name}: built and warmed up" + (f" (compiled in {compile_s[name]:.1f} s)" if compile_s[name] else ""))
+        on_built(built)
+        say(f"  {name}: built and warmed up in {built[name]['warmup_s']:.1f} s"
+            + (f" (compiling {compile_s:.1f} s of it)" if compile_s else ""))
     flops = rigs["eager"].step_flops()
     walls: dict[str, list[float]] = {name: [] for name in rigs}
     peaks: dict[str, int | None] = {name: None for name in rigs}
@@ -129,12 +159,15 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
     for name, rig in rigs.items():
         wall = _median(walls[name])
         saved = eager_s - wall
+        compile_s, warmup_s = built[name]["compile_s"], built[name]["warmup_s"]
+        # what compiling cost the run: Dynamo's count, or the warm-up's excess over eager's where that
+        # is larger (kernels compiled or autotuned on their first call fall outside Dynamo's count)
+        cost = max(compile_s, warmup_s - built["eager"]["warmup_s"])
         out[name] = {**step_figures(rig, metrics[name], wall, peaks[name]),
                      "s_per_step_rounds": walls[name], "flops_per_step": flops,
-                     "mfu": flops / wall / peak_flops, "vs_eager": eager_s / wall, "compile_s": compile_s[name],
-                     "estimate_bytes": estimate,
-                     "steps_to_repay_compile": (compile_s[name] / saved if saved > 0 else None)
-                     if compile_s[name] else None}
+                     "mfu": flops / wall / peak_flops, "vs_eager": eager_s / wall, "compile_s": compile_s,
+                     "warmup_s": warmup_s, "estimate_bytes": estimate,
+                     "steps_to_repay_compile": (cost / saved if saved > 0 else None) if compile_s else None}
     if profile_top:
         others = [name for name in out if name != "eager"]
         for name in ["eager", *([min(others, key=lambda n: out[n]["s_per_step_wall"])] if others else [])]:
@@ -143,7 +176,7 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
             except Exception as e:  # the timings above stand without it: keep them, and the profile's reason
                 out[name]["kernel_profile_error"] = f"{type(e).__name__}: {e}"
                 say(f"  {name}: no kernel profile ({out[name]['kernel_profile_error']})")
-    return out
+    return out, skipped
 
 
 def kernel_profile(rig: StepRig, steps: int, top: int) -> list[dict]:
@@ -188,6 +221,9 @@ def build_parser():
     ap.add_argument("--steps", type=int, default=5, help="timed steps (with --compare: per variant and round)")
     ap.add_argument("--rounds", type=int, default=3, help="--compare: rounds of turns over the variants")
     ap.add_argument("--peak-size", type=int, default=8192, help="side of the square products of the peak")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="--compare: seconds a workload's variants may take to build (compiling); a variant "
+                         "that would end past it is left out, and said so (default: none)")
     ap.add_argument("--profile-top", type=int, default=15,
                     help="--compare: the operators shown from eager's and the fastest variant's profile (0: none)")
     return ap
@@ -219,11 +255,20 @@ def main(argv: list[str] | None = None) -> int:
             settings = variants(args.quick, args.chunk)[workload]
             if args.compare:
                 print(f"{workload}: {', '.join(args.levers or LEVERS)}")
-                rows = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"],
-                               levers=args.levers, profile_top=args.profile_top)
+
+                def keep(built, workload=workload):  # every build's figures, in the partial file at once
+                    report.setdefault("warm_up", {})[workload] = built
+                    results.save(**report)
+
+                rows, skipped = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"],
+                                        levers=args.levers, profile_top=args.profile_top, budget_s=args.budget,
+                                        on_built=keep)
                 report["compare"][workload] = rows
+                report.setdefault("skipped", {})[workload] = skipped
                 results.save(**report)
                 print(_compare_table(workload, rows))
+                for name, reason in skipped.items():
+                    print(f"{workload}, {name}: {reason}")
                 for name, row in rows.items():
                     if "kernel_profile" in row:
                         print(_profile_table(workload, name, row["kernel_profile"], device.type))
@@ -244,15 +289,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compare_table(workload: str, rows: dict[str, dict]) -> str:
-    lines = [f"| {workload} | clips/s | s/step | MFU | peak | est/peak | vs eager | compile s | repaid after |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"| {workload} | clips/s | s/step | MFU | peak | est/peak | vs eager | warm-up s | compile s | repaid after |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in rows.items():
         peak = f"{r['peak_bytes'] / GIB:.2f} GiB" if r["peak_bytes"] else "n/a (CPU)"
         ratio = f"{r['estimate_over_peak']:.2f}" if r["estimate_over_peak"] else "-"
         repay = ("-" if not r["compile_s"] else "never (slower)" if r["steps_to_repay_compile"] is None
                  else f"{r['steps_to_repay_compile']:.0f} steps")
         lines.append(f"| {name} | {r['clips'] / r['s_per_step_wall']:.0f} | {r['s_per_step_wall']:.4f} | "
-                     f"{100 * r['mfu']:.1f} % | {peak} | {ratio} | {r['vs_eager']:.2f}x | {r['compile_s']:.1f} | "
+                     f"{100 * r['mfu']:.1f} % | {peak} | {ratio} | {r['vs_eager']:.2f}x | {r['warmup_s']:.1f} | {r['compile_s']:.1f} | "
                      f"{repay} |")
     return "\n".join(lines)
 

@@ -77,6 +77,7 @@ def _check_comparison(report: dict, workload: str = "plain", levers: tuple[str, 
         assert math.isclose(r["mfu"], r["flops_per_step"] / r["s_per_step_wall"] / peak, rel_tol=1e-9), name
         assert math.isclose(r["vs_eager"], eager["s_per_step_wall"] / r["s_per_step_wall"], rel_tol=1e-9), name
         assert (r["compile_s"] > 0) == name.endswith("compiled"), (name, r["compile_s"])
+        assert r["warmup_s"] >= r["compile_s"] and r["warmup_s"] > 0, name  # the compiling is part of the warm-up
         for k, v in eager["losses"].items():
             assert math.isclose(r["losses"][k], v, rel_tol=1e-3, abs_tol=1e-6), (name, k, r["losses"][k], v)
     profiled = [name for name, r in rows.items() if "kernel_profile" in r]
@@ -109,8 +110,10 @@ def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eag
     peak = gpu_smoke.matmul_peak(device, 256)
     assert peak["dtype"] == "float32" and peak["flops_per_s"] > 0
     with one_rank_group(device):
-        rows = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=2,
-                                 peak_flops=peak["flops_per_s"], say=lambda line: None, levers=["1d"], profile_top=5)
+        rows, skipped = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=2,
+                                          peak_flops=peak["flops_per_s"], say=lambda line: None, levers=["1d"],
+                                          profile_top=5)
+    assert skipped == {}
     _check_comparison({"compare": {"plain": rows}, "matmul_peak": peak}, levers=("eager", "1d"))
     for name in ("eager", "1d"):  # the only other variant is the fastest
         _check_profile(rows[name]["kernel_profile"], top=5)
@@ -120,8 +123,32 @@ def test_the_comparison_times_the_variants_in_turns_and_reports_each_against_eag
     assert profile.startswith("plain, eager: where a step's CPU time goes (top 5)")
     assert all(len(r["s_per_step_rounds"]) == 2 for r in rows.values())
     table = gpu_smoke._compare_table("plain", rows)
-    assert table.splitlines()[0].startswith("| plain | clips/s | s/step | MFU | peak |")
+    assert table.splitlines()[0].startswith("| plain | clips/s | s/step | MFU | peak | est/peak | vs eager | warm-up s |")
     assert "| eager |" in table and "| 1.00x |" in table and "n/a (CPU)" in table
+
+
+def test_a_budget_leaves_out_the_builds_that_would_pass_it_and_says_why():
+    """--budget bounds the building (compiling is where a GPU's minutes go): with none left, eager
+    alone is built and timed, every other variant named with its reason; each build is handed to
+    ``on_built`` as it ends (the partial file's), and without a budget every variant is built."""
+    from bench import gpu_smoke
+    from raymcn.train.preflight.step_probe import one_rank_group
+
+    device = torch.device("cpu")
+    said, handed = [], []
+    with one_rank_group(device):
+        rows, skipped = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=1,
+                                          peak_flops=1e9, say=said.append, levers=["1d", "compiled"], budget_s=0,
+                                          on_built=lambda built: handed.append(dict(built)))
+        assert list(rows) == ["eager"] and list(skipped) == ["1d", "compiled"]
+        for name in skipped:  # the reason names the budget; no build of a compiled kind was seen to cite
+            assert skipped[name].startswith("not built: ") and skipped[name].endswith(", past --budget 0 s")
+            assert f"  {name}: {skipped[name]}" in said
+        assert "a build of its kind takes" in skipped["1d"] and "of its kind" not in skipped["compiled"]
+        assert [list(b) for b in handed] == [["eager"]] and handed[0]["eager"]["warmup_s"] > 0
+        rows, skipped = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=1,
+                                          peak_flops=1e9, say=said.append, levers=["1d"], budget_s=1e9)
+    assert list(rows) == ["eager", "1d"] and skipped == {}
 
 
 def test_a_profile_that_fails_keeps_the_comparison_and_names_its_reason(monkeypatch):
@@ -137,11 +164,22 @@ def test_a_profile_that_fails_keeps_the_comparison_and_names_its_reason(monkeypa
     said = []
     device = torch.device("cpu")
     with one_rank_group(device):
-        rows = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=1,
-                                 peak_flops=1e9, say=said.append, levers=["eager"], profile_top=5)
+        rows, _ = gpu_smoke.compare(gpu_smoke.variants(True, 8)["plain"], device, warmup=1, steps=1, rounds=1,
+                                    peak_flops=1e9, say=said.append, levers=["eager"], profile_top=5)
     assert rows["eager"]["s_per_step_wall"] > 0 and "kernel_profile" not in rows["eager"]
     assert rows["eager"]["kernel_profile_error"] == "RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"
     assert said[-1] == "  eager: no kernel profile (RuntimeError: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)"
+
+
+def test_the_command_says_which_variants_its_budget_left_out(tmp_path):
+    """`--compare --budget 0` from the command line: the table has eager alone, a line per variant
+    left out, and the JSON keeps the reasons and each build's warm-up time."""
+    report = _smoke(tmp_path, "--device", "cpu", "--smoke", "--compare", "--levers", "1d", "compiled",
+                    "--budget", "0", "--profile-top", "0")
+    assert list(report["compare"]["plain"]) == ["eager"]
+    assert list(report["skipped"]["plain"]) == ["1d", "compiled"]
+    assert list(report["warm_up"]["plain"]) == ["eager"]
+    assert report["warm_up"]["plain"]["eager"]["warmup_s"] == report["compare"]["plain"]["eager"]["warmup_s"] > 0
 
 
 @pytest.mark.slow
