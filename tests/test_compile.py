@@ -71,6 +71,28 @@ def test_a_davenet_layout_computes_the_eager_step_on_the_same_weights(layout):
         assert laid_out.net.davenet.conv1.weight.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "1d"])
+def test_every_gradient_arrives_in_its_weights_strides(layout):
+    """What the backward hands each parameter (what DDP's reducer receives) has the parameter's own
+    strides, so DDP's gradient buckets take it in place: a channels-last (O, C, 1, 1) projection
+    weight left in contiguous strides got channels-last gradients, which DDP copied every step
+    with a "Grad strides do not match bucket view strides" warning."""
+    run = _run(**{"scale.davenet_layout": layout})
+    arrived = {}
+
+    def seen(name):
+        def hook(grad):
+            arrived[name] = grad.stride()  # returns None: the gradient passes on unchanged
+        return hook
+
+    for name, p in run.net.named_parameters():
+        p.register_hook(seen(name))
+    _step(run, random_batch(config(TINY_STEP), 16))
+    params = dict(run.net.named_parameters())
+    assert any(p.shape[-2:] == (1, 1) for name, p in params.items() if name in arrived)  # a 1x1 projection is seen
+    assert {n: s for n, s in arrived.items() if s != params[n].stride()} == {}
+
+
 def test_a_layout_that_does_not_exist_is_refused():
     from raymcn.model.davenet import DAVEnet
 

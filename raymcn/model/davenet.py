@@ -41,6 +41,20 @@ class HeightOneConv2d(nn.Conv2d):
         return out.unsqueeze(2)
 
 
+def _restrided(weight: Tensor, channels_last: bool) -> Tensor:
+    """``weight`` (O, C, H, W) copied into exactly the strides of its memory format, channels-last
+    (H·W·C, 1, W·C, C) or contiguous (C·H·W, H·W, W, 1), even along dimensions of size 1. Torch
+    leaves a (O, C, 1, 1) weight as it is for either format (its strides there never address
+    memory), but the convolution's backward returns its gradient in the format's exact strides,
+    and DDP's gradient buckets take a gradient in place only with the parameter's own strides:
+    otherwise they copy it every step and warn "Grad strides do not match bucket view strides"."""
+    o, c, h, w = weight.shape
+    strides = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+    if weight.stride() == strides:
+        return weight
+    return torch.empty_strided(weight.shape, strides, dtype=weight.dtype, device=weight.device).copy_(weight)
+
+
 def _time_conv(in_ch: int, out_ch: int, stride: int = 1) -> HeightOneConv2d:
     """A (1, 9) convolution along time; 'same' padding so only the stride changes the length."""
     return HeightOneConv2d(in_ch, out_ch, kernel_size=(1, 9), stride=(1, stride), padding=(0, 4), bias=False)
@@ -116,11 +130,10 @@ class DAVEnet(nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"DAVEnet layout {layout!r}: allowed are {', '.join(LAYOUTS)}")
         self.layout = layout
-        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         for m in self.modules():
             if isinstance(m, HeightOneConv2d):
                 m.as_1d = layout == "1d"
-                m.weight.data = m.weight.data.contiguous(memory_format=fmt)
+                m.weight.data = _restrided(m.weight.data, channels_last=layout == "channels_last")
         return self
 
     def _init_weights(self) -> None:
