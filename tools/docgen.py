@@ -793,10 +793,11 @@ class Held:
     why: str
 
 
-MAIN = "24bc803"  # the commit most of these notes were read through
+MAIN = "55c2016"  # the commit most of these notes were read through
 # Read through MAIN, since the measurements: the step gained two settings, off by default (compile,
 # DAVEnet's layout); the connection gained handshakes; evaluation computes two more metrics;
-# `python -m raymcn`; gpu_smoke's --compare gained a kernel profile; none runs in a measured path.
+# `python -m raymcn`; gpu_smoke's --compare gained a kernel profile and a --budget; channels-last
+# weights take the format's exact strides; none runs in a measured path.
 HELD: dict[str, Held] = {
     "chaos": Held(MAIN, "code reorganised; tests/test_chaos.py, asserting the outcome shown, passed in the recorded "
                         "soak tier"),
@@ -817,7 +818,7 @@ HELD: dict[str, Held] = {
     "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
     "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
     "sweep_time": Held(MAIN, "measured at a647186; since, the connection's wait takes its address as a list"),
-    "test_durations": Held(MAIN, "fast, slow at 652f4f7, soak at 02de219; since: four fast tests added, "
+    "test_durations": Held(MAIN, "fast, slow at 652f4f7, soak at 02de219; since: nine fast tests added, "
                                        "two extended, each seconds"),
     "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),
 }
