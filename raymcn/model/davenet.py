@@ -48,7 +48,7 @@ def _restrided(weight: Tensor, channels_last: bool) -> Tensor:
     memory), but the convolution's backward returns its gradient in the format's exact strides,
     and DDP's gradient buckets take a gradient in place only with the parameter's own strides:
     otherwise they copy it every step and warn "Grad strides do not match bucket view strides"."""
-    o, c, h, w = weight.shape
+    _, c, h, w = weight.shape
     strides = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
     if weight.stride() == strides:
         return weight
