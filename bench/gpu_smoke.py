@@ -122,12 +122,10 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
     skipped: dict[str, str] = {}
     began = time.perf_counter()
     for name in chosen:
-        lever = LEVERS[name]
-        compiles = bool(lever.get("scale.compile"))
         if budget_s is not None and name != "eager":
             spent = time.perf_counter() - began
-            expected = max((b["warmup_s"] for other, b in built.items()
-                            if bool(LEVERS[other].get("scale.compile")) == compiles), default=0.0)
+            expected = max((b["warmup_s"] for other, b in built.items() if _compiles(other) == _compiles(name)),
+                           default=0.0)
             if spent + expected > budget_s:
                 skipped[name] = (f"not built: {spent:.0f} s spent"
                                  + (f" and a build of its kind takes {expected:.0f} s" if expected else "")
@@ -135,7 +133,7 @@ def compare(workload: dict, device: torch.device, warmup: int, steps: int, round
                 say(f"  {name}: {skipped[name]}")
                 continue
         started = time.perf_counter()
-        rig = StepRig(Config().replace({**workload, **lever}), device,
+        rig = StepRig(Config().replace({**workload, **LEVERS[name]}), device,
                       max_steps=warmup + (rounds + 1) * steps + 1)  # + 1 block: the profile's
         rig.steps(warmup)  # ends with the loop's host sync: the device's work is in the wall time
         compile_s = rig.run.compile_clock.total()["time_compile_s"] if rig.run.compile_clock else 0.0
@@ -201,6 +199,11 @@ def kernel_profile(rig: StepRig, steps: int, top: int) -> list[dict]:
              "share": self_us(e) / total} for e in ranked]
 
 
+def _compiles(lever: str) -> bool:
+    """Whether the :data:`LEVERS` variant ``lever`` compiles the model."""
+    return bool(LEVERS[lever].get("scale.compile"))
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = matmul_peak(device, args.peak_size)
     report = {"device": name, "torch": torch.__version__, "quick": args.quick, "matmul_peak": peak,
-              "variants": {}, **({"compare": {}} if args.compare else {})}
+              "variants": {}, **({"compare": {}, "warm_up": {}, "skipped": {}} if args.compare else {})}
     print(f"device: {name}" + (" (a CPU: an fp32 peak, and figures that only check the path)"
                                if device.type == "cpu" else "")
           + f"; measured {peak['dtype']} matrix-product peak {peak['flops_per_s'] / 1e12:.3g} TFLOP/s")
@@ -257,14 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{workload}: {', '.join(args.levers or LEVERS)}")
 
                 def keep(built, workload=workload):  # every build's figures, in the partial file at once
-                    report.setdefault("warm_up", {})[workload] = built
+                    report["warm_up"][workload] = built
                     results.save(**report)
 
                 rows, skipped = compare(settings, device, args.warmup, args.steps, args.rounds, peak["flops_per_s"],
                                         levers=args.levers, profile_top=args.profile_top, budget_s=args.budget,
                                         on_built=keep)
                 report["compare"][workload] = rows
-                report.setdefault("skipped", {})[workload] = skipped
+                report["skipped"][workload] = skipped
                 results.save(**report)
                 print(_compare_table(workload, rows))
                 for name, reason in skipped.items():
@@ -297,8 +300,8 @@ def _compare_table(workload: str, rows: dict[str, dict]) -> str:
         repay = ("-" if not r["compile_s"] else "never (slower)" if r["steps_to_repay_compile"] is None
                  else f"{r['steps_to_repay_compile']:.0f} steps")
         lines.append(f"| {name} | {r['clips'] / r['s_per_step_wall']:.0f} | {r['s_per_step_wall']:.4f} | "
-                     f"{100 * r['mfu']:.1f} % | {peak} | {ratio} | {r['vs_eager']:.2f}x | {r['warmup_s']:.1f} | {r['compile_s']:.1f} | "
-                     f"{repay} |")
+                     f"{100 * r['mfu']:.1f} % | {peak} | {ratio} | {r['vs_eager']:.2f}x | {r['warmup_s']:.1f} | "
+                     f"{r['compile_s']:.1f} | {repay} |")
     return "\n".join(lines)
 
 
