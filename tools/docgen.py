@@ -793,7 +793,7 @@ class Held:
     why: str
 
 
-MAIN = "b9f1c27"  # the commit most of these notes were read through
+MAIN = "0fa4b64"  # the commit most of these notes were read through
 # Read through MAIN, since the measurements: the step gained two settings, off by default (compile,
 # DAVEnet's layout); the connection gained handshakes; evaluation computes two more metrics;
 # `python -m raymcn`; gpu_smoke's --compare gained a kernel profile and a --budget; channels-last
