@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,79 @@ def test_a_whole_run_checkpoint_round_trips_with_weights_only():
     assert other.scheduler.state_dict() == run.scheduler.state_dict()
     assert torch.equal(other.optimizer.state_dict()["state"][0]["exp_avg"],
                        run.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_checkpoint_pickles_nothing_beyond_torchs_default_allowlist(tmp_path):
+    """Every torch of pyproject's range reads a payload the same way: it names no global that
+    torch's weights_only load would need told about (numpy's RNG state is plain values)."""
+    import numpy as np
+
+    np.random.seed(11)
+    path = write(tmp_path, "ck", 1)
+    assert checkpoint.unsafe_globals(path) == set()
+    assert not any(name.startswith("numpy") for name in checkpoint.pickled_globals(path))
+    expected = np.random.rand(4)
+    np.random.seed(0)
+    checkpoint.restore(checkpoint.load(tmp_path / "ck"), model=torch.nn.Linear(2, 2), loop=LoopState())
+    assert np.array_equal(np.random.rand(4), expected)
+
+
+def legacy(directory):
+    """Rewrite ``directory/state.pt`` as raymcn wrote it before: numpy's RNG state as numpy objects."""
+    import numpy as np
+
+    path = directory / checkpoint.STATE_FILE
+    payload = torch.load(path, weights_only=True)
+    name, keys, *rest = payload["rng"]["numpy"]
+    payload["rng"]["numpy"] = (name, keys.numpy().astype(np.uint32), *rest)
+    torch.save(payload, path)
+    return path
+
+
+def test_a_checkpoint_an_earlier_raymcn_wrote_loads_with_its_numpy_objects_allowed(tmp_path):
+    import numpy as np
+
+    np.random.seed(12)
+    write(tmp_path, "ck", 1)
+    path = legacy(tmp_path / "ck")
+    assert {"numpy.ndarray", "numpy.dtype"} <= checkpoint.unsafe_globals(path)
+    assert checkpoint.foreign_types(path) == []
+    expected = np.random.rand(4)
+    if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5: no allowlist to give it
+        with pytest.raises(CheckpointError, match="holds numpy's RNG state as numpy objects"):
+            checkpoint.load(tmp_path / "ck")
+        return
+    np.random.seed(0)
+    checkpoint.restore(checkpoint.load(tmp_path / "ck"), model=torch.nn.Linear(2, 2), loop=LoopState())
+    assert np.array_equal(np.random.rand(4), expected)
+
+
+def test_a_torch_without_an_allowlist_names_why_it_cannot_read_an_earlier_raymcns_checkpoint(tmp_path, monkeypatch):
+    write(tmp_path, "ck", 1)
+    legacy(tmp_path / "ck")
+    monkeypatch.delattr(torch.serialization, "safe_globals", raising=False)
+    with pytest.raises(CheckpointError, match=re.escape(f"torch {torch.__version__} cannot allow")) as info:
+        checkpoint.load(tmp_path / "ck")
+    assert not isinstance(info.value, checkpoint.UnsafeCheckpointError)  # not someone's tampering
+
+
+def test_the_pickle_scan_finds_what_torchs_own_finds(tmp_path, monkeypatch):
+    """Where torch has no ``get_unsafe_globals_in_checkpoint`` (before 2.6), raymcn's own scan of the
+    archive names the foreign types; on a torch that has it, both agree."""
+    write(tmp_path, "ck", 1)
+    legacy(tmp_path / "ck")
+    path = tamper(tmp_path / "ck", metrics=_Payload())
+    own = checkpoint.pickled_globals(path)
+    assert f"{__name__}._record_call" in own and "numpy.ndarray" in own
+    if hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"):
+        torchs = checkpoint.unsafe_globals(path)
+        monkeypatch.delattr(torch.serialization, "get_unsafe_globals_in_checkpoint")
+        assert checkpoint.unsafe_globals(path) == torchs
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="_record_call") as info:
+        checkpoint.load(tmp_path / "ck")
+    assert "numpy" not in str(info.value)  # what an earlier raymcn saved is not named as foreign
+    with pytest.raises(ValueError, match="not a readable torch.save archive"):
+        checkpoint.pickled_globals(tmp_path / "ck" / checkpoint.META_FILE)
 
 
 def test_a_checkpoint_holding_another_pickled_object_is_refused(tmp_path):

@@ -53,6 +53,7 @@ def read_original(path: str | Path) -> tuple[Mapping[str, Any], str, list[str]]:
     import torch
 
     from raymcn.model.original import OriginalCheckpointError
+    from raymcn.train.checkpoints.payload import unsafe_globals
 
     path = Path(path)
     if not path.is_file():
@@ -63,7 +64,7 @@ def read_original(path: str | Path) -> tuple[Mapping[str, Any], str, list[str]]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
         try:  # torch's first line names no type: say which ones the file holds
-            foreign = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            foreign = sorted(unsafe_globals(path))
         except Exception:  # noqa: BLE001 - not a readable archive: the load's own error says more
             foreign = []
         if foreign:

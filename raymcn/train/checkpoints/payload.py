@@ -5,9 +5,13 @@ the clustering state (queue, centroids, last active modalities), RNG states and 
 config. Written to a temporary name and renamed, so a crash mid-write never leaves a file that
 looks complete. No Ray here: ``worker.py`` hands the directory to ``ray.train.report``.
 
-Loaded with ``torch.load(weights_only=True)``, allowing only the types raymcn saves: checkpoints
-sit on shared storage and every node that resumes loads them, so a file that unpickles anything
-else (which could run code) is refused, naming the file and the types (:class:`UnsafeCheckpointError`).
+Loaded with ``torch.load(weights_only=True)``, allowing only torch's default types (tensors, dicts,
+lists, tuples, numbers, strings, None, OrderedDict): checkpoints sit on shared storage and every
+node that resumes loads them, so a file that unpickles anything else (which could run code) is
+refused, naming the file and the types (:class:`UnsafeCheckpointError`). A payload holds nothing
+else (numpy's RNG state as plain values), so every torch of pyproject's range reads it the same
+way; a checkpoint of an earlier raymcn, whose numpy RNG state pickled numpy objects, loads with
+exactly those allowed where torch can allow them (2.5 and later).
 """
 
 from __future__ import annotations
@@ -37,22 +41,73 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint holds pickled objects of types raymcn never saves; it is not loaded."""
 
 
-def _saved_types() -> list:
-    """What a raymcn payload holds beyond torch's default allowlist (tensors, dicts, lists, tuples,
-    numbers, strings, None, OrderedDict): numpy's RNG state, ``np.random.get_state()``, whose key
-    array pickles as an ndarray of a uint32 dtype. The second name of ``_reconstruct`` is the one
-    numpy 1 wrote, so checkpoints saved under numpy 1 still load."""
-    reconstruct = np._core.multiarray._reconstruct
-    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct,
-            (reconstruct, "numpy.core.multiarray._reconstruct")]
+# What checkpoints written before the numpy RNG state became plain values hold beyond torch's
+# default allowlist: numpy's RNG state, ``np.random.get_state()``, whose key array pickles as an
+# ndarray of a uint32 dtype, its bytes through ``_codecs.encode`` (in torch's default allowlist
+# since 2.4; ``numpy.core`` is numpy 1's name of ``numpy._core``).
+LEGACY_NUMPY_GLOBALS = frozenset({
+    "numpy.ndarray", "numpy.dtype", "numpy.dtypes.UInt32DType", "_codecs.encode",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"})
+
+
+def pickled_globals(path: str | os.PathLike) -> set[str]:
+    """Every ``module.name`` the pickle of the ``torch.save`` file ``path`` refers to (its GLOBAL
+    opcodes: torch saves with pickle's protocol 2, and its ``weights_only`` unpickler refuses
+    every other way of naming a global), read without unpickling anything.
+
+    Raises:
+        ValueError: ``path`` is not a ``torch.save`` archive holding a readable ``data.pkl``.
+    """
+    import pickletools
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.rpartition("/")[2] == "data.pkl"), None)
+            if name is None:
+                raise ValueError(f"{path} holds no data.pkl: not a checkpoint torch.save wrote")
+            data = archive.read(name)
+        return {".".join(arg.split(" ", 1)) for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
+    except (zipfile.BadZipFile, ValueError, EOFError) as e:  # pickletools: ValueError on a bad opcode
+        raise ValueError(f"{path} is not a readable torch.save archive: {type(e).__name__}: {e}") from e
+
+
+def unsafe_globals(path: str | os.PathLike) -> set[str]:
+    """The pickled globals of ``path`` outside torch's default ``weights_only`` allowlist, e.g.
+    ``{'builtins.exec'}``: torch's own answer (``get_unsafe_globals_in_checkpoint``, torch 2.6 and
+    later), else :func:`pickled_globals` less the allowlist of torch's unpickler (older torch).
+
+    Raises:
+        ValueError: not a ``torch.save`` archive.
+    """
+    ask_torch = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if ask_torch is not None:
+        return set(ask_torch(path))
+    from torch import _weights_only_unpickler
+
+    return pickled_globals(path) - set(_weights_only_unpickler._get_allowed_globals())
 
 
 def foreign_types(path: str | os.PathLike) -> list[str]:
     """The pickled globals in the checkpoint file ``path`` that neither torch's default allowlist
-    nor raymcn's own payload (:func:`_saved_types`) accounts for, e.g. ``['builtins.exec']``."""
-    allowed = {f"{t.__module__}.{t.__qualname__}" for t in _saved_types() if not isinstance(t, tuple)}
-    allowed |= {t[1] for t in _saved_types() if isinstance(t, tuple)}
-    return [name for name in torch.serialization.get_unsafe_globals_in_checkpoint(path) if name not in allowed]
+    nor an earlier raymcn's payload (:data:`LEGACY_NUMPY_GLOBALS`) accounts for, sorted, e.g.
+    ``['builtins.exec']``."""
+    return sorted(unsafe_globals(path) - LEGACY_NUMPY_GLOBALS)
+
+
+def _legacy_numpy_allowlist():
+    """A context in which torch's ``weights_only`` load accepts :data:`LEGACY_NUMPY_GLOBALS`, or
+    None where this torch cannot say so: ``safe_globals`` came in torch 2.5, and naming a global
+    by another module's name (numpy 1's ``numpy.core``) in torch 2.6."""
+    safe_globals = getattr(torch.serialization, "safe_globals", None)
+    if safe_globals is None:
+        return None
+    numpy2 = int(np.__version__.split(".")[0]) >= 2
+    reconstruct = (np._core if numpy2 else np.core).multiarray._reconstruct
+    entries = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct]
+    if hasattr(torch.serialization, "get_unsafe_globals_in_checkpoint"):  # torch 2.6: (object, name) pairs too
+        entries.append((reconstruct, f"numpy.{'core' if numpy2 else '_core'}.multiarray._reconstruct"))
+    return safe_globals(entries)
 
 
 def refusal(path: str | os.PathLike, types: list[str]) -> str:
@@ -66,15 +121,24 @@ def rng_state() -> dict[str, Any]:
     """The host generators and, on a GPU, this process's device's generator only: a worker owns one
     GPU, and a resume may see fewer GPUs than the saving process did (another placement, fewer
     workers), where restoring one state per GPU of the saver fails."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
+def numpy_rng_state() -> tuple:
+    """``np.random.get_state()`` in values torch's ``weights_only`` load accepts on every torch
+    (no numpy object: an allowlist for numpy's came only in torch 2.5): (name, keys as an int64
+    tensor (624,), position, has_gauss, cached_gaussian)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]  # keys: a tensor, or an earlier raymcn's uint32 ndarray
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     random.setstate(state["python"])
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
@@ -125,19 +189,43 @@ def load(directory: str | os.PathLike, mmap: bool = False, shown_as: str | None 
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        with torch.serialization.safe_globals(_saved_types()):
-            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated or corrupted file, or a type outside the allowlist: say which
-        try:
-            foreign = foreign_types(path)
-        except Exception:  # noqa: BLE001 - not even a readable archive: the load's own error says more
-            foreign = []
-        if foreign:
-            raise UnsafeCheckpointError(refusal(shown, foreign)) from None
-        raise CheckpointError(f"checkpoint {shown} is unreadable: {type(e).__name__}: {e}") from e
+        unsafe = _unsafe_in(path)
+        if unsafe - LEGACY_NUMPY_GLOBALS:
+            raise UnsafeCheckpointError(refusal(shown, sorted(unsafe - LEGACY_NUMPY_GLOBALS))) from None
+        if not unsafe:
+            raise CheckpointError(f"checkpoint {shown} is unreadable: {type(e).__name__}: {e}") from e
+        payload = _load_legacy(path, shown, mmap, e)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {shown} has an unknown format")
     return payload
+
+
+def _unsafe_in(path: Path) -> set[str]:
+    """:func:`unsafe_globals` of ``path``; none where it is not even a readable archive (then the
+    load's own error says more)."""
+    import pickle
+
+    try:
+        return unsafe_globals(path)
+    except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError):
+        return set()
+
+
+def _load_legacy(path: Path, shown, mmap: bool, error: Exception) -> dict[str, Any]:
+    """The payload of a checkpoint an earlier raymcn wrote (numpy's RNG state as numpy objects:
+    :data:`LEGACY_NUMPY_GLOBALS`), loaded with those allowed; ``error``: the plain load's."""
+    allowing = _legacy_numpy_allowlist()
+    if allowing is None:
+        raise CheckpointError(f"checkpoint {shown} holds numpy's RNG state as numpy objects (an earlier raymcn "
+                              f"wrote it), which torch {torch.__version__} cannot allow in a weights-only load "
+                              "(torch 2.5 and later can): resume it once with such a torch") from error
+    try:
+        with allowing:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # damaged after all: say how
+        raise CheckpointError(f"checkpoint {shown} is unreadable: {type(e).__name__}: {e}") from e
 
 
 def restore(payload: dict[str, Any], **parts: Any) -> None:
