@@ -37,11 +37,22 @@ def peak_allocated_bytes(fn: Callable[[], Any]) -> tuple[Any, int, int]:
     return result, peak, live
 
 
+def start_ns(event) -> int:
+    """A profiler (Kineto) event's start in ns; torch before 2.4 has only ``start_us``."""
+    return event.start_ns() if hasattr(event, "start_ns") else event.start_us() * 1000
+
+
+def end_ns(event) -> int:
+    """A profiler (Kineto) event's end in ns (:func:`start_ns`)."""
+    return event.end_ns() if hasattr(event, "end_ns") else start_ns(event) + event.duration_us() * 1000
+
+
 def memory_timeline(prof) -> list[tuple[int, int]]:
     """(time ns, +/- bytes) of every CPU allocation and free a ``torch.profiler`` run recorded, in order."""
     events = (e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type().name == "CPU")
-    return sorted((e.start_ns(), e.nbytes()) for e in events)
+    # by time only: events of one instant keep the profiler's order (an allocation before its free)
+    return sorted(((start_ns(e), e.nbytes()) for e in events), key=lambda row: row[0])
 
 
 CONV_OPS = ("aten::convolution", "aten::convolution_backward")
@@ -53,7 +64,7 @@ def op_transient_bytes(prof, names: tuple[str, ...] = CONV_OPS) -> list[tuple[st
     the live bytes before and after it (what it keeps, its outputs, is not a temporary)."""
     timeline = memory_timeline(prof)
     times = [t for t, _ in timeline]
-    calls = sorted((e.start_ns(), e.end_ns(), e.name()) for e in prof.profiler.kineto_results.events()
+    calls = sorted((start_ns(e), end_ns(e), e.name()) for e in prof.profiler.kineto_results.events()
                    if e.name() in names)
     out = []
     live_at = list(itertools.accumulate(n for _, n in timeline))

@@ -86,6 +86,7 @@ import time
 import torch
 
 from bench import harness, meters
+from bench.meters import end_ns, start_ns
 from bench.procstat import status_bytes
 from raymcn.config import Config
 from raymcn.data.formats.batch import random_batch
@@ -248,26 +249,26 @@ def _replay(prof, window: tuple[int, int]) -> dict:
     it (both absolute: the trace starts before the first tensor), the phase running at that
     maximum, and the maximum outside the optimizer step (forward + loss + backward)."""
     events = list(prof.profiler.kineto_results.events())
-    optim = [(e.start_ns(), e.end_ns()) for e in events if e.name().startswith("Optimizer.step")
-             and e.start_ns() >= window[0]]
-    mem = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    optim = [(start_ns(e), end_ns(e)) for e in events if e.name().startswith("Optimizer.step")
+             and start_ns(e) >= window[0]]
+    mem = sorted((e for e in events if e.name() == "[memory]"), key=start_ns)
     live = start = peak = peak_fb = 0
     t_peak = window[0]
     started = False
     for e in mem:
-        if not started and e.start_ns() >= window[0]:
+        if not started and start_ns(e) >= window[0]:
             start = peak = peak_fb = live
             started = True
-        if e.start_ns() > window[1]:
+        if start_ns(e) > window[1]:
             break
         live += e.nbytes()
         if not started:
             continue
         if live > peak:
-            peak, t_peak = live, e.start_ns()
-        if not any(a <= e.start_ns() <= b for a, b in optim):
+            peak, t_peak = live, start_ns(e)
+        if not any(a <= start_ns(e) <= b for a, b in optim):
             peak_fb = max(peak_fb, live)
-    running = [e.name() for e in events if e.name() != "[memory]" and e.start_ns() <= t_peak <= e.end_ns()]
+    running = [e.name() for e in events if e.name() != "[memory]" and start_ns(e) <= t_peak <= end_ns(e)]
     if any(n.startswith("Optimizer.step") for n in running):
         phase = "optimizer"
     elif any(n.startswith("autograd::engine") for n in running):

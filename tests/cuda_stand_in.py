@@ -104,7 +104,7 @@ class CudaRecorder:
                 continue  # typing names, torch's storage and error types
             if inspect.isclass(value) and name not in ("Stream", "Event", "device", "StreamContext", "ExternalStream"):
                 continue
-            monkeypatch.setattr(torch.cuda, name, self._recording(name))
+            monkeypatch.setattr(torch.cuda, name, self._recording(name, value if inspect.isclass(value) else None))
         monkeypatch.setattr(torch.Tensor, "pin_memory", self._tensor_method("Tensor.pin_memory", lambda t, *a, **k: t))
         monkeypatch.setattr(torch.Tensor, "record_stream", self._tensor_method("Tensor.record_stream",
                                                                                lambda t, *a, **k: None))
@@ -141,14 +141,19 @@ class CudaRecorder:
             return result(t, *args, **kwargs)
         return method
 
-    def _recording(self, name: str):
+    def _recording(self, name: str, cls: type | None = None):
+        """A recording stand-in for ``torch.cuda.<name>``; for a class (``cls``), a subclass whose
+        construction records and returns the stand-in object: still a class of torch's, as the
+        Dynamo of torch before 2.5 checks at its import (DDP imports it) for ``Event`` and ``Stream``."""
         def call(*args, **kwargs):
             initialised = bool(self.initialising())
             self._record(name, args)
             if name in ALLOCATOR_RESETS and not initialised:
                 raise RuntimeError(NOT_INITIALISED)
             return self._answer(name, args)
-        return call
+        if cls is None:
+            return call
+        return type(name, (cls,), {"__new__": lambda _cls, *args, **kwargs: call(*args, **kwargs)})
 
     def _answer(self, name: str, args: tuple):
         if name == "is_available":

@@ -15,7 +15,7 @@ from conftest import TINY_MODEL, config, last_json, objective_for, run_of
 from bench import meters
 from raymcn.config import Config, ModelConfig
 from raymcn.data.formats.batch import random_batch
-from raymcn.train.preflight import footprint, model_size
+from raymcn.train.preflight import convspace, footprint, model_size
 from raymcn.train.preflight.footprint import GIB, estimate_worker_memory, fits
 
 
@@ -378,7 +378,7 @@ def test_estimate_bounds_a_measured_tiny_compiled_step():
     assert m["peak"] <= m["estimate"], m
 
 
-@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and torch.cpu._is_avx2_supported()),
+@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and convspace.instruction_level() >= 1),
                     reason="no oneDNN or no AVX2 on this machine: the AVX2 kernel path cannot be taken here")
 def test_estimate_bounds_the_avx2_only_kernel_path():
     """The path of an AVX2-only CPU (e.g. AMD EPYC Zen 2/3, where the spectrogram conv's backward
@@ -424,18 +424,30 @@ def test_conv_path_follows_the_isa_cap_mkldnn_and_the_device(monkeypatch):
     assert footprint.conv_path(use_gpu=True) == footprint.CUDNN
     with torch.backends.mkldnn.flags(enabled=False):
         assert footprint.conv_path() == footprint.NATIVE
-    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: True)
-    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: True)
+    monkeypatch.setattr(convspace, "instruction_level", lambda: 2)
     for cap, path in [("", footprint.ONEDNN_AVX512), ("AVX512_CORE_AMX", footprint.ONEDNN_AVX512),
                       ("avx2", footprint.ONEDNN_AVX2), ("AVX2_VNNI", footprint.ONEDNN_AVX2),
                       ("SSE41", footprint.UNKNOWN)]:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
         assert footprint.conv_path() == path, cap
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(convspace, "instruction_level", lambda: 1)
     assert footprint.conv_path() == footprint.ONEDNN_AVX2
-    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: False)
+    monkeypatch.setattr(convspace, "instruction_level", lambda: 0)
     assert footprint.conv_path() == footprint.UNKNOWN
+
+
+@pytest.mark.skipif(not convspace.cpuinfo_flags(), reason="no /proc/cpuinfo (not Linux)")
+def test_the_instruction_level_is_the_hardwares_on_every_torch(monkeypatch):
+    """torch 2.3 has no CPU probe (``torch.cpu._is_avx2_supported``): /proc/cpuinfo's flags stand in,
+    and agree with torch's probe where torch has one."""
+    by_torch = convspace.instruction_level() if hasattr(torch.cpu, "_is_avx2_supported") else None
+    monkeypatch.delattr(torch.cpu, "_is_avx512_supported", raising=False)
+    by_flags = convspace.instruction_level()
+    assert by_flags == (2 if "avx512f" in convspace.cpuinfo_flags() else 1 if "avx2" in convspace.cpuinfo_flags() else 0)
+    assert by_torch in (None, by_flags)
+    assert convspace.cpuinfo_flags("processor\t: 0\nflags\t\t: fpu sse2 avx2\n\nflags : avx512f\n") == {
+        "fpu", "sse2", "avx2"}
 
 
 def test_unmodelled_paths_get_the_larger_margin_and_say_so():

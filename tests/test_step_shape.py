@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,24 +50,59 @@ def test_the_parameter_check_sees_a_long_signature(tmp_path):
     assert [line.split(" ")[1].split("(")[0] for line in too_long(tmp_path)] == ["f"]
 
 
+RAYMCN_DIR = str(Path(raymcn.__file__).parent)
+TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+def reader() -> str | None:
+    """Whose read of the environment this is: ``raymcn`` when the innermost raymcn or torch frame of
+    the stack (the standard library's skipped, so a read through ``tempfile`` still counts) is
+    raymcn's; None when it is torch's (which variables torch reads differs between releases, and is
+    torch's own business) or neither's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(RAYMCN_DIR):
+            return "raymcn"
+        if name.startswith(TORCH_DIR):
+            return None
+        frame = frame.f_back
+    return None
+
+
 class RecordedEnviron(dict):
-    """``os.environ`` that records every name read."""
+    """``os.environ`` that records every name raymcn's code reads (:func:`reader`)."""
 
     def __init__(self, base):
         super().__init__(base)
         self.read: list[str] = []
 
+    def _record(self, key):
+        if reader() == "raymcn":
+            self.read.append(key)
+
     def __getitem__(self, key):
-        self.read.append(key)
+        self._record(key)
         return super().__getitem__(key)
 
     def get(self, key, default=None):
-        self.read.append(key)
+        self._record(key)
         return super().get(key, default)
 
     def __contains__(self, key):
-        self.read.append(key)
+        self._record(key)
         return super().__contains__(key)
+
+
+def test_the_recorder_tells_raymcns_reads_from_torchs(monkeypatch):
+    from raymcn.train.preflight import convspace
+
+    environ = RecordedEnviron({**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    monkeypatch.setattr(os, "environ", environ)
+    convspace.conv_path()  # raymcn reads ONEDNN_MAX_CPU_ISA
+    torch.cuda.is_available()  # whatever torch reads is its own
+    assert "ONEDNN_MAX_CPU_ISA" in environ.read
+    assert not any(name.startswith("PYTORCH_") for name in environ.read)
 
 
 @pytest.mark.parametrize("grad_cache_clips", [0, 4], ids=["plain", "cached"])
@@ -83,7 +119,7 @@ def test_a_training_step_reads_no_environment_variable(monkeypatch, grad_cache_c
     batches = [{m: torch.randn(8, 12, generator=g) for m in ("video", "audio", "text")} for _ in range(2)]
     environ = RecordedEnviron({**os.environ, "RAYMCN_FAULT": "nan_at_step=0", "RAYMCN_TRACE": "/nonexistent"})
     monkeypatch.setattr(os, "environ", environ)
-    monkeypatch.setattr(os, "getenv", lambda key, default=None: environ.get(key, default))
+    monkeypatch.setattr(os, "getenv", environ.get)
     metrics = train_one_epoch(run, batches)
     assert environ.read == []
     assert metrics["skipped_steps"] == 0  # the fault, set but not installed, did nothing

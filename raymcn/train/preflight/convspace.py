@@ -82,12 +82,39 @@ def conv_path(use_gpu: bool = False) -> str:
 
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return NATIVE
-    cpu = torch.cpu  # 0: below AVX2, 1: AVX2, 2: AVX-512 (and AMX, whose fp32 convs use it)
-    level = 2 if cpu._is_avx512_supported() else 1 if cpu._is_avx2_supported() else 0
+    level = instruction_level()
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
     if cap and not any(tag in cap for tag in ("AVX512", "AVX10", "AMX", "DEFAULT", "ALL")):
         level = min(level, 1 if cap.startswith("AVX2") else 0)
     return (UNKNOWN, ONEDNN_AVX2, ONEDNN_AVX512)[level]
+
+
+def instruction_level() -> int:
+    """The CPU's vector instructions oneDNN dispatches on: 0 below AVX2, 1 AVX2, 2 AVX-512 (and AMX,
+    whose fp32 convolutions use it). The hardware's, as torch's CPU probe reports them (torch 2.4 and
+    later: ``torch.cpu._is_avx512_supported``), else as Linux's ``/proc/cpuinfo`` flags do; not ATen's
+    own choice (``torch.backends.cpu.get_cpu_capability()``), which ``ATEN_CPU_CAPABILITY`` lowers
+    without changing oneDNN's."""
+    import torch
+
+    cpu = torch.cpu
+    if hasattr(cpu, "_is_avx512_supported") and hasattr(cpu, "_is_avx2_supported"):
+        return 2 if cpu._is_avx512_supported() else 1 if cpu._is_avx2_supported() else 0
+    flags = cpuinfo_flags()
+    return 2 if "avx512f" in flags else 1 if "avx2" in flags else 0
+
+
+def cpuinfo_flags(text: str | None = None) -> set[str]:
+    """The first processor's ``flags`` of ``/proc/cpuinfo`` (``text``: its contents; default read
+    here); empty where there is no such file (not Linux)."""
+    if text is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                text = f.read()
+        except OSError:
+            return set()
+    line = next((line for line in text.splitlines() if line.split(":")[0].strip() == "flags"), "")
+    return set(line.partition(":")[2].split())
 
 
 def _padded(channels: int, block: int) -> int:
