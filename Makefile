@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: sweep test test-slow test-soak test-full install
+.PHONY: sweep test test-slow test-soak test-full test-compat install
 sweep: $(VENV)/.installed   ## the main job: a small sweep on the embedded default (local Ray, synthetic data)
 	$(PY) sweep.py
 
@@ -21,27 +21,28 @@ test-full: $(VENV)/.installed    ## every test (test + test-slow + test-soak)
 
 install: $(VENV)/.installed
 
-TORCH := torch==2.13.0
-# PyTorch's own index of CPU-only wheels; on Linux the default index serves torch's CUDA build.
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# torch: the newest release pyproject.toml admits, the one `make test` runs on. TORCH_INDEX: where it
+# comes from; auto decides by nvidia-smi (tools/install_torch.py): the CPU build without a GPU, pip's
+# default index for a driver that runs CUDA 13, PyTorch's CUDA 12 index for one that runs CUDA 12 only.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?= auto
+PYTHON ?= python3
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	# Without a GPU, torch comes first, from the CPU wheel index: the torch range in pyproject.toml
-	# would otherwise pull the multi-GB CUDA build. Where that index does not answer within 5 s
-	# (offline, a proxy, a local mirror), torch comes from pip's configured indexes instead, and the
-	# last line says which build arrived. With nvidia-smi present the range picks the CUDA build.
-	@if command -v nvidia-smi >/dev/null 2>&1; then \
-	  echo "torch: nvidia-smi found, so the CUDA build comes with raymcn's dependencies"; \
-	elif $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" \
-	       "$(TORCH_CPU_INDEX)" 2>/dev/null \
-	     && $(PY) -m pip install -q --timeout 15 --index-url "$(TORCH_CPU_INDEX)" "$(TORCH)"; then \
-	  echo "torch: $(TORCH) installed from the CPU wheel index $(TORCH_CPU_INDEX)"; \
-	else \
-	  echo "torch: no $(TORCH) from the CPU wheel index $(TORCH_CPU_INDEX) (not reachable within 5 s, or the install failed);" \
-	       "installing it from pip's configured indexes (on a stock Linux machine: the CUDA build)"; \
-	  $(PY) -m pip install -q "$(TORCH)"; \
-	fi
+	$(PYTHON) -m venv $(VENV)
+	# The pip a venv brings can be years old: with a torch installed first, Python 3.10's pip 23.0
+	# was seen backtracking through raymcn's dependencies for over 27 minutes (a current pip: 2).
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m tools.install_torch "$(TORCH)" --index "$(TORCH_INDEX)"
 	$(PY) -m pip install -q -e ".[test]"
-	@$(PY) -c "import torch; print('torch', torch.__version__, 'installed:', 'a CUDA build' if torch.version.cuda else 'the CPU build')"
+	$(PY) -m tools.install_torch --check
 	touch $@
+
+# The compat tier: the fast tier again on the oldest Python and torch pyproject.toml admits, in a venv
+# of its own (docs/development.md). COMPAT_PYTHON: a Python 3.10 (default: tools/floor_python finds one).
+TORCH_FLOOR := torch==2.3.1
+COMPAT_VENV ?= .venv-compat
+COMPAT_PYTHON ?=
+test-compat:
+	py="$(COMPAT_PYTHON)"; [ -n "$$py" ] || py=$$(tools/floor_python) || exit 1; \
+	  $(MAKE) test VENV=$(COMPAT_VENV) TORCH=$(TORCH_FLOOR) TORCH_INDEX=$(TORCH_INDEX) PYTHON="$$py"

@@ -9,6 +9,7 @@ multi-node test cluster: tests/test_multinode.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 
 import pytest
@@ -45,10 +46,10 @@ def test_a_healthy_cpu_node_passes_every_check_that_applies(cfg, tmp_path):
     req, inputs = request(cfg, tmp_path)
     rows = rows_of(probe(req), req)
     assert inputs is not None and len(req.sample) == 4
-    assert all(r.ok for name, r in rows.items() if not name.startswith(("GPU", "CUDA"))), rows
+    assert all(r.ok for name, r in rows.items() if not name.startswith(("GPU", "torch uses"))), rows
     # no GPU and none asked for: the GPU rows do not apply
     assert rows["GPUs"].ok is None and rows["GPU memory free >= estimate"].ok is None
-    assert rows["CUDA and NCCL in torch"].ok is None
+    assert rows["torch uses the GPUs"].ok is None
 
 
 def test_a_missing_shard_folder_is_named_with_its_fix(cfg, tmp_path):
@@ -131,6 +132,44 @@ def test_too_little_free_gpu_memory_and_gpu_rows_that_apply_only_to_gpu_runs(cfg
     rows = rows_of(roomy, gpu_req)
     assert rows["GPU memory free >= estimate"].ok is True
     assert rows["CPUs for its workers"].ok is False and "need 4 CPUs, Ray has 2" in rows["CPUs for its workers"].fix
+
+
+def test_torch_that_cannot_use_the_gpus_nvidia_smi_shows_fails_its_row(cfg, tmp_path, monkeypatch):
+    """A stand-in nvidia-smi shows four A100s on a driver that runs CUDA 12.2; this machine's torch,
+    asked in a child process as on every node, sees none of them. Then, injected through the facts,
+    a CUDA 13 build that warns the driver is too old: both versions and the remedy are named."""
+    import torch
+    from test_install import stand_in_nvidia_smi
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU here: the stand-in's four would not be what torch sees")
+    monkeypatch.setenv("PATH", f"{stand_in_nvidia_smi(tmp_path / 'bin', '12.2')}:{os.environ['PATH']}")
+    req, _ = request(cfg, tmp_path)
+    facts = probe(req)
+    assert facts["driver"] == {"present": True, "version": "535.104.05", "cuda": (12, 2), "gpus": 4, "error": ""}
+    assert facts["torch_gpus"]["available"] is False and facts["torch_gpus"]["count"] == 0
+    gpu_req = dataclasses.replace(req, use_gpu=True)
+    row = rows_of(facts, gpu_req)["torch uses the GPUs"]
+    assert row.ok is False and "sees 0 of the 4 GPUs nvidia-smi shows" in row.detail
+    assert rows_of(facts, req)["torch uses the GPUs"].ok is None  # a CPU run: does not apply
+    cuda13 = {**facts, "cuda": {"cuda": "13.0", "nccl": "2.27.7", "nccl_error": ""},
+              "torch_gpus": {"available": False, "count": 0,
+                             "warning": "The NVIDIA driver on your system is too old (found version 12020)."}}
+    row = rows_of(cuda13, gpu_req)["torch uses the GPUs"]
+    assert row.ok is False and "the driver 535.104.05 runs CUDA 12.2 at most, older than this CUDA 13.0 build" in row.fix
+    assert "run make install in the checkout" in row.fix
+    healthy = {**cuda13, "cuda": {"cuda": "12.6", "nccl": "2.27.7", "nccl_error": ""},
+               "torch_gpus": {"available": True, "count": 4, "warning": ""}}
+    row = rows_of(healthy, gpu_req)["torch uses the GPUs"]
+    assert row.ok is True and row.detail == "a CUDA 12.6 build, which sees 4 of the 4 GPUs nvidia-smi shows; NCCL 2.27.7"
+
+
+def test_a_cuda_build_that_differs_between_nodes_fails_the_versions_row(cfg, tmp_path):
+    req, _ = request(cfg, tmp_path)
+    facts = probe(req)
+    head = dataclasses.replace(req, versions={**req.versions, "torch's CUDA": "12.6"})
+    row = rows_of(facts, head)["versions as on the head"]
+    assert row.ok is False and f"torch's CUDA {facts['versions']['torch' + chr(39) + 's CUDA']} (head: 12.6)" in row.fix
 
 
 def test_the_report_renders_a_column_per_node_and_each_fix(cfg, tmp_path):

@@ -225,7 +225,7 @@ def test_an_unreadable_nccl_version_is_named(monkeypatch):
     assert cuda == {"cuda": "12.8", "nccl": "", "nccl_error": "RuntimeError: NCCL library not found: libnccl.so.2"}
     facts = {"gpus": [], "cuda": cuda, "cpus": 16, "spill_free": 10**12}
     req = types.SimpleNamespace(use_gpu=True, estimate_bytes=1, cpus_per_worker=1.0)
-    row = next(r for r in _hardware_rows(facts, req, "gpu-1", {}) if r.check == "CUDA and NCCL in torch")
+    row = next(r for r in _hardware_rows(facts, req, "gpu-1", {}) if r.check == "torch uses the GPUs")
     assert row.ok is False and "libnccl.so.2" in row.fix and "libnccl.so.2" in row.detail, row
 
 

@@ -95,21 +95,27 @@ failures="0" skipped="0" tests="1" time="600.25"><testcase classname="tests.test
 time="599.0"/></testsuite></testsuites>''',
          "test-soak": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
 failures="0" skipped="0" tests="2" time="1200.0"><testcase classname="tests.test_tiers" name="test_soak"
-time="1000.0"/><testcase classname="tests.test_tiers" name="test_bench" time="199.5"/></testsuite></testsuites>'''}
+time="1000.0"/><testcase classname="tests.test_tiers" name="test_bench" time="199.5"/></testsuite></testsuites>''',
+         "test-compat": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="0" skipped="0" tests="1" time="70.0"><testcase classname="tests.test_tiers" name="test_a" time="1.5"/>
+</testsuite></testsuites>'''}
 
 
 def test_the_durations_file_adds_the_tiers_up_and_names_every_test(tmp_path):
     for name, text in JUNIT.items():
         (tmp_path / f"{name}.xml").write_text(text)
     out = tmp_path / "durations.json"
-    assert test_durations.main([str(tmp_path / "test.xml"), str(tmp_path / "test-slow.xml"), "--out", str(out)]) == 0
+    assert test_durations.main([str(tmp_path / f"{name}.xml") for name in ("test", "test-slow", "test-compat")]
+                               + ["--out", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["tiers"] == {"fast": {"seconds": 61.5, "tests": 3, "skipped": 1, "failed": 1},
                                 "slow": {"seconds": 600.2, "tests": 1, "skipped": 0, "failed": 0},
-                                "ci": {"seconds": 661.7, "tests": 4, "skipped": 1, "failed": 1}}  # CI's run: no soak
+                                "compat": {"seconds": 70.0, "tests": 1, "skipped": 0, "failed": 0},
+                                "ci": {"seconds": 731.7, "tests": 5, "skipped": 1, "failed": 1}}  # CI's run: no soak
     assert figures["tests"] == {"fast": {"tests/test_tiers.py::test_b[x-1]": 2.0, "tests/test_tiers.py::test_a": 1.25,
                                          "tests/test_tiers.py::TestGroup::test_c": 0.5},
-                                "slow": {"tests/test_tiers.py::test_slow": 599.0}}
+                                "slow": {"tests/test_tiers.py::test_slow": 599.0},
+                                "compat": {"tests/test_tiers.py::test_a": 1.5}}
     assert list(figures["tests"]["fast"])[0] == "tests/test_tiers.py::test_b[x-1]"  # the slowest first
     assert figures["command"] == "CI=true bash .ci/run" and figures["machine"] and figures["commit"]
     # with the soak tier's file (make test-soak, by hand) the full suite too

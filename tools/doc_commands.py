@@ -40,6 +40,8 @@ COMMANDS: dict[str, Shown] = {
                         "the embedded default, rehearsed"),
     "make test": Shown(RUN, (".ci/run::make test",)),
     "make install": Shown(RUN, (".ci/run::make install",)),
+    "python3 --version": Shown(RUN, ("tests/test_install.py::test_the_guides_check_of_python_and_the_driver_prints_both",),
+                                  label="`python3 --version && nvidia-smi | grep Driver`"),
     "source .venv/bin/activate": Shown(PARSED, ("Makefile::VENV ?= .venv",),
                                        "no test activates a shell; the Makefile's venv is `.venv`"),
     "raymcn train --config --json --num-workers": Shown(RUN, ("tests/test_train_ray.py::test_cli_smoke_run_learns",),

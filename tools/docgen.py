@@ -617,8 +617,8 @@ def lab_sizes() -> str:
 
 
 # --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
-TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "ci": "CI: both (`.ci/run`)",
-              "soak": "`make test-soak`", "full": "`make test-full`"}
+TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "compat": "`make test-compat` (Python 3.10, torch 2.3.1)",
+              "ci": "CI: all three (`.ci/run`)", "soak": "`make test-soak`", "full": "`make test-full`"}
 SLOWEST = 3  # development.md lists each tier's slowest tests; the JSON holds every test's time
 
 

@@ -1,15 +1,17 @@
 """The suite's measured time, per tier and per test, from the JUnit XML files pytest wrote.
 
-``.ci/run`` runs the fast tier (``make test``), then the slow one (``make test-slow``), each with
-``--junitxml``, and then this script, which writes one JSON: the machine, the commit, the command,
-each tier's pytest time and test counts, CI's two tiers as their sum (only when both files are
-given: a run stopped before its slow tier ended wrote no file for it), the full suite where the soak
+``.ci/run`` runs the fast tier (``make test``), the slow one (``make test-slow``) and the compat
+tier (``make test-compat``), each with ``--junitxml``, and then this script, which writes one
+JSON: the machine, the commit, the command, each tier's pytest time and test counts, CI's three
+tiers as their sum (only when all three files are given: a run stopped before a tier ended wrote no
+file for it), the full suite where the soak
 tier's file (``make test-soak``, run by hand) is given too, and every test's seconds (setup, call
 and teardown) by tier, the slowest first. A copy of a CI run's file saved as
 ``docs/measurements/test_durations.json`` is what the README's and docs/development.md's suite
 figures are generated from (``tools/docgen.py``), and what the next cut between the tiers reads::
 
-    python -m tools.test_durations .cache/tests/test.xml .cache/tests/test-slow.xml --out FILE
+    python -m tools.test_durations .cache/tests/test.xml .cache/tests/test-slow.xml \
+        .cache/tests/test-compat.xml --out FILE
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak"}  # the make target each file is named after
-SUMS = {"ci": ("fast", "slow"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
+# the make target each file is named after; compat: the fast tier on the floor's Python and torch
+TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak", "test-compat": "compat"}
+SUMS = {"ci": ("fast", "slow", "compat"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
 COMMAND = "CI=true bash .ci/run"  # what writes the XML files this script reads
 
 

@@ -13,12 +13,13 @@ import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raymcn import storage
 from raymcn.config import reason
+from raymcn.doctor.driver import read_driver
 
 SPILL_MIN_BYTES = 10 * 10**9  # Ray spills objects to its temp folder when the object store fills
 
@@ -52,7 +53,7 @@ def versions() -> dict[str, str]:
     import torch
 
     return {"raymcn": _own_version(), "ray": ray.__version__, "torch": torch.__version__,
-            "python": platform.python_version()}
+            "torch's CUDA": torch.version.cuda or "none", "python": platform.python_version()}
 
 
 def _own_version() -> str:
@@ -75,6 +76,7 @@ def probe(req: Request) -> dict[str, Any]:
     """The facts of the node this runs on (never raises: a fact it cannot get says why)."""
     facts: dict[str, Any] = {"host": socket.gethostname(), "versions": versions(), "interpreter": sys.executable,
                              "cpus": os.cpu_count() or 0, "cuda": _cuda_build(), "gpus": _gpus(),
+                             "driver": asdict(read_driver()),
                              "spill_free": _free_bytes(os.environ.get("RAY_TMPDIR", "/tmp"))}
     facts["shards"] = _shards(req)
     facts["crc"] = _crc(req)
@@ -82,6 +84,7 @@ def probe(req: Request) -> dict[str, Any]:
     words = Path(req.word_vectors) if req.word_vectors else Path(req.shards_dir) / "vocab.npy"
     facts["word_vectors"] = str(words) if words.is_file() else ""
     facts["storage"] = _storage(req)
+    facts["torch_gpus"] = torch_gpus() if facts["driver"]["gpus"] else {}
     return facts
 
 
@@ -153,6 +156,35 @@ def _cuda_build() -> dict[str, str]:
         except Exception as e:  # noqa: BLE001 - reported in the CUDA row
             error = reason(e)
     return {"cuda": torch.version.cuda or "", "nccl": nccl, "nccl_error": error}
+
+
+# Run in a child process: torch's answer there opens no CUDA context in the probe's Ray worker.
+_TORCH_GPUS = """
+import json, warnings
+import torch
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
+print(json.dumps({"available": available, "count": count, "warning": " ".join(str(w.message) for w in said)}))
+"""
+
+
+def torch_gpus(timeout_s: float = 120.0) -> dict[str, Any]:
+    """What torch can use on this node: ``torch.cuda.is_available()``, the GPUs it counts and what it
+    warned (a driver too old for the build says so there), from a child process that sees every GPU
+    of the node (the probe reserves none, so Ray hides them from its own process); ``{"error": ...}``
+    where the child failed."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    try:
+        done = subprocess.run([sys.executable, "-c", _TORCH_GPUS], capture_output=True, text=True, env=env,
+                              timeout=timeout_s, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except subprocess.CalledProcessError as e:
+        last = (e.stderr or "").strip().splitlines()
+        return {"error": f"torch's GPU query exited with {e.returncode}" + (f": {last[-1]}" if last else "")}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"error": f"torch's GPU query: {reason(e)}"}
 
 
 def _gpus() -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raymcn.doctor.driver import Driver, torch_can_use
 from raymcn.doctor.probe import SPILL_MIN_BYTES, Request
 
 OK, FAIL, NA = "✔", "✘", "–"
@@ -121,14 +122,7 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
                     f"{host}: {seen}: check the NVIDIA driver there (nvidia-smi)" if failed else
                     f"{host}: scale.use_gpu=true and this node has no GPU nvidia-smi can see" if req.use_gpu else ""),
                 Row("GPU memory free >= estimate", False if req.use_gpu else None, "no GPU")]
-    cuda = facts["cuda"]
-    nccl_error = cuda.get("nccl_error", "")
-    cuda_ok = (bool(cuda["cuda"]) and not nccl_error) if req.use_gpu else None
-    nccl = cuda["nccl"] or (f"unreadable ({nccl_error})" if nccl_error else "-")
-    rows.append(Row("CUDA and NCCL in torch", cuda_ok, f"CUDA {cuda['cuda'] or '-'}, NCCL {nccl}",
-                    "" if cuda_ok is not False else
-                    f"{host}: torch's NCCL: {nccl_error}" if nccl_error else
-                    f"{host}: torch has no CUDA there: install the CUDA build of torch"))
+    rows.append(_torch_row(facts, req, host))
     rows.append(_cpu_row(facts, req, host))
     # Ray spills objects to its temp folder when the object store fills: room for one store's worth
     spill_need = int(facts.get("resources", {}).get("object_store_memory", SPILL_MIN_BYTES))
@@ -138,6 +132,29 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
                     f"{os.environ.get('RAY_TMPDIR', '/tmp')}, less than its object store ({spill_need / 1e9:.1f} GB): "
                     "free some, or point RAY_TMPDIR at a larger disk"))
     return rows
+
+
+def _torch_row(facts: dict, req: Request, host: str) -> Row:
+    """Whether torch can use the GPUs nvidia-smi shows on the node (``driver.torch_can_use``: a driver
+    too old for the build fails it, naming both), and NCCL's version; on a GPU run only."""
+    cuda = facts["cuda"]
+    nccl_error = cuda.get("nccl_error", "")
+    nccl = cuda["nccl"] or (f"unreadable ({nccl_error})" if nccl_error else "-")
+    seen = facts.get("torch_gpus") or {}
+    ok, said = torch_can_use(Driver(**facts["driver"]) if facts.get("driver") else Driver(), cuda["cuda"],
+                             bool(seen.get("available")), int(seen.get("count", 0)), None, seen.get("warning", ""))
+    if seen.get("error"):
+        ok, said = False, f"torch's CUDA {cuda['cuda'] or '-'} build could not be asked: {seen['error']}"
+    detail = f"{said}; NCCL {nccl}"
+    if not req.use_gpu:
+        return Row("torch uses the GPUs", None, detail)
+    if nccl_error:
+        return Row("torch uses the GPUs", False, detail, f"{host}: torch's NCCL: {nccl_error}")
+    if not cuda["cuda"]:
+        return Row("torch uses the GPUs", False, detail,
+                   f"{host}: torch has no CUDA there: run make install in the checkout (it picks the CUDA build "
+                   "the driver runs)")
+    return Row("torch uses the GPUs", ok, detail, "" if ok else f"{host}: {said}")
 
 
 def workers_on(facts: dict, req: Request) -> int:
