@@ -242,3 +242,15 @@ def test_the_guides_two_torch_lines_are_what_make_install_prints(on_path, capsys
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert install_torch.check() == 0
     assert capsys.readouterr().out.splitlines() == shown
+
+
+def test_ray_up_installs_the_makefiles_torch_the_same_way(on_path, capsys):
+    """cluster.yaml's setup commands run the installer without a release: the Makefile's, chosen for
+    the server's driver as `make install` chooses it, then the same check."""
+    text = (ROOT / "cluster.yaml").read_text()
+    assert "cd ~/raymcn-src && python -m tools.install_torch\n" in text
+    assert "(cd ~/raymcn-src && python -m tools.install_torch --check)" in text
+    assert install_torch.makefile_torch() == "torch==2.13.0"
+    on_path("12.2")
+    assert install_torch.main(["--dry-run"]) == 0
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" in capsys.readouterr().out

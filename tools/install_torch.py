@@ -3,8 +3,10 @@ sees the GPUs nvidia-smi shows. Run with the venv's Python from the checkout's r
 is installed (it imports only the standard library and ``raymcn.doctor.driver``, which is
 stdlib-only too).
 
-    python -m tools.install_torch torch==2.13.0 [--index auto|default|cpu|URL] [--dry-run]
+    python -m tools.install_torch [torch==2.13.0] [--index auto|default|cpu|URL] [--dry-run]
     python -m tools.install_torch --check
+
+The release defaults to the Makefile's ``TORCH`` (``ray up``'s setup commands run it so).
 
 ``--index auto`` (the default) decides by ``nvidia-smi`` (``raymcn.doctor.driver.choose_build``):
 
@@ -28,9 +30,11 @@ import subprocess
 import sys
 import urllib.request
 import warnings
+from pathlib import Path
 
 from raymcn.doctor.driver import CPU_INDEX, Choice, choose_build, read_driver, torch_can_use
 
+ROOT = Path(__file__).resolve().parents[1]
 ANSWER_WITHIN_S = 5.0
 CUDA13_SINCE = (2, 11)  # pip's default index serves torch as a CUDA 13 build from this release on
 
@@ -42,6 +46,14 @@ def answers(index: str, timeout_s: float = ANSWER_WITHIN_S) -> bool:
         return True
     except (OSError, ValueError):
         return False
+
+
+def makefile_torch(makefile: Path = ROOT / "Makefile") -> str:
+    """The Makefile's ``TORCH ?= ...``: the release ``make install`` installs."""
+    found = re.search(r"^TORCH \?= (\S+)", makefile.read_text(), re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{makefile} has no 'TORCH ?= ...' line")
+    return found.group(1)
 
 
 def release(spec: str) -> tuple[int, int] | None:
@@ -113,16 +125,15 @@ def check() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.install_torch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("torch", nargs="?", default="", help="the requirement, e.g. torch==2.13.0")
+    parser.add_argument("torch", nargs="?", default="", help="the requirement, e.g. torch==2.13.0 (default: the "
+                        "Makefile's TORCH)")
     parser.add_argument("--index", default="auto", help="auto (by nvidia-smi), default (pip's), cpu, or an index URL")
     parser.add_argument("--dry-run", action="store_true", help="print the choice and the pip command only")
     parser.add_argument("--check", action="store_true", help="after the install: torch against nvidia-smi")
     args = parser.parse_args(argv)
     if args.check:
         return check()
-    if not args.torch:
-        parser.error("give the torch requirement (e.g. torch==2.13.0), or --check")
-    return install(args.torch, args.index, args.dry_run)
+    return install(args.torch or makefile_torch(), args.index, args.dry_run)
 
 
 if __name__ == "__main__":
