@@ -170,7 +170,11 @@ def test_the_header_parse_reads_real_nvidia_smi_headers():
 
 
 def _make_dry_run(*args: str) -> str:
-    proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    """What ``make -n ARGS`` would run, as from a shell: not the variables of a make this suite runs
+    under (``make test-compat`` hands its VENV and TORCH down through MAKEFLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
