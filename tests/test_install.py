@@ -207,15 +207,16 @@ def test_the_range_pyproject_admits_is_the_one_the_two_installs_test():
     assert f"sys.version_info[:2] == (3, {low})" in (ROOT / "tools" / "floor_python").read_text()
 
 
-def test_make_test_compat_runs_the_fast_tier_in_its_own_venv_on_python_3_10_and_the_floor_torch():
+def test_make_test_compat_runs_the_fast_tier_in_its_own_venv_on_python_3_10_and_the_floor_torch(tmp_path):
     proc = subprocess.run([str(ROOT / "tools" / "floor_python")], capture_output=True, text=True, timeout=60,
                           check=False)
     if proc.returncode != 0:
         pytest.skip(f"no Python 3.10 here: {proc.stderr.strip()}")
-    out = _make_dry_run("test-compat", "VENV=.venv")
-    assert f"{proc.stdout.strip()} -m venv .venv-compat" in out
-    assert '.venv-compat/bin/python -m tools.install_torch "torch==2.3.1"' in out
-    assert ".venv-compat/bin/python -m pytest -q --tier fast" in out
+    venv = tmp_path / "compat"  # not made yet, so that make would make it
+    out = _make_dry_run("test-compat", f"COMPAT_VENV={venv}")
+    assert f"{proc.stdout.strip()} -m venv {venv}" in out
+    assert f'{venv}/bin/python -m tools.install_torch "torch==2.3.1"' in out
+    assert f"{venv}/bin/python -m pytest -q --tier fast" in out
 
 
 GUIDE = ROOT / "docs" / "lab-guide.md"
