@@ -53,7 +53,8 @@ def scripted_run(cfg, reported: list[dict]):
     plan = make_plan(cfg, 2 * cfg.data.batch_size)
 
     def batches(run, epoch, start):
-        return [random_batch(cfg, cfg.clips_per_step, 100 * epoch + s) for s in range(start, plan.steps_per_epoch)], None
+        steps = range(start, plan.steps_per_epoch)
+        return [random_batch(cfg, cfg.clips_per_step, 100 * epoch + s) for s in steps], None
 
     return assemble(cfg, plan, hooks=Hooks(batches=batches, evaluate=lambda run: dict(SCRIPT[run.state.epoch]),
                                            after_epoch=[lambda run, metrics: reported.append(dict(metrics))]))

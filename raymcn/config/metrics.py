@@ -182,7 +182,10 @@ class Objective:
 
     Tune's searcher and scheduler see every epoch's value (:attr:`reported`) in the metric's
     direction (:attr:`mode`); a finished trial is scored by :attr:`column` of the results table,
-    which is also what Tune's best trial is picked by (:attr:`scope`)."""
+    which is also what Tune's best trial is picked by (:attr:`scope`). Every epoch also reports
+    the best so far under its ``best_`` name (:func:`best_values`), so a trial's last result holds
+    both forms of :attr:`name`: Ray's own ``get_best_result(metric=name, mode=mode)`` picks the
+    results table's best trial."""
 
     metric: Metric
     best: bool
