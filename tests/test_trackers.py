@@ -189,7 +189,8 @@ def test_a_sweeps_trials_reach_mlflow_and_tensorboard_under_a_runs_names_one_poi
     assert [type(c) for c in _create_default_callbacks(list(callbacks)) if isinstance(c, TBXLoggerCallback)] == [
         TensorBoardCallback]
     off = sweep_callbacks(load_config(None, ["run.trackers="]), exp)
-    assert [type(c) for c in _create_default_callbacks(off) if isinstance(c, TBXLoggerCallback)] == [NoTensorBoard]
+    loggers = [type(c) for c in _create_default_callbacks(list(off)) if isinstance(c, TBXLoggerCallback)]
+    assert loggers == [NoTensorBoard]
     trial = Trial()
     for c in callbacks:
         c.setup()
@@ -212,6 +213,13 @@ def test_a_sweeps_trials_reach_mlflow_and_tensorboard_under_a_runs_names_one_poi
         assert [s for s, _ in scalars[tracker_name(name)]] == [s for s, _ in expected], name
         assert [v for _, v in scalars[tracker_name(name)]] == pytest.approx([v for _, v in expected]), name  # float32
     assert not [tag for tag in scalars if "@" in tag or tag.startswith("ray/")]
+    quiet = Trial()
+    quiet.local_path = str(tmp_path / "EXP-off" / "trial")
+    for c in off:  # run.trackers="": Tune's logger replaced by one that writes nothing
+        c.on_trial_start(1, [quiet], quiet)
+        c.on_trial_result(1, [quiet], quiet, {**epoch_metrics(1), "training_iteration": 1})
+        c.on_trial_complete(1, [quiet], quiet)
+    assert not (tmp_path / "EXP-off").exists()
 
 
 
