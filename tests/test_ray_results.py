@@ -165,7 +165,8 @@ def test_ray_finds_the_best_trial_by_the_sweeps_metric_and_its_checkpoint_which_
 def test_result_grid_gives_tunes_results_holding_the_train_checkpoints(confirmed_sweep, capsys):
     """``result_grid(EXP)`` and ``result_grid(EXP/confirm)``: Tune's ResultGrid, its default metric the
     sweep's; each result's ``checkpoint`` is its last epoch's (eval scores it to ``Result.metrics``)
-    and ``get_best_checkpoint`` its best epoch's (eval scores it to the best R@10 the result reports)."""
+    and ``get_best_checkpoint`` its best epoch's (eval scores it to the best R@10 the result reports);
+    ``run.init_from`` takes both."""
     from ray.tune import ResultGrid
 
     from raymcn.results.experiment import load_experiment
@@ -190,6 +191,12 @@ def test_result_grid_gives_tunes_results_holding_the_train_checkpoints(confirmed
         top = best.get_best_checkpoint(R10, "max")
         scored = evaluated(top.path, threads, capsys)
         assert scored[R10] == best.metrics[BEST + R10]  # the trial's best epoch is kept (run.checkpoints_to_keep)
+        # and a run starts from either (run.init_from, checked by the preflight before Ray starts)
+        from raymcn.train.checkpoints import init_from
+
+        sweep_cfg = load_config(exp / "raymcn_sweep.yaml")
+        for checkpoint in (best.checkpoint, top):
+            assert init_from.problems(sweep_cfg.replace({"run.init_from": checkpoint.path})) == []
 
 
 @pytest.mark.ray
