@@ -12,11 +12,11 @@ folder of train/ that imports Ray. Two data modules import Ray, each the Ray sid
 read/datasource (Ray Data) and write/ray_writers (Ray actors); the rest of data/ imports without
 Ray. Other deviations: sweep/ builds Optuna's sampler for Tune's OptunaSearch, results/ also
 uses numpy, scipy, statsmodels and yaml (statistics, the sweep file), monitor/trackers logs a run to
-MLflow and W&B (optional extras, imported when asked for), preflight/gpus reads the GPUs'
-free memory through NVML (nvidia-ml-py), which opens no CUDA context, and on_ray/cluster finds the
-Ray instances of this machine by their raylets' command lines (psutil) and asks the chosen one's
-GCS for a connection through gRPC (Ray's own transport) before Ray's connect, which would retry
-for minutes.
+MLflow and W&B (optional extras, imported when asked for) and TensorBoard (tensorboardX, Ray Tune's),
+preflight/gpus reads the GPUs' free memory through NVML (nvidia-ml-py), which opens no CUDA context,
+and on_ray/cluster finds the Ray instances of this machine by their raylets' command lines (psutil)
+and asks the chosen one's GCS for a connection through gRPC (Ray's own transport) before Ray's
+connect, which would retry for minutes.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
                  "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
-                    {"mlflow", "wandb"} if module == "raymcn.train.monitor.trackers" else set()) | (
+                    {"mlflow", "wandb", "tensorboardX"} if module == "raymcn.train.monitor.trackers" else set()) | (
                     {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
     if where == "raymcn.sweep":
         return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.train",

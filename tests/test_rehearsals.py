@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_ray_results import best_trial_and_checkpoint_by_rays_api, reported_best_is_the_best_of_every_epoch
 from tune_dirs import result_rows, trial_statuses
 
 from raymcn.cli import preset_path
@@ -211,10 +212,14 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
 @pytest.mark.ray
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name, settings, kill_when", REHEARSALS)
-def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when):
+def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when,
+                                                                  capsys):
     """``ray_local``: a second Ray instance on the machine for the whole test (the sweep starts its
     own), as a colleague's run or a ``make test`` on the lab's head would be; pinned to its own
-    instance, the sweep's placement groups are still freed for the trials that wait for them."""
+    instance, the sweep's placement groups are still freed for the trials that wait for them. Tune's
+    results report each trial's best so far over the kill (tests/test_ray_results.py); of the grid,
+    whose trials all finish, Ray's API finds the best trial by ``sweep.metric`` and its checkpoint,
+    which ``raymcn eval`` scores as the trial did."""
     results = tmp_path / "results"
     args = ["--config", str(REPO / name), "--rehearse", *[a for s in settings for a in ("--set", s)]]
     status, out, before = rehearse(args, results, kill_when=kill_when)
@@ -229,9 +234,13 @@ def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, t
     for trial in finished:  # a trial finished before the reboot is kept, not trained again
         assert after[trial] == before[trial], trial
     verdict_ok(exp)  # every search trial ended: none waits forever for what finished trials held
-    if load_config(exp / "raymcn_sweep.yaml").sweep.confirm:
+    cfg = load_config(exp / "raymcn_sweep.yaml")
+    if cfg.sweep.confirm:
         assert "\nAnswer: " in out, out[-3000:]
     mid_epoch_checkpoints_stay_trains(exp)
+    reported_best_is_the_best_of_every_epoch(exp)
+    if cfg.sweep.algorithm == "grid":
+        best_trial_and_checkpoint_by_rays_api(exp, cfg.sweep.metric, capsys)
 
 
 def mid_epoch_checkpoints_stay_trains(exp: Path) -> None:

@@ -61,8 +61,7 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
     # over both attempts, ending with the last epoch's metrics
     from mlflow.tracking import MlflowClient
 
-    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective
-    from raymcn.train.monitor.trackers import safe_name
+    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective, tracker_name
 
     DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported
 
@@ -70,7 +69,7 @@ def test_a_run_checkpoints_to_the_bucket_and_resumes_from_it(bucket, ray_local, 
     folder = default_cache_dir(Config()) / "trackers" / run
     client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     history = client.get_metric_history((folder / "mlflow_run_id.txt").read_text().strip(),
-                                        safe_name(DEFAULT_METRIC))
+                                        tracker_name(DEFAULT_METRIC))
     by_epoch = {m.step: m.value for m in history}
     assert {1, 3} <= set(by_epoch) <= {1, 2, 3} and by_epoch[3] == pytest.approx(out[DEFAULT_METRIC])
 
@@ -81,9 +80,9 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
     table and plots from a local copy, MLflow's store in the local cache."""
     import mlflow
 
-    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective
+    from raymcn.config import DEFAULT_OBJECTIVE, Config, default_cache_dir, objective, tracker_name
     from raymcn.results.table import load_experiment
-    from raymcn.sweep.tuner import mlflow_uri
+    from raymcn.sweep.trackers import mlflow_uri
 
     DEFAULT_METRIC = objective(DEFAULT_OBJECTIVE).reported
 
@@ -124,4 +123,4 @@ def test_the_smoke_sweep_in_the_bucket_its_table_plots_and_mlflow(bucket, ray_lo
 
     mlflow.set_tracking_uri(mlflow_uri(exp))
     runs = mlflow.search_runs(search_all_experiments=True)
-    assert len(runs) == 2 and f"metrics.{DEFAULT_METRIC.replace('@', '_at_')}" in runs.columns
+    assert len(runs) == 2 and f"metrics.{tracker_name(DEFAULT_METRIC)}" in runs.columns

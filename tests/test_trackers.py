@@ -1,7 +1,9 @@
-"""run.trackers of a single run (train/monitor/trackers.py): every epoch's metrics in MLflow and
-TensorBoard, a resumed run continuing its MLflow run, a missing tracker dropped with a warning,
-the Train controller's callback that feeds them (the Ray run that writes them:
-tests/test_train_ray.py)."""
+"""run.trackers of a single run (train/monitor/trackers.py) and of a sweep's trials (sweep/trackers.py):
+every epoch's metrics in MLflow and TensorBoard under the results table's names (spelled by
+``config.tracker_name``, the one mapping: MLflow refuses '@', tensorboardX turns it into '_'),
+TensorBoard by default, a resumed run continuing its MLflow run, a missing tracker dropped with a
+warning, the Train controller's callback that feeds them (the Ray runs that write them:
+tests/test_train_ray.py, tests/test_ray_results.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raymcn.config import ConfigError, load_config
+from raymcn.config import BEST, ConfigError, load_config, metric_names, tracker_name
 from raymcn.train.monitor.trackers import Trackers
 
 
@@ -22,17 +24,30 @@ def mlflow_history(run_dir: Path, metric: str) -> list[float]:
     return [m.value for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)]
 
 
-def tensorboard_history(run_dir: Path, metric: str) -> list[float]:
-    """The values of ``metric`` in the run's TensorBoard event files, by epoch (read as TensorBoard does)."""
+def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files of ``folder`` (a run's ``tensorboard`` folder, a
+    sweep's trial folder), tag -> (step, value) by step, read as TensorBoard reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events = EventAccumulator(str(folder))
     events.Reload()
-    return [e.value for e in sorted(events.Scalars(metric), key=lambda e: e.step)]
+    return {tag: sorted((e.step, e.value) for e in events.Scalars(tag)) for tag in events.Tags()["scalars"]}
+
+
+def tensorboard_history(folder: Path, metric: str) -> list[float]:
+    """The values of ``metric`` in the TensorBoard event files of ``folder``, by epoch."""
+    return [value for _, value in tensorboard_scalars(folder)[metric]]
+
+
+def table_names() -> list[str]:
+    """Every metric of the table and its best so far, as each epoch reports them (``text_to_video_R@10``)."""
+    return [name for m in metric_names() for name in (m, BEST + m)]
 
 
 def epoch_metrics(epoch: int) -> dict[str, float]:
-    return {"epoch": float(epoch), "text_to_video_R@10": 10.0 * epoch, "total_loss": 5.0 / epoch}
+    values = {"epoch": float(epoch), "text_to_video_R@10": 10.0 * epoch, "total_loss": 5.0 / epoch}
+    values.update({name: 100.0 * epoch + i for i, name in enumerate(table_names()) if name not in values})
+    return values
 
 
 def test_every_epoch_reaches_mlflow_and_tensorboard_and_a_resume_continues(tmp_path):
@@ -49,8 +64,13 @@ def test_every_epoch_reaches_mlflow_and_tensorboard_and_a_resume_continues(tmp_p
     resumed.log(3, epoch_metrics(3))
     resumed.close()
     assert (run_dir / "mlflow_run_id.txt").read_text() == run_id  # the same MLflow run
-    assert mlflow_history(run_dir, "text_to_video_R_at_10") == [10.0, 20.0, 30.0]  # '@' is not allowed there
-    assert tensorboard_history(run_dir, "text_to_video_R@10") == [10.0, 20.0, 30.0]
+    assert tracker_name("text_to_video_R@10") == "text_to_video_R_at_10"  # '@' is not allowed there
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    for name in table_names():  # every metric of the table and its best, by the one mapping, in both
+        expected = [epoch_metrics(e)[name] for e in (1, 2, 3)]
+        assert mlflow_history(run_dir, tracker_name(name)) == expected, name
+        assert [v for _, v in scalars[tracker_name(name)]] == expected, name
+    assert [step for step, _ in scalars["text_to_video_R_at_10"]] == [1, 2, 3]  # the epoch is the step
     from mlflow.tracking import MlflowClient
 
     params = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}").get_run(run_id).data.params
@@ -69,7 +89,7 @@ def test_a_tracker_that_cannot_start_is_dropped_with_a_warning_and_the_others_go
     trackers.close()
     assert len(said) == 1 and "run.trackers: wandb dropped for this run" in said[0]
     assert "pip install 'raymcn[wandb]'" in said[0]
-    assert tensorboard_history(tmp_path / "r", "total_loss") == [5.0, 2.5]
+    assert tensorboard_history(tmp_path / "r" / "tensorboard", "total_loss") == [5.0, 2.5]
 
 
 def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_files_stay_in_its_cache(
@@ -96,7 +116,7 @@ def test_the_controllers_callback_logs_each_epochs_report_and_a_bucket_runs_file
         callback.after_report(run_context=None, metrics=reports, checkpoint=None)
     folder = tmp_path / "cache" / "trackers" / "r"
     assert mlflow_history(folder, "text_to_video_R_at_10") == [10.0, 20.0]
-    assert tensorboard_history(folder, "total_loss") == [5.0, 2.5]  # rank 0's, not rank 1's
+    assert tensorboard_history(folder / "tensorboard", "total_loss") == [5.0, 2.5]  # rank 0's, not rank 1's
     run_id = (folder / "mlflow_run_id.txt").read_text().strip()
     assert MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").get_run(run_id).info.status == "FINISHED"
     assert not (tmp_path / "controller").exists()
@@ -116,9 +136,11 @@ def test_the_controllers_warning_about_a_tracker_is_marked_for_the_terminal(tmp_
     assert line.startswith(f"{TAG}warning: run.trackers: wandb dropped for this run"), line
 
 
-def test_a_run_without_workers_feeds_its_trackers_from_its_rank(tmp_path):
+@pytest.mark.ray  # (its data stream is Ray Data's, which joins the suite's instance or starts one)
+def test_a_run_without_workers_feeds_its_trackers_from_its_rank_and_tensorboard_is_on_by_default(ray_local, tmp_path):
     """Ray Train's local mode (``scale.num_workers=0``) calls no callback: the in-process rank logs
-    every epoch, the same values as metrics.csv."""
+    every epoch, the same values as metrics.csv; with no ``run.trackers`` set, to TensorBoard, every
+    metric of the table and its best so far by the names the table gives them."""
     pytest.importorskip("tensorboard")
     import pandas as pd
     from conftest import TINY
@@ -126,11 +148,80 @@ def test_a_run_without_workers_feeds_its_trackers_from_its_rank(tmp_path):
     from raymcn.cli import preset_path
     from raymcn.train.on_ray import launch
 
-    cfg = load_config(preset_path(), ["scale.num_workers=0", *TINY, "schedule.epochs=2", "run.trackers=tensorboard"])
+    cfg = load_config(preset_path(), ["scale.num_workers=0", *TINY, "schedule.epochs=2"])
+    assert cfg.run.trackers == "tensorboard"
     launch.fit(cfg, tmp_path / "local")
     table = pd.read_csv(tmp_path / "local" / "metrics.csv")
-    assert tensorboard_history(tmp_path / "local", "total_loss") == pytest.approx(list(table["total_loss"]))
     assert len(table) == 2
+    scalars = tensorboard_scalars(tmp_path / "local" / "tensorboard")
+    for name in ["total_loss", *table_names()]:
+        assert [step for step, _ in scalars[tracker_name(name)]] == list(table["epoch"]), name
+        assert [value for _, value in scalars[tracker_name(name)]] == pytest.approx(list(table[name])), name
+    assert not [tag for tag in scalars if "@" in tag]
+
+
+def test_a_sweeps_trials_reach_mlflow_and_tensorboard_under_a_runs_names_one_point_per_epoch(tmp_path):
+    """The sweep's Tune callbacks (sweep/trackers.py) fed as Tune feeds them: a trial's results, the
+    last two after a BOHB pause (Tune's iteration starts again, the epoch goes on). Every metric of
+    the table and its best reach MLflow and TensorBoard by the names a run's trackers use, at the
+    epoch; Tune's own TensorBoard logger is not added beside raymcn's, with tensorboard in
+    ``run.trackers`` or without."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from ray.tune.logger import TBXLoggerCallback
+    from ray.tune.utils.callback import _create_default_callbacks
+
+    from raymcn.sweep.trackers import NoTensorBoard, TensorBoardCallback, mlflow_uri, sweep_callbacks
+
+    class Trial:  # what Tune's loggers read of a trial
+        config = evaluated_params = {"optim.lr": 0.001}
+        local_path = str(tmp_path / "EXP" / "joint-lr1e-3-abc_00000")
+
+        def init_local_path(self):
+            Path(self.local_path).mkdir(parents=True, exist_ok=True)
+
+        def __str__(self):
+            return "trial_fn_abc_00000"
+
+    exp = str(tmp_path / "EXP")
+    callbacks = sweep_callbacks(load_config(None, ["run.trackers=mlflow,tensorboard"]), exp)
+    assert [type(c) for c in _create_default_callbacks(list(callbacks)) if isinstance(c, TBXLoggerCallback)] == [
+        TensorBoardCallback]
+    off = sweep_callbacks(load_config(None, ["run.trackers="]), exp)
+    loggers = [type(c) for c in _create_default_callbacks(list(off)) if isinstance(c, TBXLoggerCallback)]
+    assert loggers == [NoTensorBoard]
+    trial = Trial()
+    for c in callbacks:
+        c.setup()
+    for iteration, epoch in ((1, 1), (2, 2), (1, 2), (2, 3)):  # paused after epoch 2, resumed from its checkpoint
+        result = {**epoch_metrics(epoch), "training_iteration": iteration, "trial_id": "abc_00000", "done": False,
+                  "checkpoint_path": "/somewhere", "config": Trial.config}
+        for c in callbacks:
+            if iteration == 1:  # (re)started
+                c.on_trial_start(iteration, [trial], trial)
+            c.on_trial_result(iteration, [trial], trial, result)
+    for c in callbacks:
+        c.on_trial_complete(3, [trial], trial)
+    client = MlflowClient(tracking_uri=mlflow_uri(exp))
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    scalars = tensorboard_scalars(Path(Trial.local_path))
+    for name in ["total_loss", *table_names()]:
+        expected = [(e, epoch_metrics(e)[name]) for e in (1, 2, 2, 3)]
+        history = client.get_metric_history(run.info.run_id, tracker_name(name))
+        assert sorted((m.step, m.value) for m in history) == expected, name
+        assert [s for s, _ in scalars[tracker_name(name)]] == [s for s, _ in expected], name
+        assert [v for _, v in scalars[tracker_name(name)]] == pytest.approx([v for _, v in expected]), name  # float32
+    assert not [tag for tag in scalars if "@" in tag or tag.startswith("ray/")]
+    quiet = Trial()
+    quiet.local_path = str(tmp_path / "EXP-off" / "trial")
+    for c in off:  # run.trackers="": Tune's logger replaced by one that writes nothing
+        c.on_trial_start(1, [quiet], quiet)
+        c.on_trial_result(1, [quiet], quiet, {**epoch_metrics(1), "training_iteration": 1})
+        c.on_trial_complete(1, [quiet], quiet)
+    assert not (tmp_path / "EXP-off").exists()
+
+
 
 
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():

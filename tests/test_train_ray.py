@@ -44,12 +44,20 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
     assert list(table["epoch"]) == [1.0, 2.0, 3.0, 4.0]
     assert table["text_to_video_R@10"].iloc[-1] == pytest.approx(summary["text_to_video_R@10"])
     assert {"total_loss", "time_forward_s", "samples_per_s", "bad_samples"} <= set(table.columns)
-    # run.trackers: the same epochs in MLflow and TensorBoard (tests/test_trackers.py reads them back)
-    from test_trackers import mlflow_history, tensorboard_history
+    # run.trackers: every metric of the table and its best so far, each epoch, in MLflow and
+    # TensorBoard by the table's names, as config.tracker_name spells them (tests/test_trackers.py)
+    from test_trackers import mlflow_history, table_names, tensorboard_history
+
+    from raymcn.config import tracker_name
 
     run_dir = Path(summary["run_dir"])
-    for history in (mlflow_history(run_dir, "text_to_video_R_at_10"), tensorboard_history(run_dir, "text_to_video_R@10")):
-        assert history == pytest.approx(list(table["text_to_video_R@10"]))
+    for name in table_names():
+        for history in (mlflow_history(run_dir, tracker_name(name)),
+                        tensorboard_history(run_dir / "tensorboard", tracker_name(name))):
+            assert history == pytest.approx(list(table[name])), name
+    best = table["text_to_video_R@10"].cummax()  # the best so far, epoch by epoch
+    assert list(table["best_text_to_video_R@10"]) == list(best) and list(table["best_text_to_video_MedR"]) == list(
+        table["text_to_video_MedR"].cummin())
     # The 2 ranks' evaluation scored one model, the one the last checkpoint holds: `raymcn eval` of
     # it in one process (with the ranks' thread count) gives the run's own last metrics.
     from raymcn.train.checkpoints import payload as checkpoint

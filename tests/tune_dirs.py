@@ -12,6 +12,9 @@ from typing import Any
 
 import yaml
 
+from raymcn.config import BEST, best_values, metric_table
+from raymcn.config.metrics import MAX
+
 R10 = "text_to_video_R@10"
 
 
@@ -23,16 +26,28 @@ def write_sweep_yaml(exp: Path, epochs: int, stage_order: str = "joint", stage1_
 
 
 def metrics_for(r10: float) -> dict[str, float]:
-    # every metric derived from R@10 so expected values are easy to recompute (the ranks fall as it rises)
-    return {"text_to_video_R@1": r10 / 10, "text_to_video_R@5": r10 / 2, R10: r10,
-            "text_to_video_R@50": min(100.0, 2 * r10), "text_to_video_MedR": 100 - 2 * r10,
-            "text_to_video_MeanR": 150 - 3 * r10}
+    """Every metric of the table (``config/metrics.py``, in its order) as a function of R@10, so that
+    expected values are easy to recompute and one epoch is a trial's best by all of them: the
+    i-th higher-is-better metric is ``min(100, r10 * (i + 1) / 3)`` (R@10, the third, is ``r10``),
+    the i-th lower-is-better one ``(i + 2) * (50 - r10 / 2)``, falling as R@10 rises."""
+    out, higher, lower = {}, 0, 0
+    for m in metric_table():
+        if m.direction == MAX:
+            out[m.name] = r10 if m.name == R10 else min(100.0, r10 * (higher + 1) / 3)
+            higher += 1
+        else:
+            out[m.name] = (lower + 2) * (50 - r10 / 2)
+            lower += 1
+    return out
 
 
-def tune_row(trial_id: str, epoch: int, r10: float, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """One reported epoch as Tune writes it into result.json."""
-    return {"epoch": epoch, **metrics_for(r10), "total_loss": 5.0 / epoch, "samples_per_s": 100.0,
-            "trial_id": trial_id, "time_total_s": 60.0 * epoch, "time_this_iter_s": 60.0,
+def tune_row(trial_id: str, epoch: int, r10: float, config: dict[str, Any], best: dict[str, float] | None = None,
+             **extra: Any) -> dict[str, Any]:
+    """One reported epoch as Tune writes it into result.json; ``best``: the epochs' before (the
+    ``best_`` values every epoch reports, ``config.best_values``)."""
+    metrics = metrics_for(r10)
+    return {"epoch": epoch, **metrics, **best_values(best or {}, metrics), "total_loss": 5.0 / epoch,
+            "samples_per_s": 100.0, "trial_id": trial_id, "time_total_s": 60.0 * epoch, "time_this_iter_s": 60.0,
             "training_iteration": epoch, "done": False, "timestamp": 1_700_000_000 + epoch,
             "config": config, **extra}
 
@@ -44,7 +59,10 @@ def write_trial(exp: Path, dirname: str, trial_id: str, params: dict[str, Any], 
     d = exp / dirname
     d.mkdir(parents=True, exist_ok=True)
     (d / "params.json").write_text(json.dumps(params))
-    rows = [tune_row(trial_id, e, r, params, **(extra or {})) for e, r in enumerate(r10s, start=1)]
+    rows: list[dict[str, Any]] = []
+    for e, r in enumerate(r10s, start=1):
+        before = {k: v for k, v in (rows[-1] if rows else {}).items() if k.startswith(BEST)}
+        rows.append(tune_row(trial_id, e, r, params, before, **(extra or {})))
     text = "".join(json.dumps(r) + "\n" for r in rows) + ('{"epoch": 9, "text_to' if partial_line else "")
     (d / "result.json").write_text(text)
     with open(d / "progress.csv", "w", newline="") as f:

@@ -12,7 +12,8 @@ A page marks what is generated with an HTML comment pair, which Markdown does no
 ``--check`` writes nothing and exits 1 naming every page that differs (``tests/test_docs.py``
 runs it). ``--capture NAME`` reruns a cheap, deterministic command and stores its console text as
 ``docs/measurements/NAME.txt`` (:data:`CAPTURES`); the long runs (a sweep, the benchmarks) store
-theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran).
+theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` it ran) or text
+(``tools.ray_results``: Ray's result API on a finished ``make sweep``).
 
 A JSON carries what its run recorded (bench.harness stamps machine, commit and command), nothing
 added by hand; the commit that wrote its figures comes from git (:func:`written_at`), and
@@ -715,6 +716,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "overhead": overhead, "overhead.goal": overhead_goal, "feed": feed, "trial-cost": trial_cost,
     "trial-cost.fixed": trial_fixed,
     "config-error": lambda: fence(txt("config_error")),
+    "sweep.ray-results": lambda: fence(txt("ray_results")),  # written by python -m tools.ray_results
 }
 
 # NAME -> the command whose console text docs/measurements/NAME.txt holds (run by --capture NAME and

@@ -30,8 +30,11 @@ from raymcn.config.loading import (
     validate,
 )
 from raymcn.config.metrics import (
+    BEST,
     DEFAULT_OBJECTIVE,
+    TRACKER_AT,
     Metric,
+    best_values,
     Objective,
     metric,
     metric_names,
@@ -40,6 +43,7 @@ from raymcn.config.metrics import (
     objective,
     objective_choices,
     retrieval_values,
+    tracker_name,
 )
 from raymcn.config.names import (
     COLLECTIVE_TIMEOUT_FACTOR,
@@ -84,14 +88,15 @@ from raymcn.config.sections import (
 )
 
 __all__ = [
-    "COLLECTIVE_TIMEOUT_FACTOR", "COLLECTIVE_TIMEOUT_MIN_FACTOR", "CONFIRM_DIR", "CONFIRM_KEYS", "CONFIRM_PLAN_FILE",
+    "BEST", "COLLECTIVE_TIMEOUT_FACTOR", "COLLECTIVE_TIMEOUT_MIN_FACTOR", "CONFIRM_DIR", "CONFIRM_KEYS", "CONFIRM_PLAN_FILE",
     "CONSOLE_LOG_FILE", "DECISIONS_FILE", "DEFAULT_OBJECTIVE", "DEFAULT_PRESET", "DRAIN_MARKS_DIR", "EVAL_SET_KINDS",
     "METRICS_FILE", "METRIC_PREFIX", "MID_EPOCH_KEY", "MODALITIES", "PROGRESS_FILE", "RUN_CONFIG_FILE",
     "SEARCH_ALGORITHMS", "SEARCH_DOMAINS", "SECTIONS", "STAGE_ORDERS", "SWEEP_CONFIG_FILE", "TRACKERS",
-    "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig", "LossConfig", "Metric",
+    "TRACKER_AT", "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig", "LossConfig", "Metric",
     "ModelConfig", "NodeInputError", "Objective", "OptimConfig", "PermanentError", "RayUnavailable", "RunSection",
-    "ScaleConfig", "ScheduleConfig", "SweepConfig", "Workers", "all_keys", "default_cache_dir", "default_storage_path",
+    "ScaleConfig", "ScheduleConfig", "SweepConfig", "Workers", "all_keys", "best_values", "default_cache_dir", "default_storage_path",
     "doctor_hint", "drain_marks_dir", "field_problems", "load_config", "load_config_text", "metric", "metric_names",
     "metric_of_column", "metric_table", "objective", "objective_choices", "parse_interval", "parse_override",
-    "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "validate", "validate_sweep",
+    "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "tracker_name", "validate",
+    "validate_sweep",
 ]

@@ -138,6 +138,36 @@ def metric_of_column(column: str) -> Metric | None:
     return None
 
 
+def best_values(best: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+    """Each listed metric's best value so far, by its ``best_`` name (``best_text_to_video_R@10``):
+    for every metric in ``metrics`` (this epoch's) the better of it and ``best``'s (the previous
+    epochs'), in the metric's direction; a NaN never replaces a number. A metric this epoch lacks
+    keeps its best. What every epoch reports beside its own values: a trial's ``best_`` value of its
+    last epoch is then the results table's ``best_`` column, and Tune's best trial by
+    ``sweep.metric`` is the one whose last result is best, whichever form it names."""
+    out = dict(best)
+    for m in metric_table():
+        value = metrics.get(m.name)
+        if value is None or value != value:  # absent, or NaN
+            continue
+        before = out.get(BEST + m.name)
+        if before is None or before != before or m.sign * float(value) > m.sign * before:
+            out[BEST + m.name] = float(value)
+    return out
+
+
+# MLflow refuses '@' in a metric's name and TensorBoard's writer (tensorboardX) turns it into '_':
+# both show every reported value under this one spelling of its name, in runs and in sweeps.
+TRACKER_AT = "_at_"
+
+
+def tracker_name(name: str) -> str:
+    """The name MLflow and TensorBoard show a reported value under: ``name`` with ``@`` spelled
+    :data:`TRACKER_AT` (``text_to_video_R@10`` -> ``text_to_video_R_at_10``, ``best_text_to_video_R@10``
+    -> ``best_text_to_video_R_at_10``); any other name unchanged."""
+    return name.replace("@", TRACKER_AT)
+
+
 def retrieval_values(ranks: Any, total: int) -> dict[str, float]:
     """Every listed metric of the present queries' 0-based ``ranks`` (1-D numpy integers) with the
     protocol's ``total`` queries, by reported name."""
@@ -152,7 +182,10 @@ class Objective:
 
     Tune's searcher and scheduler see every epoch's value (:attr:`reported`) in the metric's
     direction (:attr:`mode`); a finished trial is scored by :attr:`column` of the results table,
-    which is also what Tune's best trial is picked by (:attr:`scope`)."""
+    which is also what Tune's best trial is picked by (:attr:`scope`). Every epoch also reports
+    the best so far under its ``best_`` name (:func:`best_values`), so a trial's last result holds
+    both forms of :attr:`name`: Ray's own ``get_best_result(metric=name, mode=mode)`` picks the
+    results table's best trial."""
 
     metric: Metric
     best: bool

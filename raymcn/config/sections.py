@@ -269,10 +269,11 @@ class RunSection:
     # optimizer, LR schedule, step, queue and centroids start anew. Read by every worker, so on
     # several nodes it must be on a shared path; "" = random initialisation.
     init_from: str = ""
-    # Where else a `raymcn train` run's per-epoch metrics go besides metrics.csv (extras
-    # raymcn[mlflow|wandb|tensorboard]), written on the driver's machine (a bucket run's in its
-    # cache); a sweep logs every trial to them.
-    trackers: str = setting("", check=lambda v: all(t in TRACKERS for t in v.split(",") if t),
+    # Where else a `raymcn train` run's per-epoch metrics go besides metrics.csv, written on the
+    # driver's machine (a bucket run's in its cache); a sweep logs every trial to them. tensorboard:
+    # event files written by tensorboardX, which comes with Ray Tune (the viewer: the extra
+    # raymcn[tensorboard]); mlflow, wandb: the extras raymcn[mlflow], raymcn[wandb]; "" = none.
+    trackers: str = setting("tensorboard", check=lambda v: all(t in TRACKERS for t in v.split(",") if t),
                             why=f"a comma-separated subset of {', '.join(TRACKERS)} (or \"\")")
     wandb_project: str = "raymcn"  # the W&B project of run.trackers' wandb
     wandb_entity: str = ""  # the W&B team or user; "" = your default entity

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, HyperBandForBOHB
 
@@ -45,11 +46,11 @@ from raymcn.sweep.confirm import FixedConfigs, confirm_config
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.search_space import param_space, plain
+from raymcn.sweep.trackers import sweep_callbacks
 from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
 from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
-from raymcn.train.monitor.trackers import local_folder
-from raymcn.train.on_ray.launch import finished_metrics, fit
+from raymcn.train.on_ray.launch import finished_metrics, fit, newest_checkpoint
 from raymcn.train.run_plan import plan_of
 
 BUDGET_ATTR = "budget_epoch"
@@ -104,10 +105,10 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         timeline.mark("trial: plan started")
         plan = plan_of(cfg, inputs)
         timeline.mark("trial: plan done")
-        run_dir = storage.join(experiment_dir, "train", f"train-{trial_id}")
+        run_dir = train_run_dir(experiment_dir, trial_id)
         done = finished_metrics(run_dir, plan.epochs)
         if done is not None:  # its run ended before Tune saved that (restored after a reboot): say so again
-            tune.report(done)
+            tune.report({**done, CHECKPOINT_PATH_KEY: newest_checkpoint(run_dir)})  # as its Train run told it
             return
         timeline.mark("trial: fit started")
         fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id),
@@ -122,6 +123,12 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
                            f"{type(cause).__name__}: {cause}\n" + (f"({hint})\n" if hint else ""))
     finally:
         timeline.mark("trial: driver done", trial=trial_id)
+
+
+def train_run_dir(experiment_dir: str, trial_id: str) -> str:
+    """Where the trial ``trial_id`` of the sweep (or confirmation) in ``experiment_dir`` keeps its
+    Train run: its checkpoints, ``metrics.csv`` and console log."""
+    return storage.join(experiment_dir, "train", f"train-{trial_id}")
 
 
 @functools.cache
@@ -314,43 +321,7 @@ def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None)
         from raymcn.sweep.trial_lines import SweepProgress
 
         callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
-    trackers = cfg.run.trackers.split(",")
-    if "mlflow" in trackers:
-        # A local SQLite store (MLflow 3 no longer accepts a plain ./mlruns folder by default).
-        callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir, cfg),
-                                                  experiment_name=storage.basename(experiment_dir),
-                                                  save_artifact=False))
-    if "wandb" in trackers:
-        from ray.air.integrations.wandb import WandbLoggerCallback
-
-        r = cfg.run
-        callbacks.append(WandbLoggerCallback(project=r.wandb_project, entity=r.wandb_entity or None,
-                                             group=storage.basename(experiment_dir), mode=r.wandb_mode))
-    # tensorboard: Tune writes every trial's event files itself when tensorboardX is installed
-    # (the raymcn[tensorboard] extra), into the trial folders: `tensorboard --logdir EXP`.
-    return callbacks
-
-
-@functools.cache
-def _mlflow_callback_class():
-    """Built on first use: importing Ray's MLflow integration imports mlflow (an optional extra)."""
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-    class MLflowCallback(MLflowLoggerCallback):
-        """MLflow rejects '@' in metric names: ``text_to_video_R@10`` is logged as ``text_to_video_R_at_10``."""
-
-        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
-            super().log_trial_result(iteration, trial, {k.replace("@", "_at_"): v for k, v in result.items()})
-
-    return MLflowCallback
-
-
-def mlflow_uri(experiment_dir: str | Path, cfg: Config | None = None) -> str:
-    """A local SQLite store: in the experiment folder, or in the cache when that is a bucket (the
-    folder a single run's trackers use, ``train.trackers.local_folder``)."""
-    where = local_folder(cfg or Config(), str(experiment_dir))
-    where.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{where / 'mlflow.db'}"
+    return callbacks + sweep_callbacks(cfg, experiment_dir)  # run.trackers (sweep/trackers.py)
 
 
 def _trainable(cfg: Config, experiment_dir: str, inputs: RunInputs):

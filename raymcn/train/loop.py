@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from raymcn.config import Config, PermanentError
+from raymcn.config import Config, PermanentError, best_values
 from raymcn.data.formats.batch import Batch
 from raymcn.train import optim
 from raymcn.train.feed import Prefetcher, to_device
@@ -40,8 +40,9 @@ def run_epochs(run: Run) -> dict[str, float]:
     Each epoch's metrics: the per-step means of every loss term and timing phase, averaged over the
     ranks (``bad_samples`` and ``videos_read`` summed), ``workers`` (the world size), with
     ``scale.compile`` the epoch's ``compiled_graphs`` and ``time_compile_s``, the evaluation's
-    metrics with ``time_eval_s``, ``epoch`` (completed), ``global_step`` and ``budget_epoch`` (the
-    sweep schedulers' clock).
+    metrics with ``time_eval_s`` and each one's best over the epochs so far (``best_<metric>``,
+    ``LoopState.best``), ``epoch`` (completed), ``global_step`` and ``budget_epoch`` (the sweep
+    schedulers' clock).
     """
     plan, state, hooks = run.plan, run.state, run.hooks
     metrics: dict[str, float] = {}
@@ -66,6 +67,8 @@ def run_epochs(run: Run) -> dict[str, float]:
             started = time.perf_counter()
             metrics.update(hooks.evaluate(run))
             metrics["time_eval_s"] = time.perf_counter() - started  # the epoch's evaluation, wall seconds
+        state.best = best_values(state.best, metrics)  # in the state the epoch's checkpoint holds
+        metrics.update(state.best)
         metrics.update(epoch=float(state.epoch), global_step=float(state.step),
                        budget_epoch=float(plan.budget_epoch(state.epoch)))
         if hooks.log:

@@ -25,16 +25,21 @@ from raymcn.train.run_plan import RunPlan
 @dataclass
 class LoopState:
     """Counters that must survive a resume (checkpointed with the model): the data position is
-    (epoch, step), and the data order is a function of it alone (``data/read/order.py``)."""
+    (epoch, step), and the data order is a function of it alone (``data/read/order.py``).
+
+    ``best``: each evaluated metric's best value over the epochs so far, by its ``best_`` name
+    (``config.best_values``), reported with every epoch: a run restarted from its checkpoint (a
+    reboot, a BOHB pause, a restored sweep) reports the best of the epochs before the restart too."""
 
     step: int = 0  # next global step
     epoch: int = 0  # the epoch in progress (or next, between epochs)
     nonfinite_streak: int = 0
     progress: EpochProgress = field(default_factory=EpochProgress)
+    best: dict[str, float] = field(default_factory=dict)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "epoch": self.epoch, "nonfinite_streak": self.nonfinite_streak,
-                "progress": asdict(self.progress)}
+                "progress": asdict(self.progress), "best": dict(self.best)}
 
     def load_state_dict(self, d: dict) -> None:
         # (checkpoints before the epoch's progress counted the skipped steps also hold "skipped_steps")
@@ -42,6 +47,8 @@ class LoopState:
             setattr(self, k, int(d[k]))
         # checkpoints written before mid-epoch checkpoints existed hold no progress (epoch ends only)
         self.progress = EpochProgress(**d.get("progress", {}))
+        # checkpoints written before the best values were reported hold none: the best restarts there
+        self.best = {k: float(v) for k, v in d.get("best", {}).items()}
 
     def step_in_epoch(self, steps_per_epoch: int) -> int:
         """The next step's index within the current epoch (0 between epochs)."""

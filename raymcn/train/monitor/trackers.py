@@ -1,15 +1,21 @@
 """A single run's per-epoch metrics in the trackers the lab asks for (``run.trackers``).
 
-``metrics.csv`` (``history``) is always written; ``run.trackers: mlflow,wandb,tensorboard`` adds:
+``metrics.csv`` (``history``) is always written; ``run.trackers`` (default ``tensorboard``) adds:
 
+* ``tensorboard``: event files in ``<run folder>/tensorboard`` (``tensorboard --logdir RUN``),
+  written by tensorboardX (Ray Tune's own writer, installed with it; the viewer is the
+  ``raymcn[tensorboard]`` extra), one point per epoch.
 * ``mlflow``: a local SQLite store ``mlflow.db`` in the run folder (MLflow 3 no longer accepts a
   plain ``./mlruns`` folder by default), experiment ``raymcn``, one MLflow run per raymcn run (its
-  id kept in ``mlflow_run_id.txt``, so a resumed run continues it). MLflow rejects ``@`` in metric
-  names: ``text_to_video_R@10`` is logged as ``text_to_video_R_at_10``.
+  id kept in ``mlflow_run_id.txt``, so a resumed run continues it).
 * ``wandb``: Weights & Biases, ``run.wandb_project`` / ``run.wandb_entity`` / ``run.wandb_mode``
   (default offline: ``wandb sync`` uploads later); the W&B run id is the raymcn run's name, so a
   resumed run continues it.
-* ``tensorboard``: event files in ``<run folder>/tensorboard`` (``tensorboard --logdir RUN``).
+
+MLflow and TensorBoard show every value under its reported name (``metrics.csv``'s column, the
+results table's) spelled by ``config.tracker_name``: MLflow refuses ``@`` and tensorboardX turns it
+into ``_``, so ``text_to_video_R@10`` is ``text_to_video_R_at_10`` there, in runs and sweeps alike
+(``sweep/trackers.py``).
 
 Written after every epoch from rank 0's report (:class:`EpochReports`) by Ray Train's controller, on
 the driver's node; the config goes in as parameters. For a run stored in a bucket the files go to
@@ -20,12 +26,14 @@ warning once and is dropped: a convenience is never worth ending a week-long run
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from raymcn import storage
-from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir, reason
+from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir, reason, tracker_name
 
 EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # pip install "raymcn[...]"
 
@@ -37,8 +45,11 @@ def local_folder(cfg: Config, run_dir: str) -> Path:
     return Path(run_dir)
 
 
-def safe_name(metric: str) -> str:
-    return metric.replace("@", "_at_")
+def event_file_suffix() -> str:
+    """A TensorBoard event file's name ends in this: tensorboardX names a file by the second and the
+    host only, and a writer opened in the same second as an earlier one (a resumed run, a trial
+    resumed after a pause) would overwrite its file."""
+    return f".{os.getpid()}.{secrets.token_hex(4)}"
 
 
 class Trackers:
@@ -94,7 +105,7 @@ class Trackers:
 
         client, run_id = handle
         now = int(time.time() * 1000)
-        client.log_batch(run_id, metrics=[Metric(safe_name(k), float(v), now, epoch) for k, v in metrics.items()])
+        client.log_batch(run_id, metrics=[Metric(tracker_name(k), float(v), now, epoch) for k, v in metrics.items()])
 
     @staticmethod
     def _close_mlflow(handle) -> None:
@@ -121,14 +132,14 @@ class Trackers:
 
     # --- tensorboard -------------------------------------------------------------------------------
     def _open_tensorboard(self):
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboardX import SummaryWriter
 
-        return SummaryWriter(log_dir=str(self.folder / "tensorboard"))
+        return SummaryWriter(str(self.folder / "tensorboard"), filename_suffix=event_file_suffix())
 
     @staticmethod
     def _log_tensorboard(writer, epoch: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
-            writer.add_scalar(key, float(value), global_step=epoch)
+            writer.add_scalar(tracker_name(key), float(value), global_step=epoch)
         writer.flush()
 
     @staticmethod
@@ -157,4 +168,4 @@ class EpochReports:
             self.tracked.close()
 
 
-__all__ = ["TRACKERS", "EpochReports", "Trackers", "local_folder", "safe_name"]
+__all__ = ["TRACKERS", "EpochReports", "Trackers", "event_file_suffix", "local_folder"]

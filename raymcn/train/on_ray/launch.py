@@ -191,18 +191,25 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
 
 
+def newest_checkpoint(run_dir: str) -> str | None:
+    """The newest checkpoint folder of the run in ``run_dir`` (a path or URI), as a path on its
+    storage's filesystem (the form of ``ray.train.Checkpoint.path``); None: it has none."""
+    fs, path = storage.filesystem(storage.normalize(run_dir))
+    newest = storage.subfolders(fs, path, prefix="checkpoint_")[-1:]
+    return newest[0] if newest else None
+
+
 def finished_metrics(run_dir: str, epochs: int) -> dict[str, float] | None:
     """The last epoch's metrics when the run in ``run_dir`` (a path or URI) has a checkpoint at the
     end of epoch ``epochs``, its last; else None (not started, or more to train)."""
-    fs, path = storage.filesystem(storage.normalize(run_dir))
-    newest = storage.subfolders(fs, path, prefix="checkpoint_")[-1:]
+    newest = newest_checkpoint(run_dir)
     try:
-        loop = json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest[0]), checkpoint.META_FILE)))
+        loop = json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest), checkpoint.META_FILE)))
         if int(loop["epoch"]) < epochs or loop.get("progress", {}).get("steps", 0):
             return None
-        return json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest[0]),
+        return json.loads(storage.read_text(storage.join(run_dir, posixpath.basename(newest),
                                                          checkpoint.METRICS_META_FILE)))
-    except (IndexError, FileNotFoundError, ValueError, KeyError):
+    except (TypeError, FileNotFoundError, ValueError, KeyError):  # (TypeError: no checkpoint)
         return None
 
 
