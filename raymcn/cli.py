@@ -49,8 +49,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _add_rehearse_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rehearse", action="store_true", help="the config in miniature, in minutes on this machine's "
-                   "CPUs: the synthetic corpus, tiny sizes, fewer epochs and trials; its algorithm, scheduler, "
-                   "stage split, swept keys and confirmation kept (raymcn/sweep/rehearsal.py says what changes)")
+                   "CPUs: the synthetic corpus (unless --set names data.shards, data.eval_set or data.word_vectors), "
+                   "tiny sizes, fewer epochs and trials; its algorithm, scheduler, stage split, swept keys and "
+                   "confirmation kept (raymcn/sweep/rehearsal.py says what changes)")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -60,10 +61,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
     cfg = load_config(args.config or preset_path(), overrides)
-    if getattr(args, "rehearse", False):
+    if getattr(args, "rehearse", False):  # the command line's own inputs kept (a practice run on one's shards)
+        from raymcn.config import parse_override
         from raymcn.sweep.rehearsal import shrink
 
-        cfg = shrink(cfg, cpus=os.cpu_count() or 1)
+        cfg = shrink(cfg, cpus=os.cpu_count() or 1, inputs=dict(parse_override(o) for o in args.overrides))
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
     return cfg

@@ -248,3 +248,71 @@ def test_the_boot_services_pointer_to_the_guide_names_the_step_that_describes_it
     guide = (ROOT / "docs" / "lab-guide.md").read_text()
     section = guide.split(f"\n### {step}. ", 1)[1].split("\n### ", 1)[0]
     assert "**The boot service**" in section, f"step {step} of the guide does not describe the boot service"
+
+
+@pytest.mark.parametrize("refused, settings", [
+    ("no rung could ever compare trials", {"schedule.stage1_fraction": 0.95}),
+    ("its first rung lies past the end of every trial", {"sweep.grace_epochs": 12}),
+    ("cannot be swept with", {"sweep.space": {"schedule.epochs": {"choice": [8, 10]}}}),
+    ("cannot be swept with", {"sweep.space": {"schedule.stage1_fraction": {"choice": [0.2, 0.5]}}}),
+])
+@pytest.mark.parametrize("algorithm", ["asha", "bohb"])
+def test_what_sweeps_md_says_the_config_refuses_of_an_early_stopping_sweep(algorithm, refused, settings):
+    """sweeps.md: "The config refuses an asha or bohb sweep whose clock has no epoch, whose first
+    rung lies past every trial's end, or that sweeps schedule.epochs or schedule.stage1_fraction"."""
+    from raymcn.cli import preset_path
+    from raymcn.config import ConfigError, load_config
+
+    page = " ".join((ROOT / "docs" / "sweeps.md").read_text().split())
+    assert ("The config refuses an `asha` or `bohb` sweep whose clock has no epoch, whose first rung lies past every "
+            "trial's end, or that sweeps `schedule.epochs` or `schedule.stage1_fraction`") in page
+    base = {"schedule.epochs": 10, "schedule.stage1_fraction": 0.1, "sweep.algorithm": algorithm, "sweep.repeats": 1,
+            "sweep.space": {"optim.lr": {"loguniform": [1e-4, 1e-2]}}, "sweep.confirm": {}}
+    load_config(preset_path(), base)  # the base itself is accepted
+    with pytest.raises(ConfigError, match=refused):
+        load_config(preset_path(), {**base, **settings})
+
+
+def test_a_grid_rehearsal_keeps_one_axis_whole_and_the_others_first_value_as_sweeps_md_says():
+    from raymcn.sweep.rehearsal import shrink
+
+    page = " ".join((ROOT / "docs" / "sweeps.md").read_text().split())
+    assert "(a grid keeps one axis whole, `sweep.confirm`'s `per` or else its first, and the others' first value)" \
+        in page
+    grid = Config().replace({"sweep.algorithm": "grid", "sweep.confirm": {}, "sweep.space": {
+        "schedule.stage_order": {"grid": ["AV_T", "joint"]}, "optim.lr": {"grid": [1e-3, 3e-3]}}})
+    assert shrink(grid).sweep.space == {"schedule.stage_order": {"grid": ["AV_T", "joint"]},
+                                        "optim.lr": {"grid": [1e-3]}}
+    per = grid.replace({"sweep.confirm": {"per": "optim.lr", "repeats": 2}})
+    assert shrink(per).sweep.space == {"schedule.stage_order": {"grid": ["AV_T"]}, "optim.lr": {"grid": [1e-3, 3e-3]}}
+
+
+def test_a_rehearsal_keeps_the_inputs_the_command_line_names(tmp_path, capsys):
+    """The practice route's step 7 and 12: the file's own inputs swapped for the synthetic corpus,
+    those given with --set kept (Task 1's shards meet Tasks 2 and 3)."""
+    import yaml
+
+    assert main(["config", "--config", "sweeps/paper.yaml", "--rehearse"]) == 0
+    data = yaml.safe_load(capsys.readouterr().out)["data"]
+    assert (data["shards"], data["eval_set"]) == ("", "synthetic")
+    assert main(["config", "--config", "sweeps/paper.yaml", "--rehearse", "--set", f"data.shards={tmp_path}/shards",
+                 "--set", f"data.eval_set=youcook:{tmp_path}/youcook_val_audio.pkl"]) == 0
+    mini = yaml.safe_load(capsys.readouterr().out)
+    assert mini["data"]["shards"] == f"{tmp_path}/shards"
+    assert mini["data"]["eval_set"] == f"youcook:{tmp_path}/youcook_val_audio.pkl"
+    assert mini["scale"]["use_gpu"] is False and mini["data"]["batch_size"] == 8  # still in miniature
+
+
+def test_the_readmes_sweep_time_is_the_sweep_alone_as_its_benchmark_times_it():
+    """The README's figure for `make sweep` comes from bench/sweep_time.py, which times `python
+    sweep.py` and nothing of `make`'s install: the README says so."""
+    import ast
+
+    tree = ast.parse((ROOT / "bench" / "sweep_time.py").read_text())
+    timed = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "run"
+             and isinstance(n.args[0], ast.List) and any(isinstance(e, ast.Constant) and e.value == "sweep.py"
+                                                          for e in n.args[0].elts)]
+    assert timed and "make" not in {e.value for n in timed for e in n.args[0].elts if isinstance(e, ast.Constant)}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert re.search(r"On 2 CPU cores the sweep took <!-- gen:sweep.wall -->[^<]+<!-- /gen -->, the install before "
+                     r"it not counted", readme)

@@ -167,7 +167,8 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
     except OSError as e:
         return command_error("shards", f"{e.filename or args.out}: {e.strerror or e}")
     c = manifest["counts"]
-    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shard{'s' * (c['shards'] != 1)} "
+          f"({c['bytes'] / 2**20:.1f} MiB), "
           f"{c['skipped']} skipped, vocabulary {c['vocab_words']} words x {c['word_dim']}: {Path(args.out) / MANIFEST}")
     for s in manifest["skipped"][:10]:
         print(f"  skipped {s['video']}: {s['reason']}")

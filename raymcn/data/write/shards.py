@@ -158,7 +158,7 @@ def convert(src: LayoutSources, out: Path, settings: ConversionSettings, writers
     manifest = _write_manifest(out, plan, done, src, settings)
     caption_store.remove_store(out)
     c = manifest["counts"]
-    log(f"shards: {c['videos']} videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+    log(f"shards: {c['videos']} videos in {c['shards']} shard{'s' * (c['shards'] != 1)} ({c['bytes'] / 2**20:.1f} MiB), "
         f"{c['skipped']} skipped, {time.perf_counter() - t0:.1f} s -> {out / MANIFEST}")
     return manifest
 
