@@ -690,11 +690,11 @@ def test_the_default_check_reads_the_quotes_it_should():
 
 def test_the_docs_stay_short():
     """The prose pages (README and docs/*.md but the generated settings reference, which lists every
-    setting in full) under 16 000 words together, as `wc -w` counts, no page over 2 500 but the
+    setting in full) under 16 500 words together, as `wc -w` counts, no page over 2 500 but the
     guide, under 3 000: it is the one page a newcomer follows from the folders to the answer, every
-    step on it. Repetition is cut and linked, not copied."""
+    step on it, its practice route on a CPU machine included. Repetition is cut and linked, not copied."""
     words = {p.name: len(p.read_text().split()) for p in DOCS if p.name != "settings.md"}
-    assert sum(words.values()) < 16_000, f"{sum(words.values())} words: {words}"
+    assert sum(words.values()) < 16_500, f"{sum(words.values())} words: {words}"
     limits = {name: 3_000 if name == "lab-guide.md" else 2_500 for name in words}
     assert all(n <= limits[k] for k, n in words.items()), {k: n for k, n in words.items() if n > limits[k]}
 

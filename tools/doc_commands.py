@@ -51,7 +51,7 @@ COMMANDS: dict[str, Shown] = {
     "raymcn shards --audio-features --captions --dry-run --features --out --video-list --word-vectors": Shown(
         CHANGED, ("tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing",), LAB_FILES,
         "`raymcn shards ... --dry-run`"),
-    "raymcn synth --out --videos": Shown(RUN, (ROUTE,), label="`raymcn synth --out $HOME/raymcn-practice ...`"),
+    "raymcn synth --out --videos": Shown(RUN, (ROUTE,), label="`raymcn synth ...`"),
     "raymcn shards --audio-features --captions --features --out --video-list --word-vectors --workers": Shown(
         CHANGED, ("tests/test_e2e.py::test_synth_shards_train_eval", ROUTE),
         LAB_FILES + ", `--workers 2`; the practice route's as written", "`raymcn shards ... --workers 32`"),
@@ -98,8 +98,8 @@ COMMANDS: dict[str, Shown] = {
         CHANGED, ("tests/test_gpu_smoke.py::test_the_comparison_runs_every_lever_without_ray",
                   "tests/test_gpu_smoke.py::test_on_the_gpu_every_lever_keeps_the_estimate_above_its_peak"),
         "`--device cpu --smoke`; on a GPU, `--steps 2 --rounds 2`"),
-    "raymcn train --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn train ... --rehearse --set ...`"),
-    "raymcn sweep --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn sweep ... --rehearse --set ...`"),
+    "raymcn train --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn train ... --rehearse ...`"),
+    "raymcn sweep --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn sweep ... --rehearse ...`"),
     "raymcn train --config --set": Shown(
         CHANGED, (f"{R}::test_the_paper_run_trains_to_its_end",),
         "`--rehearse` in place of the `--set`s",
