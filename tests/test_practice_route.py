@@ -60,7 +60,8 @@ def test_the_practice_route_runs_as_the_guide_prints_it(newcomer):
     run_dir = Path(re.search(r"^run (\S+) \(Ray's output", out, flags=re.M).group(1))
     assert run_dir.parent == home / "raymcn_results"
     # step 12: the smoke sweep rehearsed on those shards passes as the cluster's does
-    out = run("raymcn sweep --config sweeps/cluster_smoke.yaml --rehearse --set data.shards=$HOME/raymcn-practice/shards "
+    out = run("raymcn sweep --config sweeps/cluster_smoke.yaml --rehearse "
+              "--set data.shards=$HOME/raymcn-practice/shards "
               "--set data.eval_set=youcook:$HOME/raymcn-practice/youcook_val_audio.pkl")
     exp = re.search(r"^search: 2 trials \(0 errored\) in (\S+)$", out, flags=re.M)
     assert exp and Path(exp.group(1)).parent == home / "raymcn_results", out[-3000:]
