@@ -153,8 +153,8 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
             settings = ConversionSettings(shard_size_mb=args.shard_size_mb, seed=args.seed,
                                           videos_per_shard=args.videos_per_shard, verify=args.verify,
                                           feature_dtype=args.dtype)
-            check_conversion(src, Path(args.out), settings, progress=not args.no_progress)  # what it would refuse
-            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress)
+            feats = check_conversion(src, Path(args.out), settings, progress=not args.no_progress)  # its refusals
+            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress, feats=feats)
             print(space.report(args.dtype))
             return 0 if space.fits(args.dtype) else command_error("shards", space.refusal(args.dtype))
         manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,

@@ -223,20 +223,23 @@ def _check_caption_memory(src: LayoutSources) -> None:
         raise ShardError(caption_store.memory_refusal(src.captions, needed, available))
 
 
-def check_conversion(src: LayoutSources, out: Path, settings: ConversionSettings, *, progress: bool = True) -> None:
+def check_conversion(src: LayoutSources, out: Path, settings: ConversionSettings, *, progress: bool = True):
     """Every refusal :func:`convert` makes before it writes, made the same way and writing nothing
     (``raymcn shards --dry-run`` makes them first): its settings, the inputs, ``out`` holding shards
     of other inputs or settings, a caption store there built from another pickle, and the caption
     table's memory where it must be unpickled. The space the shards take is the dry run's report.
+    Returns the features' reader (the tars indexed once, for the report too).
 
     Raises:
         ShardError, FeatureFileError: what the conversion would refuse, with its message.
     """
     settings.check()
     check_inputs(src)
-    _the_plan(src, out, settings, open_features(src, progress))
+    feats = open_features(src, progress)
+    _the_plan(src, out, settings, feats)
     if caption_store.existing_store(out, src.captions) is None:
         _check_caption_memory(src)
+    return feats
 
 
 def _check_space(out: Path, settings: ConversionSettings, feats, todo: list[ShardJob], captions) -> None:
