@@ -37,7 +37,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-workers", metavar="N|MIN-MAX",
                    help="shortcut for --set scale.num_workers=N (MIN-MAX: an elastic group)")
     p.add_argument("--json", action="store_true", help="print the final metrics as one JSON line last")
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    p.add_argument("--address", help="the Ray instance to join: HOST:PORT, or auto (the one running on this machine: "
+                   "a cluster's server, where ~/.raymcn_env sets RAY_ADDRESS=auto); default: RAY_ADDRESS, else a new "
+                   "local instance of this command's own (never one already running here)")
     p.add_argument("--init-from", metavar="DIR", help="start from the model weights of this checkpoint (e.g. from "
                    "`raymcn import-original`) with a fresh optimizer and schedule; = --set run.init_from=DIR")
     p.add_argument("--verbose", action="store_true", help="show everything Ray prints (by default it goes to "
@@ -47,8 +49,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _add_rehearse_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rehearse", action="store_true", help="the config in miniature, in minutes on this machine's "
-                   "CPUs: the synthetic corpus, tiny sizes, fewer epochs and trials; its algorithm, scheduler, "
-                   "stage split, swept keys and confirmation kept (raymcn/sweep/rehearsal.py says what changes)")
+                   "CPUs: the synthetic corpus (unless --set names data.shards, data.eval_set or data.word_vectors), "
+                   "tiny sizes, fewer epochs and trials; its algorithm, scheduler, stage split, swept keys and "
+                   "confirmation kept (raymcn/sweep/rehearsal.py says what changes)")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -58,10 +61,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
     cfg = load_config(args.config or preset_path(), overrides)
-    if getattr(args, "rehearse", False):
+    if getattr(args, "rehearse", False):  # the command line's own inputs kept (a practice run on one's shards)
+        from raymcn.config import parse_override
         from raymcn.sweep.rehearsal import shrink
 
-        cfg = shrink(cfg, cpus=os.cpu_count() or 1)
+        cfg = shrink(cfg, cpus=os.cpu_count() or 1, inputs=dict(parse_override(o) for o in args.overrides))
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
     return cfg
@@ -103,6 +107,14 @@ def console_log(where: str, cfg: Config | None = None) -> Path:
     return Path(where).expanduser() / CONSOLE_LOG_FILE
 
 
+def _say_capped_steps(cfg: Config, plan) -> None:
+    """A ``schedule.steps_per_epoch`` above what the corpus fills is named, with what the run takes."""
+    from raymcn.train.run_plan import capped_steps_note
+
+    if note := capped_steps_note(cfg, plan):
+        print(f"note: {note}")
+
+
 def _check_cluster(cfg: Config) -> None:
     """The requested workers and GPUs exist (Ray would otherwise wait for them forever)."""
     from raymcn.train.on_ray.cluster import cluster_problems
@@ -113,12 +125,14 @@ def _check_cluster(cfg: Config) -> None:
 
 
 def _resume_target(args: argparse.Namespace, latest) -> str | None:
-    """``--resume DIR`` as given, or for ``--resume latest`` the newest run/sweep under the storage
-    path of the given config (or the embedded default's, i.e. $RAYMCN_RESULTS)."""
+    """``--resume DIR`` as given, or for ``--resume latest`` the newest run or sweep under the
+    storage path of the given config (or the embedded default's, i.e. $RAYMCN_RESULTS) that a boot
+    would continue (``latest``: the config -> the folder and the line naming it and the newer ones
+    skipped), said."""
     if args.resume != LATEST:
         return args.resume
-    found = latest(resolve_config(args))
-    print(f"resuming the latest: {found}")
+    found, said = latest(resolve_config(args))
+    print(f"resuming the latest: {said}")
     return found
 
 
@@ -157,6 +171,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     # The embedded default is generated here, once; everything that can be checked before Ray
     # starts is reported at once, and the plan the preflight made is the trainer's.
     plan = preflight.checked_plan(cfg, resolve_inputs(cfg), log=print)
+    _say_capped_steps(cfg, plan)
+    if args.rehearse and not args.resume:
+        from raymcn.servers import sweeps as marks
+
+        marks.mark_rehearsal(run_dir)  # never what `--resume latest` continues
     log = console_log(run_dir, cfg)
     try:
         # The console owns the terminal only while Ray runs; errors are printed after it let go.
@@ -189,6 +208,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """A sweep: the search, then (``sweep.confirm``) its confirmation; ``--resume`` continues
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
     from raymcn import phases, storage
+    from raymcn.config import default_storage_path
     from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
     from raymcn.train.inputs import resolve_inputs
@@ -197,7 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _stop_sweep(args)
     if args.resume and args.confirm:
         raise ConfigError(["--resume and --confirm: give one (--resume also continues a confirmation)"])
-    resume = _resume_target(args, tuner.latest_experiment_dir) if args.resume else None
+    resume = _resume_target(args, lambda c: marks.latest_sweep(default_storage_path(c))) if args.resume else None
     existing = resume or (storage.normalize(args.confirm) if args.confirm else None)
     cfg = (tuner.sweep_config(resume, "--resume") if resume else _confirm_config(args, existing) if existing
            else resolve_config(args))
@@ -207,10 +227,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
     inputs = resolve_inputs(cfg)  # once, for every trial of the search and the confirmation
     if not resume:
-        preflight.checked_plan(cfg, inputs, log=print)  # each trial makes its own plan from the inputs
+        _say_capped_steps(cfg, preflight.checked_plan(cfg, inputs, log=print))  # each trial plans from the inputs
     exp_dir = existing or tuner.default_experiment_dir(cfg)
     if existing:
         marks.clear_marks(existing)  # running again: unfinished until it ends, and no longer stopped
+    elif args.rehearse:
+        marks.mark_rehearsal(exp_dir)  # never what a boot or `--resume latest` continues
     log = console_log(exp_dir, cfg)
     try:
         with Console(log, verbose=args.verbose) as console:
@@ -270,7 +292,7 @@ def resume_differences(args: argparse.Namespace, saved: Config, exp_dir: str) ->
 
 def _stop_sweep(args: argparse.Namespace) -> int:
     """``--stop EXP|latest``: mark the sweep as stopped on purpose, so that a boot never continues it
-    (``latest``: the newest sweep neither finished nor stopped, the one a boot would continue)."""
+    (``latest``: the newest sweep neither finished, stopped nor a rehearsal: the one a boot would continue)."""
     from raymcn import storage
     from raymcn.config import SWEEP_CONFIG_FILE, default_storage_path
     from raymcn.servers import sweeps as marks
@@ -391,17 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one MCN run on Ray Train")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR (a path or URI) from its latest "
-                   "checkpoint; 'latest': the newest run under the storage path")
+                   "checkpoint; 'latest': the newest run under the storage path neither finished nor a rehearsal")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("sweep", help="sweep hyper-parameters with Ray Tune (each trial a Ray Train run)")
     _add_config_args(p)
     p.add_argument("--resume", metavar="EXPERIMENT_DIR", help="restore an interrupted sweep (a path or URI), "
-                   "its search or its confirmation; 'latest': the newest sweep under the storage path")
+                   "its search or its confirmation; 'latest': the newest sweep under the storage path neither "
+                   "finished, stopped nor a rehearsal (the one a boot continues)")
     p.add_argument("--confirm", metavar="EXPERIMENT_DIR", help="confirm a finished search: its best configuration "
                    "per stage order (or sweep.confirm's per/top) over fresh seeds at the full budget, into the "
                    "same folder")
     p.add_argument("--stop", metavar="EXPERIMENT_DIR", help="mark a sweep as stopped on purpose: a boot of the "
-                   "cluster (raymcn boot) never continues it; 'latest': the newest sweep neither finished nor stopped")
+                   "cluster (raymcn boot) never continues it; 'latest': the newest sweep neither finished, stopped nor "
+                   "a rehearsal")
     p.set_defaults(func=cmd_sweep)
     from raymcn.doctor import checkup as doctor
 

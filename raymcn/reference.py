@@ -34,7 +34,7 @@ SPACE_NOTE = f"""## Sweep search spaces (`sweep.space`)
 |---|---|---|
 | `loguniform` | `[low, high]`, 0 < low < high | log-uniformly between the bounds (learning rates) |
 | `uniform` | `[low, high]` | uniformly |
-| `randint` | `[low, high]` | an integer, low <= n < high |
+| `randint` | `[low, high]` | an integer, low <= n <= high (both ends included) |
 | `choice` | `[a, b, ...]` | one of the values (sampled) |
 | `grid` | `[a, b, ...]` | every value, each in its own trial(s) (not with `bohb`) |
 

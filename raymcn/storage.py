@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -122,24 +123,48 @@ def local_copy(location: str, cache_dir: str | os.PathLike, skip: tuple[str, ...
 CHECKPOINTS = ("checkpoint_",)  # the folders Ray Train names each checkpoint: local_copy(skip=CHECKPOINTS)
 
 
-def newest(location: str, marker: str, what: str) -> str:
-    """The folder in ``location`` holding ``marker`` (a file every run or sweep writes first) whose
-    marker was written last (``--resume latest``). The marker's time, not the folder's: object
-    stores keep no times for prefixes, and a folder's time changes whenever anything inside it does.
+def newest_first(location: str, marker: str) -> list[str]:
+    """Every folder directly in ``location`` holding ``marker`` (a file every run or sweep writes
+    first), the one whose marker was written last first; [] when ``location`` does not exist. The
+    marker's time, not the folder's: object stores keep no times for prefixes, and a folder's time
+    changes whenever anything inside it does."""
+    location = normalize(location)
+    fs, path = filesystem(location)
+    marks = [i for i in fs.get_file_info([posixpath.join(f, marker) for f in subfolders(fs, path)])
+             if i.type == pafs.FileType.File]
+    marks.sort(key=lambda i: (i.mtime.timestamp() if i.mtime else 0.0, i.path), reverse=True)
+    return [join(location, posixpath.basename(posixpath.dirname(i.path))) for i in marks]
+
+
+SKIPPED_SHOWN = 5  # newer folders ``latest`` names as skipped, at most (the rest counted)
+
+
+def latest(location: str, marker: str, what: str, skipped_because: Callable[[str], str | None],
+           rule: str) -> tuple[str, str]:
+    """``--resume latest``: the newest folder in ``location`` holding ``marker`` for which
+    ``skipped_because`` (folder -> why it is not continued, or None) gives no reason, and the line
+    that says which it picked by what ``rule`` and which newer ones it skipped, and why.
 
     Raises:
-        ConfigError: no folder there holds ``marker`` (naming ``what`` is looked for, and where).
+        ConfigError: no folder there holds ``marker``, or every one is skipped (each named, with why).
     """
     location = normalize(location)
-    none = ConfigError([f"--resume latest: no {what} (a folder with {marker}) under {location}"])
-    fs, path = filesystem(location)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
-        raise none
-    folders = [i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=False))
-               if i.type == pafs.FileType.Directory]
-    marks = [i for i in fs.get_file_info([posixpath.join(f, marker) for f in folders])
-             if i.type == pafs.FileType.File]
-    if not marks:
-        raise none
-    best = max(marks, key=lambda i: (i.mtime.timestamp() if i.mtime else 0.0, i.path))
-    return join(location, posixpath.basename(posixpath.dirname(best.path)))
+    skipped: list[str] = []
+    for folder in newest_first(location, marker):
+        why = skipped_because(folder)
+        if why is None:
+            return folder, f"{folder} (the newest {what} under {location} that is {rule})" + _skipped(skipped)
+        skipped.append(f"{basename(folder)} ({why})")
+    if not skipped:
+        raise ConfigError([f"--resume latest: no {what} (a folder with {marker}) under {location}"])
+    raise ConfigError([f"--resume latest: no {what} under {location} is {rule}; each was skipped: "
+                       + _listed(skipped) + f". Name one with --resume {location}/NAME"])
+
+
+def _skipped(skipped: list[str]) -> str:
+    return "; skipped, newer: " + _listed(skipped) if skipped else ""
+
+
+def _listed(skipped: list[str]) -> str:
+    more = len(skipped) - SKIPPED_SHOWN
+    return ", ".join(skipped[:SKIPPED_SHOWN]) + (f" and {more} more" if more > 0 else "")

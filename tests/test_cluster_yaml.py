@@ -228,6 +228,9 @@ def test_node_environment_matches_the_lab_sweep(name):
     assert not (sweep.get("run") or {}).get("storage_path") and env["RAYMCN_RESULTS"]
     assert env["RAYMCN_RESULTS"].startswith(("/", "s3://", "gs://"))
     assert env["RAY_AUTH_MODE"] == "token"
+    # raymcn's commands there (the submitted sweep, `ray exec ... raymcn doctor`, drain, the boot
+    # service) join the cluster; anywhere else nothing names one, and a command runs a Ray of its own
+    assert env["RAY_ADDRESS"] == "auto"
 
 
 

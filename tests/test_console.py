@@ -82,6 +82,44 @@ def test_verbose_shows_everything_and_still_logs(tmp_path):
         assert text in out + err and text in log
 
 
+# A rank's line under Ray Train's print patch, as a worker process has it: stdout is not the process's
+# own (Ray wraps it) and the root logger has Train's console handler, writing where stdout goes.
+RANK_UNDER_TRAINS_PATCH = """
+import builtins, io, logging, sys
+from ray.train.v2._internal.logging import patch_print
+from raymcn.train.on_ray.worker import Printer
+
+out = io.StringIO()
+sys.stdout = out
+handler = logging.StreamHandler(out)
+logging.getLogger().addHandler(handler)
+logging.getLogger().setLevel(logging.INFO)
+patch_print.patch_print_function()
+assert builtins.print is patch_print.redirected_print  # Ray Train's own, as in its workers
+rank0 = Printer(rank=0)
+rank0.say("epoch 1/4  R@10 3.91")
+rank0.log("epoch 1 step 16/64")
+rank0.progress("epoch 1/4  step 2/16")
+Printer(rank=1).each("1 torch thread(s)")
+Printer(rank=1).alert("STALL")
+print("a plain print")
+sys.__stdout__.write(out.getvalue())
+"""
+
+
+def test_a_ranks_lines_are_written_once_under_ray_trains_print_patch():
+    """Ray Train makes a worker's ``print`` print the line and log it: both copies reach the driver,
+    which wrote every worker line twice into raymcn_console.log. A rank's lines go around it, once."""
+    pytest.importorskip("ray")
+    proc = subprocess.run([sys.executable, "-c", RANK_UNDER_TRAINS_PATCH], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for line in (f"{TAG}epoch 1/4  R@10 3.91", "epoch 1 step 16/64", "[raymcn progress] epoch 1/4  step 2/16",
+                 "rank 1: 1 torch thread(s)", "[raymcn alert] STALL"):
+        assert lines.count(line) == 1, lines
+    assert lines.count("a plain print") == 2, lines  # the patch's doing: what a plain print would have given
+
+
 # --- the sweep's progress callback, on fake trials ----------------------------------------------------
 class FakeConsole:
     def __init__(self):

@@ -45,6 +45,27 @@ def test_lines_every_interval_with_rate_and_etas(tmp_path):
     assert progress_line(mark, "trial x") == "trial x " + said[-1]
 
 
+def test_no_eta_until_steps_after_the_start_up_are_timed(tmp_path):
+    """A one-minute run: its first step carries the start-up (30 s here), the others take 0.25 s. Its
+    first line came at step 1 with "run ETA 5m" for 63 steps left; the rate now starts at the end of
+    the first step, and the rate and ETAs are shown once ETA_MIN_STEPS steps are timed."""
+    from raymcn.train.monitor.in_epoch import ETA_MIN_STEPS
+
+    clock, said = Clock(), []
+    p = Progress(None, Plan(steps_per_epoch=16, epochs=4, clips_per_step=32), every_s=2, say=said.append, clock=clock)
+    p.restart_clock(0)  # the worker's start
+    clock.now = 30.0
+    p.step(1)  # the first step: the reader's start, the first batch
+    run_steps(p, clock, range(2, 17), 0.25)
+    assert said[0] == f"epoch 1/4  step 1/16  rate and ETA from step {1 + ETA_MIN_STEPS}", said
+    assert said[1] == "epoch 1/4  step 9/16  128 samples/s  epoch ETA 2s  run ETA 14s", said
+    assert p.mark(16)["eta_run_s"] == pytest.approx(48 * 0.25)  # the steps left at the steady rate
+    p.restart_clock(16)  # an evaluation between epochs: the next step is not timed either
+    clock.now += 20.0
+    p.step(17)
+    assert p.mark(17)["samples_per_s"] is None and "rate and ETA from step 22" in progress_line(p.mark(17))
+
+
 def test_rate_follows_the_last_minutes_not_the_whole_run(tmp_path):
     clock = Clock()
     p = Progress(None, Plan(steps_per_epoch=1000, epochs=1, clips_per_step=10), every_s=0, say=None, clock=clock)

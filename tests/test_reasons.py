@@ -327,15 +327,28 @@ def test_ray_that_does_not_start_is_named_as_such_not_as_a_failed_run(monkeypatc
     assert "RuntimeError: Failed to start the GCS: port 6379 is taken" in err and "restarts" not in err, err
 
 
-@pytest.mark.parametrize("env, running, recorded, expected", [
-    ({"RAY_ADDRESS": "10.0.0.1:6379"}, [], None, ("10.0.0.1:6379", "given by RAY_ADDRESS")),
-    ({"RAY_ADDRESS": "local"}, ["10.0.0.9:6379"], None, (None, "RAY_ADDRESS=local: a new local instance")),
-    ({}, ["10.0.0.2:6379"], None, ("10.0.0.2:6379", "the Ray instance running on this machine")),
-    ({}, ["10.0.0.2:6379", "10.0.0.3:6379"], "10.0.0.3:6379",
-     ("10.0.0.3:6379", "the last `ray start` of the 2 Ray instances running on this machine")),
-    ({}, [], "10.0.0.4:6379", (None, "no Ray instance runs on this machine")),
+ALONE = "no --address or RAY_ADDRESS: a run of its own"
+
+
+@pytest.mark.parametrize("env, address, running, recorded, expected", [
+    ({"RAY_ADDRESS": "10.0.0.1:6379"}, None, [], None, ("10.0.0.1:6379", "given by RAY_ADDRESS")),
+    ({"RAY_ADDRESS": "local"}, None, ["10.0.0.9:6379"], None, (None, "RAY_ADDRESS=local: a new local instance")),
+    # a run on a shared machine is its own: an instance running here is joined only when named
+    ({}, None, ["10.0.0.2:6379"], None,
+     (None, ALONE + ", beside 1 other Ray instance on this machine (--address auto would join one)")),
+    ({}, None, ["10.0.0.2:6379", "10.0.0.3:6379"], "10.0.0.3:6379",
+     (None, ALONE + ", beside 2 other Ray instances on this machine (--address auto would join one)")),
+    ({}, None, [], "10.0.0.4:6379", (None, ALONE)),
+    # auto (as ~/.raymcn_env sets it on a cluster's servers): the instance running here
+    ({"RAY_ADDRESS": "auto"}, None, ["10.0.0.2:6379"], None,
+     ("10.0.0.2:6379", "RAY_ADDRESS=auto: the Ray instance running on this machine")),
+    ({"RAY_ADDRESS": "auto"}, None, ["10.0.0.2:6379", "10.0.0.3:6379"], "10.0.0.3:6379",
+     ("10.0.0.3:6379", "RAY_ADDRESS=auto: the last `ray start` of the 2 Ray instances running on this machine")),
+    ({"RAY_ADDRESS": "auto"}, "local", ["10.0.0.2:6379"], None, (None, "--address=local: a new local instance")),
+    ({}, "auto", ["10.0.0.2:6379"], None,
+     ("10.0.0.2:6379", "--address=auto: the Ray instance running on this machine")),
 ])
-def test_the_instance_a_command_connects_to_and_why(monkeypatch, env, running, recorded, expected):
+def test_the_instance_a_command_connects_to_and_why(monkeypatch, env, address, running, recorded, expected):
     from raymcn.train.on_ray import cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -343,7 +356,21 @@ def test_the_instance_a_command_connects_to_and_why(monkeypatch, env, running, r
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(cluster, "running_instances", lambda: running)
     monkeypatch.setattr(cluster, "recorded_instance", lambda: recorded)
-    assert cluster.chosen_instance(None) == expected
+    assert cluster.chosen_instance(address) == expected
+
+
+def test_auto_with_no_ray_on_this_machine_says_so_and_how_to_run_alone(monkeypatch):
+    """RAY_ADDRESS=auto where no Ray runs (a cluster's server before `ray up`): nothing runs, and the
+    error says what asked for it and both ways on, not a new instance in the cluster's place."""
+    from raymcn.train.on_ray import cluster
+
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.setattr(cluster, "running_instances", lambda: [])
+    monkeypatch.setattr(cluster, "recorded_instance", lambda: "10.0.0.4:6379")  # a stale record: no raylet
+    with pytest.raises(RayUnavailable) as e:
+        cluster.chosen_instance(None)
+    assert str(e.value).startswith("RAY_ADDRESS=auto: no Ray instance runs on this machine: ") and \
+        "`ray up cluster.yaml`" in str(e.value) and "--address local" in str(e.value), e.value
 
 
 def test_the_instances_of_this_machine_are_found_by_their_raylets_and_ray_starts_record(tmp_path, monkeypatch):
@@ -414,11 +441,13 @@ def test_a_raylet_started_with_port_0_is_asked_at_the_ports_it_listens_on(tmp_pa
 def test_several_instances_and_none_recorded_ask_which(monkeypatch):
     from raymcn.train.on_ray import cluster
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
     monkeypatch.setattr(cluster, "running_instances", lambda: ["10.0.0.2:6379", "10.0.0.3:6379"])
     monkeypatch.setattr(cluster, "recorded_instance", lambda: None)
-    with pytest.raises(ConfigError, match="several Ray instances"):
+    with pytest.raises(ConfigError, match="RAY_ADDRESS=auto: several Ray instances"):
         cluster.chosen_instance(None)
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert cluster.chosen_instance(None)[0] is None  # named by nothing: a run of its own beside them
 
 
 @pytest.fixture
@@ -456,7 +485,8 @@ def test_a_gcs_that_does_not_answer_is_named_then_given_up(silent_gcs):
     with pytest.raises(RayUnavailable, match=f"the Ray instance at {silent_gcs} .* did not answer within 1 s"):
         cluster.wait_for_gcs(silent_gcs, "given by RAY_ADDRESS", said.append, named_after_s=0.5, limit_s=1.0)
     assert 1.0 <= time.monotonic() - started < 10
-    assert len(said) == 1 and f"no answer from {silent_gcs}" in said[0] and "ray stop" in said[0], said
+    assert len(said) == 1 and f"no answer from {silent_gcs}" in said[0] and cluster.ADVICE in said[0], said
+    assert "ray stop" not in said[0]  # it may be a colleague's: never advise stopping every Ray of the account
 
 
 def test_a_gcs_that_answers_is_waited_for_no_longer():
@@ -494,8 +524,8 @@ def test_drain_at_an_address_that_does_not_answer_says_so(silent_gcs, monkeypatc
     assert out.splitlines()[0] == f"Ray: connecting to the instance at {silent_gcs} (given by --address)", out
     assert f"Ray: no answer from {silent_gcs} (given by --address) for 0.5 s" in out, out
     assert err.startswith(f"raymcn drain: the Ray instance at {silent_gcs} (given by --address) did not answer "
-                          "within 1 s; if that Ray instance is a leftover, stop it (`ray stop`); to drain a node of "
-                          "another cluster, pass --address HOST:PORT; not rebooting"), err
+                          f"within 1 s; {drain.DRAIN_ADVICE}; not rebooting"), err
+    assert "ray stop" not in out + err
     assert "no running Ray cluster" not in out + err
 
 
@@ -618,7 +648,7 @@ def test_the_main_command_beside_a_ray_instance_that_does_not_answer(silent_gcs,
                       "(given by RAY_ADDRESS)")
     named = next(t for t, line in lines if line.startswith(f"Ray: no answer from {silent_gcs}"))
     assert CONNECT_NAMED_AFTER_S - 1 <= named - connecting <= 60, text
-    assert "`ray stop`" in text and "RAY_ADDRESS=local" in text and "--address" in text
+    assert "ray stop" not in text and "--address local" in text and "--address HOST:PORT" in text
     assert proc.returncode == 1, text
     assert lines[-1][0] - connecting <= CONNECT_LIMIT_S + 15, text
     assert f"nothing ran: the Ray instance at {silent_gcs} (given by RAY_ADDRESS) did not answer" in text
@@ -691,8 +721,9 @@ def own_ray_instance():
 BOOT_WAIT = """
 import sys
 from raymcn.servers import boot
+record = boot.StartRecord("head", ["ray", "start", "--head", "--port=" + sys.argv[1]])  # as `ray up` ran it
 try:
-    boot.wait_for_nodes(1, 600)
+    boot.wait_for_nodes(*boot.started_instance(record), 1, 600)
 except boot.BootError as e:
     print(f"raymcn boot: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
@@ -727,15 +758,15 @@ def _timed_runs(commands: dict[str, list[str]], env: dict[str, str], timeout_s: 
     return {name: (results[name][0], lines[name], results[name][1]) for name in commands}
 
 
-def _bounded_as_documented(name: str, run: tuple, address: str, silent: str, error: str) -> None:
-    """The instance and why first; within 60 s of it the ``silent`` one named with what to do; a
+def _bounded_as_documented(name: str, run: tuple, address: str, silent: str, error: str,
+                           why: str = "given by RAY_ADDRESS") -> None:
+    """The instance and ``why`` first; within 60 s of it the ``silent`` one named with what to do; a
     non-zero exit within 90 s of it, with ``error``."""
     from raymcn.train.on_ray.cluster import CONNECT_NAMED_AFTER_S
 
     code, lines, took = run
     text = "\n".join(f"{t:6.1f} {line}" for t, line in lines)
-    connecting = [t for t, line in lines if line == f"Ray: connecting to the instance at {address} (given by "
-                                                   "RAY_ADDRESS)"]
+    connecting = [t for t, line in lines if line == f"Ray: connecting to the instance at {address} ({why})"]
     assert connecting, f"{name}: no connection line\n{text}"
     advice = re.compile(rf"Ray: no answer from {re.escape(silent)} for {CONNECT_NAMED_AFTER_S:g} s; \w.+ "
                         rf"Giving up at \d+ s\.$")  # what to do, then when it ends
@@ -754,10 +785,14 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
     Nothing of them is left running (each is its own process, and it exited)."""
     import signal
 
+    from raymcn.train.on_ray.cluster import running_instances
+
     address, processes = own_ray_instance
+    port = address.rpartition(":")[2]
+    (started,) = [a for a in running_instances() if a.endswith(f":{port}")]  # as its raylet names it
     env = {**os.environ, "RAY_ADDRESS": address, "RAYMCN_RESULTS": str(tmp_path), "RAY_AUTH_MODE": "disabled"}
     commands = {"drain": [sys.executable, "-m", "raymcn.cli", "drain"],
-                "boot": [sys.executable, "-c", BOOT_WAIT],
+                "boot": [sys.executable, "-c", BOOT_WAIT, port],
                 "sweep": [sys.executable, "sweep.py"]}
     gcs, raylet = processes["gcs_server"], processes["raylet"]
     gcs.send_signal(signal.SIGSTOP)
@@ -767,7 +802,12 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
         gcs.send_signal(signal.SIGCONT)
     gave_up = f"the Ray instance at {address} (given by RAY_ADDRESS) did not answer within 60 s"
     for name, run in runs.items():
-        _bounded_as_documented(name, run, address, f"{address} (given by RAY_ADDRESS)", gave_up)
+        if name == "boot":  # the instance it started, found by its port, whatever RAY_ADDRESS says
+            booted = f"started by this boot: this machine's Ray instance at port {port}"
+            _bounded_as_documented(name, run, started, f"{started} ({booted})",
+                                   f"the Ray instance at {started} ({booted}) did not answer within 60 s", why=booted)
+        else:
+            _bounded_as_documented(name, run, address, f"{address} (given by RAY_ADDRESS)", gave_up)
     assert f"raymcn drain: {gave_up}" in "\n".join(line for _, line in runs["drain"][1])
     assert f"raymcn sweep: nothing ran: {gave_up}" in "\n".join(line for _, line in runs["sweep"][1])
 

@@ -4,7 +4,8 @@ The lab's command lines, on the shipped files: ``raymcn sweep --config FILE`` (h
 ``--rehearse``, the one shrinking function), storage from ``RAYMCN_RESULTS`` as on their nodes, in
 a process of its own with its own Ray. The sweep rehearsals are also the kill-and-resume tests:
 the driver and its Ray are SIGKILLed during the search (a reboot of the head) and the sweep is
-continued with ``raymcn sweep --resume latest``, once per search algorithm a shipped file uses
+continued with ``raymcn sweep --resume EXP`` (a rehearsal is never what ``--resume latest``
+continues: a real sweep's is), once per search algorithm a shipped file uses
 (random and optuna on stand-in trials: tests/test_sweep_restore.py); it must end with its answer,
 the trials finished before the kill untouched. The verdict is ``results/rehearsal.py``'s,
 the one ``raymcn doctor --rehearse`` gives.
@@ -226,10 +227,14 @@ def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, t
     assert status == -9, f"the sweep ended before it could be killed:\n{out[-3000:]}"
     exp = sweep_folder(results)
     finished = {t for t, s in trial_statuses(exp).items() if s == "TERMINATED"}
+    # a rehearsal is never what `--resume latest` (or a boot) continues: it is named by its folder
+    skipped = subprocess.run([sys.executable, "-m", "raymcn.cli", "sweep", "--resume", "latest"], env=lab_env(results),
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert skipped.returncode == 2 and f"{exp.name} (a rehearsal: `--resume EXP` continues it)" in skipped.stderr
 
-    status, out, _ = rehearse(["--resume", "latest"], results)
+    status, out, _ = rehearse(["--resume", str(exp)], results)
     assert status == 0, out[-3000:]
-    assert f"resuming the latest: {exp}" in out
+    assert f"resuming sweep {exp}" in out
     after = result_rows(exp)
     for trial in finished:  # a trial finished before the reboot is kept, not trained again
         assert after[trial] == before[trial], trial
@@ -330,7 +335,7 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
     status, out, _ = rehearse(["--rehearse"], results, kill_when=confirmation_begins)
     assert status == -9, f"the sweep ended before its confirmation could be interrupted:\n{out[-3000:]}"
     exp = sweep_folder(results)
-    status, out, _ = rehearse(["--resume", "latest"], results, kill_when=a_confirmation_run_ended)
+    status, out, _ = rehearse(["--resume", str(exp)], results, kill_when=a_confirmation_run_ended)
     assert status == -9, f"the resumed sweep ended before its confirmation could be interrupted:\n{out[-3000:]}"
     confirm = exp / "confirm"
     finished = [t for t, s in trial_statuses(confirm).items() if s == "TERMINATED"]
@@ -339,7 +344,7 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
     epochs = list(range(1, cfg.schedule.epochs + 1))
     assert len(search_before) == 4 and all(rows == epochs for rows in search_before.values())
 
-    status, out, _ = rehearse(["--resume", "latest"], results)
+    status, out, _ = rehearse(["--resume", str(exp)], results)
     assert status == 0, out[-3000:]
     assert result_rows(exp) == search_before  # the finished search was not touched
     after = result_rows(confirm)

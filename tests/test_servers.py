@@ -252,6 +252,28 @@ def test_a_refused_drain_does_not_reboot_and_no_cluster_is_nothing_to_drain(monk
     assert ran[-1] == drain.reboot_command() and "nothing to drain" in capsys.readouterr().out
 
 
+def test_drain_drains_only_a_cluster_it_is_told_of(monkeypatch, capsys):
+    """Named by nothing, `raymcn drain` drains nothing (a Ray instance on the machine may be anyone's)
+    and does not reboot; RAY_ADDRESS=auto, as a cluster's server has it from ~/.raymcn_env, is the
+    instance running here, and with none (Ray gone before a shutdown) there is nothing to drain."""
+    from raymcn.train.on_ray import cluster
+
+    monkeypatch.setattr(drain.subprocess, "run", pytest.fail)  # neither `ray drain-node` nor a reboot
+    monkeypatch.setattr(cluster, "connected", pytest.fail)
+    monkeypatch.setattr(cluster, "running_instances", lambda: ["10.0.0.2:6379"])  # a colleague's instance
+    monkeypatch.setattr(cluster, "recorded_instance", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for told in ({}, {"address": "local"}):
+        assert drain.run(drain_args(reboot=True, **told)) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("raymcn drain: no cluster to drain (") and "--address auto" in err, err
+        assert "not rebooting" in err
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    monkeypatch.setattr(cluster, "running_instances", lambda: [])
+    assert drain.run(drain_args()) == 0
+    assert "in no running Ray cluster; nothing to drain" in capsys.readouterr().out
+
+
 # --- raymcn boot -----------------------------------------------------------------------------------------
 
 
@@ -320,6 +342,33 @@ def test_the_head_waits_for_cluster_yamls_workers(home):
     assert boot.poll_until(lambda: next(seen) >= 3, 900, 5, clock=clock, sleep=clock.sleep) and clock.now == 10
     clock = Clock()
     assert not boot.poll_until(lambda: False, 12, 5, clock=clock, sleep=clock.sleep) and clock.now == 12
+
+
+def test_the_head_joins_the_instance_it_started_not_another_on_the_machine(monkeypatch):
+    """The boot's Ray is the one at its start command's port, among others on the machine (a
+    colleague's, a test suite's); none there after the start is an error naming the command."""
+    from raymcn.train.on_ray import cluster
+
+    monkeypatch.setattr(cluster, "running_instances", lambda: ["10.0.0.1:41000", "10.0.0.1:6379", "10.0.0.1:52000"])
+    record = boot.make_record("head", ["env", "X=1", "ray", "start", "--head", "--port=6379"], {})
+    assert boot.started_instance(record) == ("10.0.0.1:6379", "started by this boot: this machine's Ray instance "
+                                                               "at port 6379")
+    record = boot.make_record("head", ["ray", "start", "--head", "--port", "7000"], {})
+    with pytest.raises(boot.BootError, match=r"no Ray instance runs on this machine at port 7000 after its start "
+                                             r"\(`ray start --head --port 7000`\)"):
+        boot.started_instance(record)
+    monkeypatch.setattr(cluster, "running_instances", lambda: ["10.0.0.1:6379"])
+    assert boot.started_instance(boot.make_record("head", ["ray", "start", "--head"], {}))[0] == "10.0.0.1:6379"
+
+
+def test_the_continued_sweep_joins_the_boots_cluster_by_its_address(tmp_path, monkeypatch):
+    """The sweep's driver is told the cluster's address, so it joins it whatever its environment
+    says (a raymcn command named by nothing would start a Ray instance of its own)."""
+    exp = make_sweep(tmp_path, "sweep-a", 1000)
+    ran = []
+    monkeypatch.setattr(boot, "tee", lambda command, log, cwd: ran.append(command) or 0)
+    assert boot.continue_sweep(str(tmp_path), say=lambda _: None, home=tmp_path, address="10.0.0.1:6379") == 0
+    assert ran == [[sys.executable, "-m", "raymcn.cli", "sweep", "--resume", exp, "--address", "10.0.0.1:6379"]]
 
 
 def test_the_driver_output_goes_to_the_terminal_and_the_sweeps_log(tmp_path, capfd):

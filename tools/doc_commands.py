@@ -32,6 +32,7 @@ class Shown:
 
 
 L, R, S = "tests/test_launcher.py", "tests/test_rehearsals.py", "tests/test_servers.py"
+ROUTE = "tests/test_practice_route.py::test_the_practice_route_runs_as_the_guide_prints_it"  # on a CPU machine
 LAB_FILES = "a synthetic corpus in that layout"
 
 COMMANDS: dict[str, Shown] = {
@@ -52,9 +53,10 @@ COMMANDS: dict[str, Shown] = {
     "raymcn shards --audio-features --captions --dry-run --features --out --video-list --word-vectors": Shown(
         CHANGED, ("tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing",), LAB_FILES,
         "`raymcn shards ... --dry-run`"),
+    "raymcn synth --out --videos": Shown(RUN, (ROUTE,), label="`raymcn synth ...`"),
     "raymcn shards --audio-features --captions --features --out --video-list --word-vectors --workers": Shown(
-        CHANGED, ("tests/test_e2e.py::test_synth_shards_train_eval",), LAB_FILES + ", `--workers 2`",
-        "`raymcn shards ... --workers 32`"),
+        CHANGED, ("tests/test_e2e.py::test_synth_shards_train_eval", ROUTE),
+        LAB_FILES + ", `--workers 2`; the practice route's as written", "`raymcn shards ... --workers 32`"),
     "ray up": Shown(RUN, (f"{L}::cluster", f"{L}::test_ray_up_installs_raymcn_and_pins_the_head"),
                     label="`ray up cluster.yaml`"),
     "ray up --no-restart": Shown(PARSED, ("tests/test_cluster_yaml.py::test_config_is_valid_for_ray_up",),
@@ -82,7 +84,7 @@ COMMANDS: dict[str, Shown] = {
     "ray submit --tmux | sweep.py --resume": Shown(
         CHANGED, (f"{L}::test_a_killed_sweep_resumed_by_hand",
                   f"{R}::test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer"),
-        "without `--tmux`", "`ray submit --tmux ... --resume latest`"),
+        "without `--tmux`; a rehearsal by its folder", "`ray submit --tmux ... --resume latest`"),
     "ray exec | raymcn sweep --stop": Shown(
         RUN, (f"{L}::test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots",
               f"{S}::test_sweep_stop_latest_marks_the_sweep_a_boot_would_continue"),
@@ -98,6 +100,8 @@ COMMANDS: dict[str, Shown] = {
         CHANGED, ("tests/test_gpu_smoke.py::test_the_comparison_runs_every_lever_without_ray",
                   "tests/test_gpu_smoke.py::test_on_the_gpu_every_lever_keeps_the_estimate_above_its_peak"),
         "`--device cpu --smoke`; on a GPU, `--steps 2 --rounds 2`"),
+    "raymcn train --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn train ... --rehearse ...`"),
+    "raymcn sweep --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn sweep ... --rehearse ...`"),
     "raymcn train --config --set": Shown(
         CHANGED, (f"{R}::test_the_paper_run_trains_to_its_end",),
         "`--rehearse` in place of the `--set`s",

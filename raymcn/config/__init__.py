@@ -10,7 +10,11 @@ from YAML and overrides, and the checks across sections). Everything is imported
 ``from raymcn.config import Config``.
 """
 
-from raymcn.config.checks import CONFIRM_KEYS, field_problems, validate_sweep
+from raymcn.config.errors import shadowed_package_error
+
+if (_shadowed := shadowed_package_error()) is not None:  # every raymcn command imports this first
+    raise _shadowed
+from raymcn.config.checks import CONFIRM_KEYS, field_problems, validate_sweep  # noqa: E402
 from raymcn.config.errors import (
     ConfigError,
     NodeInputError,
@@ -60,6 +64,8 @@ from raymcn.config.names import (
     MID_EPOCH_KEY,
     MODALITIES,
     PROGRESS_FILE,
+    REHEARSAL_FILE,
+    REHEARSAL_PREFIX,
     RUN_CONFIG_FILE,
     SEARCH_ALGORITHMS,
     SEARCH_DOMAINS,
@@ -90,7 +96,8 @@ from raymcn.config.sections import (
 __all__ = [
     "BEST", "COLLECTIVE_TIMEOUT_FACTOR", "COLLECTIVE_TIMEOUT_MIN_FACTOR", "CONFIRM_DIR", "CONFIRM_KEYS", "CONFIRM_PLAN_FILE",
     "CONSOLE_LOG_FILE", "DECISIONS_FILE", "DEFAULT_OBJECTIVE", "DEFAULT_PRESET", "DRAIN_MARKS_DIR", "EVAL_SET_KINDS",
-    "METRICS_FILE", "METRIC_PREFIX", "MID_EPOCH_KEY", "MODALITIES", "PROGRESS_FILE", "RUN_CONFIG_FILE",
+    "METRICS_FILE", "METRIC_PREFIX", "MID_EPOCH_KEY", "MODALITIES", "PROGRESS_FILE", "REHEARSAL_FILE",
+    "REHEARSAL_PREFIX", "RUN_CONFIG_FILE",
     "SEARCH_ALGORITHMS", "SEARCH_DOMAINS", "SECTIONS", "STAGE_ORDERS", "SWEEP_CONFIG_FILE", "TRACKERS",
     "TRACKER_AT", "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig", "LossConfig", "Metric",
     "ModelConfig", "NodeInputError", "Objective", "OptimConfig", "PermanentError", "RayUnavailable", "RunSection",

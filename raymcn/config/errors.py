@@ -65,3 +65,25 @@ class ConfigError(ValueError, PermanentError, NodeInputError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+def shadowed_package_error() -> ImportError | None:
+    """The error to raise when ``raymcn`` was imported from a folder that is not the package: Python
+    started in the folder that holds a clone named ``raymcn`` finds the clone's folder first, takes
+    it for a namespace package (it has no ``__init__.py``), and the clone's scripts (``train.py``,
+    ``sweep.py``) stand in for the package's modules, which ends in a circular import that names
+    neither. None when ``raymcn`` is the package itself."""
+    import os
+    import sys
+
+    package = sys.modules.get("raymcn")
+    if package is None or getattr(package, "__file__", None) is not None:
+        return None
+    paths = [str(p) for p in getattr(package, "__path__", [])]
+    folders = [p for p in paths if not os.path.isfile(os.path.join(p, "__init__.py"))]
+    installed = [p for p in paths if p not in folders]
+    instead = f" instead of the installed package ({', '.join(installed)})" if installed else ""
+    return ImportError(f"Python imported the folder {', '.join(folders) or '?'} as the package raymcn{instead}: "
+                       f"it has no __init__.py (a clone of raymcn?) and Python looks in the folder it started in "
+                       f"({os.getcwd()}) first. Start Python from another folder, or rename the clone's folder "
+                       "(e.g. to raymcn-src)")

@@ -28,6 +28,11 @@ DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler de
 # Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
 # that HyperBand stopped while it was paused PAUSED.
 TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
+# In a run's or sweep's folder: it was rehearsed (`--rehearse`, `raymcn doctor --rehearse`), so neither
+# `--resume latest` nor a boot continues it (`--resume DIR` does). The doctor's rehearsals are named
+# REHEARSAL_PREFIX-<date> too, marked or not.
+REHEARSAL_FILE = "raymcn_rehearsal"
+REHEARSAL_PREFIX = "rehearsal"
 # In a machine's temp folder: <pid> for each Ray Train worker there whose drain checkpoint is registered,
 # JSON {"step", "rank", "time"} (train/checkpoints/policy.py writes it; `raymcn drain` reads it to
 # reboot then, not at the deadline)

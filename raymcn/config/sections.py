@@ -150,7 +150,9 @@ class ScheduleConfig:
     epochs: int = setting(30, ge=1)  # passes over the training corpus
     stage_order: str = setting("joint", choices=STAGE_ORDERS)  # modalities per stage: AV_T = audio+video, then text too
     stage1_fraction: float = setting(0.5, ge=0, lt=1)  # share of the run's steps spent in stage 1 (0: no stage 1)
-    steps_per_epoch: int = setting(0, ge=0)  # 0 = videos // batch_size
+    # steps per epoch at most; 0 = videos // batch_size, the most an epoch can take in any case (it reads
+    # each video at most once): a larger value is capped, and the run says so
+    steps_per_epoch: int = setting(0, ge=0)
 
 
 @dataclass(frozen=True)

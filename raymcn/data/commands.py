@@ -114,7 +114,8 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                              "of the cluster)")
     parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                         help="write the shards with Ray actors on every node of the cluster at ADDRESS (default: "
-                             "RAY_ADDRESS, else the cluster this machine belongs to, else a local Ray); inputs and "
+                             "RAY_ADDRESS, else a new local Ray of its own; auto: the Ray instance running on this "
+                             "machine); inputs and "
                              "--out must be on storage every node sees at the same path")
     parser.add_argument("--verify", choices=("sha256", "size"), default="sha256",
                         help="how a rerun checks finished shards (default sha256: rehash them)")
@@ -122,7 +123,9 @@ def add_shards_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help=f"storage of the 2d/3d features (default {DEFAULT_FEATURE_DTYPE}; float16 halves them)")
     parser.add_argument("--dry-run", action="store_true",
                         help="count the videos, print the bytes the shards will take per dtype and the free "
-                             "space at --out, write nothing")
+                             "space at --out, write nothing; an error (status 2) for whatever the conversion "
+                             "would refuse (the settings, another conversion's shards in --out, the caption "
+                             "table's memory, the space)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the manifest counts as one JSON line last")
     return parser
@@ -133,7 +136,7 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
     (``shards_from_layout``'s; the command line passes Ray's for ``--ray``)."""
     from raymcn.data.formats.manifest import MANIFEST, ShardError
     from raymcn.data.write.disk_space import plan_space
-    from raymcn.data.write.shards import shards_from_layout
+    from raymcn.data.write.shards import ConversionSettings, check_conversion, shards_from_layout
     from raymcn.data.write.sources import layout_sources
 
     if args.workers is not None and args.workers < 0:
@@ -147,7 +150,11 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
         if args.dry_run:
             src = layout_sources(args.features, args.audio_features, args.captions, args.video_list,
                                  args.word_vectors, args.tars or ())
-            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress)
+            settings = ConversionSettings(shard_size_mb=args.shard_size_mb, seed=args.seed,
+                                          videos_per_shard=args.videos_per_shard, verify=args.verify,
+                                          feature_dtype=args.dtype)
+            feats = check_conversion(src, Path(args.out), settings, progress=not args.no_progress)  # its refusals
+            space = plan_space(src, args.out, seed=args.seed, progress=not args.no_progress, feats=feats)
             print(space.report(args.dtype))
             return 0 if space.fits(args.dtype) else command_error("shards", space.refusal(args.dtype))
         manifest = shards_from_layout(args.features, args.audio_features, args.captions, args.video_list,
@@ -160,7 +167,8 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
     except OSError as e:
         return command_error("shards", f"{e.filename or args.out}: {e.strerror or e}")
     c = manifest["counts"]
-    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+    print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shard{'s' * (c['shards'] != 1)} "
+          f"({c['bytes'] / 2**20:.1f} MiB), "
           f"{c['skipped']} skipped, vocabulary {c['vocab_words']} words x {c['word_dim']}: {Path(args.out) / MANIFEST}")
     for s in manifest["skipped"][:10]:
         print(f"  skipped {s['video']}: {s['reason']}")

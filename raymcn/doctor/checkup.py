@@ -214,8 +214,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set data.shards=/data/howto100m/shards (repeatable)")
-    p.add_argument("--address", help="the Ray cluster (default: RAY_ADDRESS, else the cluster this machine belongs "
-                   "to, else a local Ray for the embedded default)")
+    p.add_argument("--address", help="the Ray cluster: HOST:PORT, or auto (the one running on this machine); default: "
+                   "RAY_ADDRESS (a cluster's servers get auto from ~/.raymcn_env), else a new local Ray of its own")
     p.add_argument("--step", action="store_true", help="also run one training step of the config on one GPU (or "
                    "CPU) of every node: needs a free GPU per node, waits --step-timeout at most")
     p.add_argument("--step-time", type=float, metavar="SECONDS", help="seconds per training step for the estimate "

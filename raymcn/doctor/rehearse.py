@@ -23,12 +23,9 @@ from typing import Any
 from ray import tune
 
 from raymcn import phases, storage
-from raymcn.config import Config, default_storage_path
+from raymcn.config import REHEARSAL_PREFIX, Config, default_storage_path
 from raymcn.doctor.verdicts import Row
 from raymcn.servers import sweeps as marks
-
-REHEARSAL_PREFIX = "rehearsal"
-
 
 class KillOneTrialDriver(tune.Callback):
     """Kills the driver process of the first trial that reports an epoch before its last (by the
@@ -74,6 +71,7 @@ def rehearse(mini: Config, where: str, console) -> list[Row]:
     from raymcn.train.inputs import resolve_inputs
 
     kill = KillOneTrialDriver(mini.schedule.epochs)
+    marks.mark_rehearsal(where)  # neither a boot nor `--resume latest` continues it, even if this process dies
     try:
         phases.search_then_confirm(mini, where, console, resolve_inputs(mini), callbacks=(kill,))
     except Exception as e:  # noqa: BLE001 - a sweep that crashes is the finding

@@ -17,9 +17,11 @@ itself what a person otherwise does after a reboot (``ray up``, then ``--resume`
   head does not answer in ``--wait`` seconds it exits with status 1 and systemd tries again.
 - **The head** starts Ray, waits until every worker of cluster.yaml has rejoined (Ray's node count)
   or ``--wait`` seconds passed, then runs ``raymcn sweep --resume EXP`` for the newest sweep under
-  ``$RAYMCN_RESULTS`` that is neither finished nor stopped on purpose (``servers/sweeps.py``), from
-  the home folder as ``ray submit`` runs a sweep, its output also appended to ``raymcn_boot.log``
-  in the sweep's folder.
+  ``$RAYMCN_RESULTS`` that is neither finished, stopped on purpose nor a rehearsal
+  (``servers/sweeps.py``), from the home folder as ``ray submit`` runs a sweep, its output also
+  appended to ``raymcn_boot.log`` in the sweep's folder. Both join the instance it started (the
+  one on this machine at its start command's port, given to the sweep as ``--address``), never
+  another Ray instance on the machine.
 - Then it stays, as the service's main process, so that the Ray it started belongs to the service
   until the service stops; stopping it (also at shutdown) first drains the node (``raymcn drain``).
 """
@@ -115,14 +117,41 @@ def load_record(home: Path | None = None) -> StartRecord:
     return StartRecord(**data)
 
 
-def gcs_address_of(argv: list[str]) -> str | None:
-    """The ``--address`` a worker's ``ray start`` joins (``--address=H:P`` or ``--address H:P``)."""
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name=V`` or ``--name V`` in ``argv``, or None."""
     for i, word in enumerate(argv):
-        if word.startswith("--address="):
+        if word.startswith(f"{name}="):
             return word.split("=", 1)[1]
-        if word == "--address" and i + 1 < len(argv):
+        if word == name and i + 1 < len(argv):
             return argv[i + 1]
     return None
+
+
+def gcs_address_of(argv: list[str]) -> str | None:
+    """The ``--address`` a worker's ``ray start`` joins (``--address=H:P`` or ``--address H:P``)."""
+    return _flag(argv, "--address")
+
+
+HEAD_PORT = "6379"  # `ray start --head`'s GCS port when the command names none
+BOOT_ADVICE = "see `ray status` and Ray's logs in /tmp/ray/session_latest/logs on this server"
+
+
+def started_instance(record: StartRecord) -> tuple[str, str]:
+    """The GCS address of the Ray instance this boot started on this machine, the head (the one whose
+    raylet runs here at the recorded command's ``--port``: other Ray instances on the machine, a
+    colleague's, are not it), and why.
+
+    Raises:
+        BootError: none runs here at that port.
+    """
+    from raymcn.train.on_ray.cluster import running_instances
+
+    port = _flag(record.argv, "--port") or HEAD_PORT
+    at_port = [a for a in running_instances() if a.rpartition(":")[2] == port]
+    if not at_port:
+        raise BootError(f"no Ray instance runs on this machine at port {port} after its start "
+                        f"(`{shlex.join(record.argv)}`); {BOOT_ADVICE}")
+    return at_port[0], f"started by this boot: this machine's Ray instance at port {port}"
 
 
 def poll_until(done, timeout_s: float, interval_s: float = POLL_S, clock=time.monotonic, sleep=time.sleep) -> bool:
@@ -176,26 +205,21 @@ def expected_nodes(home: Path | None = None) -> int:
     return 1 + len((config.get("provider") or {}).get("worker_ips") or [])
 
 
-BOOT_ADVICE = "see `ray status` and Ray's logs in /tmp/ray/session_latest/logs on this server"
-
-
-def wait_for_nodes(expected: int, timeout_s: float, say=print) -> int:
-    """Wait until ``expected`` nodes are alive in the cluster this machine started, at most
-    ``timeout_s``; returns how many are. Connects as every raymcn command does
-    (``train/on_ray/cluster.py``: named, and ended within its limits).
+def wait_for_nodes(target: str, why: str, expected: int, timeout_s: float, say=print) -> int:
+    """Wait until ``expected`` nodes are alive in the cluster whose GCS is at ``target`` (the one this
+    boot started: :func:`started_instance`, and why), at most ``timeout_s``; returns how many are.
+    Connects as every raymcn command does (``train/on_ray/cluster.py``: named, and ended within its
+    limits).
 
     Raises:
-        BootError: the Ray just started cannot be found or does not answer (its reason named).
+        BootError: it does not answer (its reason named).
     """
     import ray
 
     from raymcn.config import ConfigError, RayUnavailable
-    from raymcn.train.on_ray.cluster import chosen_instance, connected
+    from raymcn.train.on_ray.cluster import connected
 
     try:
-        target, why = chosen_instance(None)
-        if target is None:
-            raise BootError(f"no Ray instance runs on this machine after its start ({why}); {BOOT_ADVICE}")
         with connected(target, why, say, advice=BOOT_ADVICE, logging_level="ERROR", log_to_driver=False):
             def alive() -> int:
                 return sum(1 for n in ray.nodes() if n.get("Alive"))
@@ -245,14 +269,18 @@ def sweep_to_continue(location: str, say=print) -> str | None:
     return candidates[0]
 
 
-def continue_sweep(location: str, say=print, home: Path | None = None) -> int | None:
-    """``raymcn sweep --resume`` of :func:`sweep_to_continue`'s sweep; its status, or None."""
+def continue_sweep(location: str, say=print, home: Path | None = None, address: str | None = None) -> int | None:
+    """``raymcn sweep --resume`` of :func:`sweep_to_continue`'s sweep on the cluster at ``address``
+    (the one this boot started; given, so that the driver joins it whatever its environment says);
+    its status, or None."""
     experiment_dir = sweep_to_continue(location, say)
     if experiment_dir is None:
         return None
     log = boot_log(experiment_dir)
     say(f"raymcn boot: continuing the sweep {experiment_dir} (its output also in {log})")
-    status = tee([sys.executable, "-m", "raymcn.cli", "sweep", "--resume", experiment_dir], log, home or Path.home())
+    joins = ["--address", address] if address else []
+    status = tee([sys.executable, "-m", "raymcn.cli", "sweep", "--resume", experiment_dir, *joins], log,
+                 home or Path.home())
     say(f"raymcn boot: the sweep's driver ended with status {status}")
     return status
 
@@ -272,8 +300,9 @@ def boot(args: argparse.Namespace, say=print) -> None:
 
         expected = expected_nodes()
         say(f"raymcn boot: waiting up to {args.wait} s for {expected} node(s) (the head and cluster.yaml's workers)")
-        say(f"raymcn boot: {wait_for_nodes(expected, args.wait, say)} node(s) alive")
-        continue_sweep(args.storage or default_storage_path(Config()), say)
+        address, why = started_instance(record)
+        say(f"raymcn boot: {wait_for_nodes(address, why, expected, args.wait, say)} node(s) alive")
+        continue_sweep(args.storage or default_storage_path(Config()), say, address=address)
 
 
 # --- the systemd service -------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ they train on. A reboot once they are all marked loses only what was trained sin
 restarts from that checkpoint as soon as the node is gone, a preemption in Ray Train's count, instead
 of the deadline's worth of steps, trained after it and then thrown away.
 
-How the node is found: ``ray.nodes()`` of the cluster this machine joined (``--address``, else
-``RAY_ADDRESS``, else the instance whose raylet runs here), through the connection every raymcn
+How the node is found: ``ray.nodes()`` of the cluster named by ``--address``, else ``RAY_ADDRESS``
+(``auto``, as ``~/.raymcn_env`` sets it on a cluster's servers: the instance whose raylet runs
+here; none there: nothing to drain), through the connection every raymcn
 command makes (``train/on_ray/cluster.py``): a GCS that does not answer is named and given up
 within its limits instead of holding a reboot. The node is the alive one at this machine's IP.
 How its Train workers are counted: on this machine, the processes Ray titles
@@ -60,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reboot", action="store_true",
                    help="reboot this machine once every Ray Train worker on it has its drain checkpoint registered "
                         "(or has left, or at the deadline)")
-    p.add_argument("--address", help="the cluster's GCS address (default: the one `ray start` joined on this machine)")
+    p.add_argument("--address", help="the cluster's GCS address HOST:PORT, or auto: the Ray instance running on this "
+                   "machine (default: RAY_ADDRESS, which ~/.raymcn_env sets to auto on a cluster's servers)")
     p.add_argument("--node-id", help="the node to drain (default: the alive node at this machine's IP)")
 
 
@@ -165,26 +167,37 @@ def _ray_executable() -> str:
     return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
 
 
-DRAIN_ADVICE = ("if that Ray instance is a leftover, stop it (`ray stop`); to drain a node of another cluster, "
-                "pass --address HOST:PORT")
+DRAIN_ADVICE = ("see `ray status` and Ray's logs on that instance's head (stop nothing that may not be yours); to "
+                "drain a node of another cluster, pass --address HOST:PORT")
 
 
 def _cluster(address: str | None, say=print) -> tuple[str, list[dict], str] | None:
-    """(GCS address, ``ray.nodes()``, this machine's IP as Ray sees it), or None when this machine
-    is in no running cluster (and no ``--address`` or ``RAY_ADDRESS`` names one). Disconnects before
-    returning.
+    """(GCS address, ``ray.nodes()``, this machine's IP as Ray sees it) of the cluster named by
+    ``address``, else ``RAY_ADDRESS``, or None when that is ``auto`` and no Ray instance runs on
+    this machine (nothing to drain: at shutdown Ray may be gone already). Disconnects before returning.
 
     Raises:
-        ConfigError: several Ray instances run here and none is named.
+        DrainError: neither names a cluster, or it is ``local`` (a new instance has nothing to drain).
+        ConfigError: ``auto``, and several Ray instances run here and none is the one ``ray start`` recorded.
         RayUnavailable: the instance named or found did not answer within the connection's limits.
     """
     import ray
 
-    from raymcn.train.on_ray.cluster import chosen_instance, connected
+    from raymcn.train.on_ray.cluster import OWN_INSTANCE, THIS_MACHINES, connected, instance_on_this_machine
 
-    target, why = chosen_instance(address or None)
-    if target is None:
-        return None
+    source = "--address" if address else "RAY_ADDRESS"
+    told = address or os.environ.get("RAY_ADDRESS")
+    if not told or told == OWN_INSTANCE:
+        named = f"{source}={told} is a new instance, not a cluster" if told else "no --address or RAY_ADDRESS"
+        raise DrainError(f"no cluster to drain ({named}): pass --address HOST:PORT, or --address {THIS_MACHINES} for "
+                         "the Ray instance running on this machine (a cluster's servers get "
+                         f"RAY_ADDRESS={THIS_MACHINES} from ~/.raymcn_env)")
+    if told == THIS_MACHINES:
+        target, why = instance_on_this_machine(f"{source}={THIS_MACHINES}")
+        if target is None:
+            return None
+    else:
+        target, why = told, f"given by {source}"
     with connected(target, why, say, advice=DRAIN_ADVICE, logging_level="ERROR", log_to_driver=False):
         return ray.get_runtime_context().gcs_address, ray.nodes(), ray.util.get_node_ip_address()
 

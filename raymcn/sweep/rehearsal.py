@@ -7,7 +7,8 @@ sizes only; what the lab chose stays:
 
 Changed (and nothing else):
   * inputs: the synthetic corpus (``data.shards``, ``data.eval_set``, ``data.word_vectors``),
-    generated once into the cache (:data:`CORPUS`);
+    generated once into the cache (:data:`CORPUS`), except those the command line names itself
+    (``--set data.shards=...``: ``inputs``), which are kept: a practice run on one's own small shards;
   * the sizes of a step: model widths, videos per step, clips per video, audio frames, clusters,
     queue length, k-means iterations and refresh period, steps per epoch. A swept size keeps its
     domain and its number of values, each value mapped to a rung of a small ladder by rank
@@ -23,8 +24,9 @@ Changed (and nothing else):
     share of half the given CPUs so that ``sweep.max_concurrent`` trials fit.
 Kept: the search algorithm and its suggestions, the metric it optimizes (``sweep.metric``), the
 scheduler's ``grace_epochs`` and ``reduction_factor``, ``stage1_fraction``, the stage order(s),
-every swept key with its domain, learning rates, the confirmation's ``per`` and ``top``,
-``max_concurrent``, failures allowed, the storage path and run name.
+every swept key with its domain (a grid's axes but one cut to their first value: counts, above),
+learning rates, the confirmation's ``per`` and ``top``, ``max_concurrent``, failures allowed, the
+storage path and run name.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ FIXED: dict[str, Any] = {
 }
 # The synthetic corpus of every rehearsal (and of the suite's tiny runs): generated once per cache.
 CORPUS: dict[str, Any] = {"data.synthetic_videos": 64, "data.synthetic_eval_clips": 64}
+INPUTS = ("data.shards", "data.eval_set", "data.word_vectors")  # a rehearsal's inputs, unless given (shrink)
 # Sizes a sweep file may sweep: a swept value takes the rung of its rank among the file's values;
 # an unswept one the rung marked as the default. Every combination stays a valid config: the
 # most clusters (16) fit the fewest clips per step (4 videos x 4 clips).
@@ -96,11 +99,13 @@ def hyperband_band(cfg: Config) -> int:
     return sum(math.ceil(kept / (s + 1) * eta ** s) for s in range(kept))
 
 
-def shrink(cfg: Config, cpus: float = 2.0) -> Config:
-    """``cfg`` in miniature (module doc): runs on ``cpus`` CPUs in minutes. Raises ConfigError
-    when the miniature is not a valid config (it then names the setting)."""
+def shrink(cfg: Config, cpus: float = 2.0, inputs: dict[str, Any] | None = None) -> Config:
+    """``cfg`` in miniature (module doc): runs on ``cpus`` CPUs in minutes; ``inputs`` (keys of
+    :data:`INPUTS` the command line set) are kept instead of the synthetic corpus's. Raises
+    ConfigError when the miniature is not a valid config (it then names the setting)."""
     sw, epochs = cfg.sweep, rehearsal_epochs(cfg)
-    out: dict[str, Any] = {**FIXED, **CORPUS}
+    given = {k: v for k, v in (inputs or {}).items() if k in INPUTS}
+    out: dict[str, Any] = {**FIXED, **CORPUS, **given}
     out.update({key: rungs[default] for key, (rungs, default) in LADDERS.items()})
     space = {key: _shrunk_domain(key, spec) for key, spec in sw.space.items()}
     if sw.algorithm == "grid":  # its trials are the product of its axes: the question's axis whole

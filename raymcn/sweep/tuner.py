@@ -336,11 +336,6 @@ def default_experiment_dir(cfg: Config) -> str:
                         cfg.run.name or f"sweep-{cfg.sweep.algorithm}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
-def latest_experiment_dir(cfg: Config) -> str:
-    """The sweep under ``cfg``'s storage path started last (``--resume latest``)."""
-    return storage.newest(default_storage_path(cfg), SWEEP_CONFIG_FILE, "raymcn sweep")
-
-
 def _failure_config(cfg: Config):
     # A trial whose driver or node died restarts from its Train checkpoint; permanent errors end
     # the trial in trial_fn without a retry.

@@ -126,6 +126,17 @@ def make_plan(cfg: Config, videos: int, inputs: RunInputs | None = None) -> RunP
                    queue_clips_per_video=cfg.queue_clips_per_video, warmup_steps=warmup_steps(cfg), inputs=inputs)
 
 
+def capped_steps_note(cfg: Config, plan: RunPlan) -> str | None:
+    """What a run says when ``schedule.steps_per_epoch`` asks for more steps than its corpus fills:
+    an epoch reads each video at most once, so the corpus caps it; None when it does not."""
+    asked = cfg.schedule.steps_per_epoch
+    if not asked or plan.steps_per_epoch >= asked:
+        return None
+    return (f"schedule.steps_per_epoch={asked} is more than the corpus fills: {plan.videos} videos // "
+            f"data.batch_size={plan.batch_videos} = {plan.steps_per_epoch} steps, so each epoch runs "
+            f"{plan.steps_per_epoch} (an epoch reads each video at most once)")
+
+
 def plan_of(cfg: Config, inputs: RunInputs) -> RunPlan:
     """The plan of ``cfg`` over the resolved ``inputs`` (its videos are theirs)."""
     return make_plan(cfg, inputs.videos, inputs)

@@ -131,15 +131,16 @@ def space_refusal(needed: int, free: int, out: Path, dtype: str, half: int | Non
             f"short by {_gb(needed - free)}" + (f" (--dtype float16 would take ~{_gb(half)})" if half else ""))
 
 
-def plan_space(src: LayoutSources, out: str | os.PathLike, *, seed: int = 0, progress: bool = True) -> SpacePlan:
+def plan_space(src: LayoutSources, out: str | os.PathLike, *, seed: int = 0, progress: bool = True,
+               feats=None) -> SpacePlan:
     """Count the videos of a layout whose files exist, estimate the shards' bytes per dtype, and
-    read the free space at ``out``; nothing is written.
+    read the free space at ``out``; nothing is written. ``feats``: the features' reader, if opened.
 
     Raises:
         ShardError / FeatureFileError: a missing input or an unreadable video list / caption pickle.
     """
     check_inputs(src)
-    feats = open_features(src, progress)
+    feats = feats if feats is not None else open_features(src, progress)
     paths = list(dict.fromkeys(video_paths(src, feats)))
     found, missing = [], []
     for path in tqdm(paths, unit="video", desc="checking files", file=sys.stderr, disable=not progress):

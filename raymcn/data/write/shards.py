@@ -145,7 +145,7 @@ def convert(src: LayoutSources, out: Path, settings: ConversionSettings, writers
     store, vocab = _captions_and_vocab(src, out, plan, store, table)
     del table  # dropped before any writer starts (forked ones would copy its pages as they touch them)
     gc.collect()
-    log(f"shards: {len(todo)} of {len(jobs)} shards to write ({plan['videos_per_shard']} videos each, "
+    log(f"shards: {len(todo)} of {len(jobs)} shard{'s' * (len(jobs) != 1)} to write ({_videos_in(todo)}, "
         f"vocabulary of {len(vocab.words)} words), {getattr(writers, 'description', 'other writers')}")
     state = WriterState(out=out, plan=plan["plan"], captions=store, captions_source=str(src.captions),
                         feature_dtype=settings.feature_dtype)
@@ -158,9 +158,22 @@ def convert(src: LayoutSources, out: Path, settings: ConversionSettings, writers
     manifest = _write_manifest(out, plan, done, src, settings)
     caption_store.remove_store(out)
     c = manifest["counts"]
-    log(f"shards: {c['videos']} videos in {c['shards']} shards ({c['bytes'] / 2**20:.1f} MiB), "
+    log(f"shards: {c['videos']} videos in {c['shards']} shard{'s' * (c['shards'] != 1)} ({c['bytes'] / 2**20:.1f} MiB), "
         f"{c['skipped']} skipped, {time.perf_counter() - t0:.1f} s -> {out / MANIFEST}")
     return manifest
+
+
+def _videos_in(jobs: list[ShardJob]) -> str:
+    """What the shards to write hold, as they hold it: ``3 videos`` (one shard), ``529 videos each``,
+    ``529 videos each, the last 471`` (the plan cuts the list in equal shards but the last)."""
+    sizes = [len(j.paths) for j in jobs]
+    if len(sizes) == 1:
+        return f"{sizes[0]} video{'s' * (sizes[0] != 1)}"
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} videos each"
+    if len(set(sizes[:-1])) == 1:
+        return f"{sizes[0]} videos each, the last {sizes[-1]}"
+    return f"{min(sizes)} to {max(sizes)} videos each"
 
 
 def _the_plan(src: LayoutSources, out: Path, settings: ConversionSettings, feats) -> tuple[dict, bool]:
@@ -199,10 +212,34 @@ def _caption_table(src: LayoutSources) -> dict:
     Raises:
         ShardError: it would not fit (naming both figures).
     """
+    _check_caption_memory(src)
+    return load_captions(src.captions)
+
+
+def _check_caption_memory(src: LayoutSources) -> None:
+    """Raises ShardError when unpickling the caption table would not fit this machine's memory."""
     needed, available = caption_store.unpickle_bytes(src.captions), caption_store.available_memory()
     if needed > available:
         raise ShardError(caption_store.memory_refusal(src.captions, needed, available))
-    return load_captions(src.captions)
+
+
+def check_conversion(src: LayoutSources, out: Path, settings: ConversionSettings, *, progress: bool = True):
+    """Every refusal :func:`convert` makes before it writes, made the same way and writing nothing
+    (``raymcn shards --dry-run`` makes them first): its settings, the inputs, ``out`` holding shards
+    of other inputs or settings, a caption store there built from another pickle, and the caption
+    table's memory where it must be unpickled. The space the shards take is the dry run's report.
+    Returns the features' reader (the tars indexed once, for the report too).
+
+    Raises:
+        ShardError, FeatureFileError: what the conversion would refuse, with its message.
+    """
+    settings.check()
+    check_inputs(src)
+    feats = open_features(src, progress)
+    _the_plan(src, out, settings, feats)
+    if caption_store.existing_store(out, src.captions) is None:
+        _check_caption_memory(src)
+    return feats
 
 
 def _check_space(out: Path, settings: ConversionSettings, feats, todo: list[ShardJob], captions) -> None:

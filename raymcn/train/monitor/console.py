@@ -11,7 +11,7 @@ are never hidden. ``verbose`` shows everything on the terminal as well (and stil
 Worker processes cannot write to the terminal themselves: Ray forwards their output into the
 driver's stdout. Rank 0 marks the lines meant for a person with :data:`TAG` (:func:`tagged`); the
 driver's :class:`Console` strips Ray's ``(RayTrainWorker pid=...)`` prefix and the tag, drops a
-line it has already shown (Ray Train's print patch can emit a worker's line twice), and shows it.
+line it has already shown, and shows it. A rank writes its lines with :func:`write_line`, once.
 At the end of ``train`` and ``eval`` the final metrics are shown as :func:`final_summary` makes them.
 Stdlib only: no Ray, no torch.
 """
@@ -43,6 +43,14 @@ RAY_WARNING = re.compile(r"\b(WARNING|ERROR|CRITICAL) [\w.-]+\.py:\d+ -- (?P<mes
 def tagged(line: str) -> str:
     """``line`` marked for the terminal (printed by rank 0 of a run)."""
     return f"{TAG}{line}"
+
+
+def write_line(text: str) -> None:
+    """``text`` as one line on this process's stdout, which Ray forwards to the driver's console.
+    Not ``print``: Ray Train replaces it in its workers by a function that prints the line and logs
+    it too, and both copies reach the driver, so the console log held every line twice."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def epoch_line(epoch: int, epochs: int, metrics: Mapping[str, Any], shown: Metric, name: str = "",

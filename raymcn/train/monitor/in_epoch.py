@@ -6,6 +6,12 @@ of the epoch and of the run), and writes the same figures to ``PROGRESS_FILE`` i
 (throttled, in a background thread: never on the step's path), which ``raymcn watch`` shows and a
 restarted run reads to say how many steps it replays (the interrupted attempt's last mark minus
 the checkpoint's step). No Ray, no torch.
+
+The rate, and the ETAs from it, mean something only once steps like the rest have been timed: the
+first step after a start or an evaluation carries the start-up (the reader's first shards, the
+first batch's allocations, a compile), and a one-minute run's first line said "run ETA 19m" from it.
+So the rate is measured from the end of that step, over the last minutes, and shown once
+:data:`ETA_MIN_STEPS` steps are timed; until then the line says from which step it will be.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from raymcn import storage
 from raymcn.config import PROGRESS_FILE
 from raymcn.train.run_plan import RunPlan
 
+ETA_MIN_STEPS = 5  # steps timed (after the first of an attempt or an epoch) before a rate and ETA are shown
+
 
 def duration(seconds: float) -> str:
     """``42s``, ``17m``, ``3h05m``, ``2d04h``: short, and exact enough for an ETA."""
@@ -35,10 +43,13 @@ def duration(seconds: float) -> str:
 
 
 def progress_line(mark: dict[str, Any], label: str = "") -> str:
-    """``[label ]epoch 2/30  step 4520/9100  1850 samples/s  epoch ETA 41m  run ETA 2d04h``."""
-    head = f"{label} " if label else ""
-    return (f"{head}epoch {mark['epoch'] + 1}/{mark['epochs']}  step {mark['in_epoch']}/{mark['steps_per_epoch']}"
-            f"  {mark['samples_per_s']:.0f} samples/s  epoch ETA {duration(mark['eta_epoch_s'])}"
+    """``[label ]epoch 2/30  step 4520/9100  1850 samples/s  epoch ETA 41m  run ETA 2d04h``; before
+    the rate is measured (module doc) ``... step 1/16  rate and ETA from step 6``."""
+    head = (f"{label} " if label else "") + (f"epoch {mark['epoch'] + 1}/{mark['epochs']}  "
+                                             f"step {mark['in_epoch']}/{mark['steps_per_epoch']}")
+    if mark.get("samples_per_s") is None:
+        return f"{head}  rate and ETA from step {mark['rate_from_step']}"
+    return (f"{head}  {mark['samples_per_s']:.0f} samples/s  epoch ETA {duration(mark['eta_epoch_s'])}"
             f"  run ETA {duration(mark['eta_run_s'])}")
 
 
@@ -69,36 +80,39 @@ class Progress:
         self.every_s, self.say, self.write_every_s, self.clock = every_s, say, write_every_s, clock
         now = clock()
         self._line_at = self._mark_at = now
-        self._window: deque[tuple[float, int]] = deque([(now, -1)])  # (time, global step) samples for the rate
+        # (time, global step) samples for the rate; empty until the first step after a (re)start ends
+        self._window: deque[tuple[float, int]] = deque()
         self._writer: threading.Thread | None = None
         self._pending: str | None = None
         self._lock = threading.Lock()
 
     def restart_clock(self, step: int) -> None:
-        """The rate is measured from here (after a resume, or after an evaluation between epochs)."""
-        self._window = deque([(self.clock(), step)])
+        """The rate is measured anew from the end of the next step (after a resume, or after an
+        evaluation between epochs): that step carries the start-up (module doc)."""
+        self._window = deque()
 
     def mark(self, step: int) -> dict[str, Any]:
-        """The figures at global ``step`` (steps completed)."""
+        """The figures at global ``step`` (steps completed); the rate and ETAs None until
+        :data:`ETA_MIN_STEPS` steps are timed (``rate_from_step``: the step they come with)."""
         now = self.clock()
-        t0, s0 = self._window[0]
-        rate = (step - s0) / (now - t0) if s0 >= 0 and step > s0 and now > t0 else 0.0  # steps per second
+        t0, s0 = self._window[0] if self._window else (now, step + 1)
+        measured = step - s0 >= ETA_MIN_STEPS and now > t0
+        rate = (step - s0) / (now - t0) if measured else None  # steps per second
         plan = self.plan
         epoch, in_epoch = divmod(step, plan.steps_per_epoch)
         if in_epoch == 0 and step > 0:  # the last step of an epoch
             epoch, in_epoch = epoch - 1, plan.steps_per_epoch
         total = plan.steps_per_epoch * plan.epochs
         return {"epoch": epoch, "epochs": plan.epochs, "in_epoch": in_epoch, "steps_per_epoch": plan.steps_per_epoch,
-                "global_step": step, "total_steps": total, "samples_per_s": rate * plan.clips_per_step,
-                "eta_epoch_s": (plan.steps_per_epoch - in_epoch) / rate if rate else 0.0,
-                "eta_run_s": (total - step) / rate if rate else 0.0, "time": time.time()}
+                "global_step": step, "total_steps": total, "rate_from_step": s0 + ETA_MIN_STEPS,
+                "samples_per_s": rate * plan.clips_per_step if measured else None,
+                "eta_epoch_s": (plan.steps_per_epoch - in_epoch) / rate if measured else None,
+                "eta_run_s": (total - step) / rate if measured else None, "time": time.time()}
 
     def step(self, step: int) -> None:
         """After a step (``step`` completed): a terminal line when due, a marker write when due."""
         now = self.clock()
-        if self._window[0][1] < 0:
-            self._window = deque([(self._window[0][0], step - 1)])
-        self._window.append((now, step))
+        self._window.append((now, step))  # the first sample after a (re)start: the rate's start, not timed
         horizon = max(60.0, self.every_s)  # the rate of the last minutes, not of the whole run
         while len(self._window) > 2 and now - self._window[1][0] >= horizon:
             self._window.popleft()

@@ -1,8 +1,13 @@
 """The driver's Ray cluster: connect to it (or start a local one), and check what a run asks of it.
 
-Every command that needs Ray connects the same way (:func:`ray_session`): to the given address,
-else ``RAY_ADDRESS``, else the cluster this machine belongs to (the Ray instance whose raylet runs
-here; of several, the one ``ray start`` last recorded), else a new local instance.
+Every command that needs Ray connects the same way (:func:`ray_session`). A run on a shared machine
+is its own: it joins a running Ray instance only when told to, by ``--address`` or ``RAY_ADDRESS``
+(``HOST:PORT``; ``auto``: the Ray instance running on this machine, of several the one ``ray
+start`` last recorded, which is how a cluster's servers are told: ``cluster.yaml`` writes
+``RAY_ADDRESS=auto`` into their ``~/.raymcn_env``); ``local`` or neither starts a new local
+instance, which this command alone uses and stops at its end. Instances of other people (a
+colleague's run, a test suite, a hung leftover) are never joined, and never stopped: no advice
+says ``ray stop``, which stops every Ray instance of the account.
 
 Never silent at the connection, and never without an end. The console first says which instance
 and why, or that a new local instance starts and why. Ray's own connect retries for over ten
@@ -57,8 +62,13 @@ CONNECT_LIMIT_S = 60.0  # the GCS's, then the raylet's handshake, then ray.init:
 # A new local instance's start ends after this long: it takes seconds, and Ray's own waits inside it
 # (its GCS, its raylet) are shorter, so only a start that hangs reaches it.
 LOCAL_START_LIMIT_S = 120.0
-ADVICE = ("if that Ray instance is a leftover, stop it (`ray stop`); to start a new local instance instead, "
-          "set RAY_ADDRESS=local or pass --address local; to use another cluster, pass --address HOST:PORT")
+# What a user can do when the instance chosen does not answer: never `ray stop` (it stops every Ray
+# instance of the account, a colleague's run included, and the instance may not be the user's at all).
+ADVICE = ("see `ray status` and Ray's logs on that instance's head (stop nothing that may not be yours); for a run "
+          "of its own on this machine, pass --address local or give neither --address nor RAY_ADDRESS; for another "
+          "cluster, pass --address HOST:PORT")
+OWN_INSTANCE = "local"  # --address / RAY_ADDRESS: a new local instance, this command's alone
+THIS_MACHINES = "auto"  # --address / RAY_ADDRESS: the Ray instance running on this machine (a cluster's server)
 TLS_FILES = ("RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")  # Ray's TLS settings, as Ray reads them
 
 
@@ -99,9 +109,10 @@ def ray_session(address: str | None, variables: dict[str, str] | None = None, sa
     started by raylets that never saw this command's environment. ``say``: the console's lines.
 
     Raises:
-        ConfigError: no address was given and several Ray instances run on this machine.
-        RayUnavailable: the instance chosen did not answer, or Ray did not start or connect, within
-            the module's limits (its error named).
+        ConfigError: ``auto`` (given or from ``RAY_ADDRESS``) and several Ray instances run on this
+            machine, none of them the one ``ray start`` last recorded.
+        RayUnavailable: ``auto`` and none runs here; the instance chosen did not answer, or Ray did not
+            start or connect, within the module's limits (its error named).
     """
     if ray.is_initialized():
         yield False
@@ -212,30 +223,53 @@ def bounded(what: str, limit_s: float, say: Callable[[str], None], advice: str =
 
 
 def chosen_instance(address: str | None) -> tuple[str | None, str]:
-    """The GCS address (host:port) a command connects to, or None for a new local instance, and why
-    that one, in the order of the module doc.
+    """The GCS address (host:port) a command connects to, or None for a new local instance of its
+    own, and why, by the rule of the module doc: ``address`` (``--address``), else ``RAY_ADDRESS``;
+    ``auto`` is :func:`instance_on_this_machine`; neither, or ``local``, a new local instance.
 
     Raises:
-        ConfigError: no address given and several Ray instances run on this machine, none of them
-            the one ``ray start`` last recorded.
+        ConfigError: ``auto`` and several Ray instances run on this machine, none of them the one
+            ``ray start`` last recorded.
+        RayUnavailable: ``auto`` and no Ray instance runs on this machine.
     """
     if address is None and os.environ.get("RAY_ADDRESS"):
         address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     else:
         source = "--address"
-    if address == "local":
-        return None, f"{source}=local: a new local instance"
-    if address and address != "auto":
+    if address is None:
+        others = len(running_instances())
+        beside = (f", beside {others} other Ray instance{'s' * (others != 1)} on this machine (--address auto would "
+                  "join one)" if others else "")
+        return None, f"no --address or RAY_ADDRESS: a run of its own{beside}"
+    if address == OWN_INSTANCE:
+        return None, f"{source}={OWN_INSTANCE}: a new local instance"
+    if address != THIS_MACHINES:
         return address, f"given by {source}"
+    target, why = instance_on_this_machine(f"{source}={THIS_MACHINES}")
+    if target is None:
+        raise RayUnavailable(f"{why}: on a cluster's server (~/.raymcn_env sets RAY_ADDRESS=auto) start the cluster "
+                             "first (`ray up cluster.yaml`); for a run of its own here, pass --address local")
+    return target, why
+
+
+def instance_on_this_machine(source: str) -> tuple[str | None, str]:
+    """The GCS address of the Ray instance whose raylet runs on this machine (of several, the one
+    ``ray start`` last recorded), or None when none runs, and why, prefixed by ``source`` (what asked
+    for it: ``RAY_ADDRESS=auto``, the boot service).
+
+    Raises:
+        ConfigError: several run here and none of them is the one ``ray start`` last recorded.
+    """
     running, recorded = running_instances(), recorded_instance()
     if len(running) == 1:
-        return running[0], "the Ray instance running on this machine"
+        return running[0], f"{source}: the Ray instance running on this machine"
     if recorded in running:
-        return recorded, f"the last `ray start` of the {len(running)} Ray instances running on this machine"
+        return recorded, f"{source}: the last `ray start` of the {len(running)} Ray instances running on this machine"
     if running:
-        raise ConfigError([f"several Ray instances run on this machine ({', '.join(running)}); say which one with "
-                           "--address or RAY_ADDRESS (e.g. the cluster's HEAD_IP:6379), or 'local' for a new one"])
-    return None, "no Ray instance runs on this machine"
+        raise ConfigError([f"{source}: several Ray instances run on this machine ({', '.join(running)}) and none "
+                           "is the one `ray start` last recorded; say which one with --address or RAY_ADDRESS (e.g. "
+                           "the cluster's HEAD_IP:6379), or 'local' for a new one"])
+    return None, f"{source}: no Ray instance runs on this machine"
 
 
 def running_instances() -> list[str]:

@@ -24,6 +24,8 @@ from ray.train.v2.api.callback import UserCallback
 
 from raymcn import storage
 from raymcn.config import (
+    METRICS_FILE,
+    REHEARSAL_FILE,
     RUN_CONFIG_FILE,
     Config,
     ConfigError,
@@ -35,8 +37,8 @@ from raymcn.config import (
 from raymcn.environment import Environment
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
-from raymcn.train.monitor import trackers, watchdog
-from raymcn.train.monitor.console import tagged
+from raymcn.train.monitor import history, trackers, watchdog
+from raymcn.train.monitor.console import tagged, write_line
 from raymcn.train.on_ray import cluster, preemption
 from raymcn.train.on_ray.cluster import scoped_env
 from raymcn.train.on_ray.worker import train_func_per_worker
@@ -63,9 +65,34 @@ def new_run_dir(cfg: Config) -> str:
     return storage.join(default_storage_path(cfg), cfg.run.name or new_run_name(cfg))
 
 
-def latest_run_dir(cfg: Config) -> str:
-    """The run under ``cfg``'s storage path whose config was written last (``--resume latest``)."""
-    return storage.newest(default_storage_path(cfg), CONFIG_FILE, "raymcn run")
+RESUMED = "unfinished and not a rehearsal"  # the runs `--resume latest` continues, as the console says it
+
+
+def latest_run_dir(cfg: Config) -> tuple[str, str]:
+    """``raymcn train --resume latest``: the newest run under ``cfg``'s storage path (by when its
+    config was written) that is neither finished nor a rehearsal, as a boot picks a sweep, and the
+    line naming it and the newer runs skipped, with why.
+
+    Raises:
+        ConfigError: no run there, or each is finished or a rehearsal (named).
+    """
+    return storage.latest(default_storage_path(cfg), CONFIG_FILE, "raymcn run", not_resumed_because, RESUMED)
+
+
+def not_resumed_because(run_dir: str) -> str | None:
+    """Why ``--resume latest`` leaves the run in ``run_dir`` alone: a rehearsal (its mark), or finished
+    (its metrics.csv holds its config's last epoch); None when it continues it."""
+    names = storage.files(run_dir)
+    if REHEARSAL_FILE in names:
+        return "a rehearsal: `--resume RUN_DIR` continues it"
+    if METRICS_FILE not in names:
+        return None
+    try:
+        epochs = load_config_text(storage.read_text(storage.join(run_dir, CONFIG_FILE))).schedule.epochs
+    except (ConfigError, OSError, ValueError):  # a config this version cannot read: not known to be finished
+        return None
+    done = max(history.EpochTable(run_dir).rows, default=0)
+    return f"finished: its {METRICS_FILE} holds all {epochs} epochs" if done >= epochs else None
 
 
 class PermanentRunError(RuntimeError):
@@ -110,7 +137,7 @@ class TrackersOnController(UserCallback):
 def _to_terminal(line: str) -> None:
     """A line of Ray Train's controller for the terminal: Ray forwards the controller's output to
     the driver, whose console shows a tagged line."""
-    print(tagged(line), flush=True)
+    write_line(tagged(line))
 
 
 NO_SETTINGS = Environment()  # no RAYMCN_* setting handed on

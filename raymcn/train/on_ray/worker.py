@@ -38,7 +38,7 @@ from raymcn.train.checkpoints.policy import CheckpointPolicy, mark_registered
 from raymcn.train.evaluate import evaluate
 from raymcn.train.loop import run_epochs
 from raymcn.train.monitor import history, trackers
-from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged
+from raymcn.train.monitor.console import ALERT_TAG, PROGRESS_TAG, epoch_line, tagged, write_line
 from raymcn.train.monitor.in_epoch import Progress, read_mark
 from raymcn.train.monitor.watchdog import Watchdog
 from raymcn.train.on_ray import preemption
@@ -157,7 +157,7 @@ class Printer:
     label: str = ""
 
     def _print(self, text: str) -> None:
-        print(text, flush=True)
+        write_line(text)
 
     def log(self, line: str) -> None:
         if self.rank == 0:
