@@ -19,6 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,7 +154,17 @@ def test_sweep_time(tmp_path):
         (run,) = figures["runs"][which]
         assert positive(run["wall_s"], run["lines"], figures["median_wall_s"][which])
         assert run["cpu_s"] >= 0 <= run["others_cpu_s"]  # a --help can end before the sampler's first reading
-        assert any("usage: raymcn sweep" in line for line in run["stdout_tail"])
+    (current,) = figures["runs"]["current"]
+    shown = sweep_help()
+    assert current["lines"] == len(shown) and current["stdout_tail"] == shown[-len(current["stdout_tail"]):]
+
+
+def sweep_help() -> list[str]:
+    """``sweep.py --help``'s lines in this checkout, as ``bench.sweep_time``'s child prints them."""
+    proc = subprocess.run([sys.executable, "sweep.py", "--help"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "RAY_ADDRESS": "local"})
+    return proc.stdout.splitlines()
 
 
 def test_compression(tmp_path):
