@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from raymcn.collectives import Collectives
 from raymcn.config import Config
 from raymcn.data.formats.batch import random_batch
+from raymcn.model.parts import text_in_bf16
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import cache_chunk, train_one_epoch
@@ -80,7 +81,8 @@ class StepRig:
 
         apply_precision(self.cfg)  # as a rank sets it at its start
         self.run = assemble(self.cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
-        self.batch = random_batch(self.cfg, self.cfg.clips_per_step)
+        self.batch = random_batch(self.cfg, self.cfg.clips_per_step,
+                                  text_bf16=text_in_bf16(self.cfg.model, self.cuda))  # as the reader sends it
         self.held_bytes = (torch.cuda.memory_allocated(device) - before) if self.cuda else None
 
     def steps(self, n: int) -> tuple[dict[str, float], float, int | None]:
