@@ -117,12 +117,16 @@ class ModelConfig:
     # SyncBatchNorm in DAVEnet: batch statistics over the global batch, so the forward does not depend
     # on how many workers share it (false keeps per-rank statistics, as DataParallel had)
     sync_batchnorm: bool = False
-    # The model's parts: each names a class of raymcn/model/parts.py's table (the preflight checks the
-    # name before Ray starts; docs/development.md says how to add a part)
-    video_encoder: str = setting("gated", part=True)  # GU(video_dim -> embed_dim), the original's
-    audio_encoder: str = setting("davenet", part=True)  # DAVEnet, masked time mean, GU at C4, Linear to embed_dim
-    text_encoder: str = setting("gated", part=True)  # per-word Linear + ReLU, max over words, GU (the original's)
-    recon_head: str = setting("mlp", part=True)  # embed_dim -> recon_hidden -> target, ReLU after each Linear
+    # The model's parts: each names a class of raymcn/model/parts.py's table, which the preflight checks
+    # before Ray starts (docs/development.md says how to add a part).
+
+    video_encoder: str = setting("gated", part=True)  # the video branch: GU(video_dim -> embed_dim), the original's
+    # the audio branch: DAVEnet, a masked mean over time, GU at its width, Linear to embed_dim (the original's)
+    audio_encoder: str = setting("davenet", part=True)
+    # the text branch: per-word Linear + ReLU, max over the words, GU (the original's; padding unmasked)
+    text_encoder: str = setting("gated", part=True)
+    # each modality's reconstruction head: embed_dim -> recon_hidden -> its target, a ReLU after each Linear
+    recon_head: str = setting("mlp", part=True)
 
 
 @dataclass(frozen=True)

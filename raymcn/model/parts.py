@@ -4,7 +4,7 @@ Each ``model.*`` part setting (``model.video_encoder``, ``model.audio_encoder``,
 ``model.text_encoder``, ``model.recon_head``) names a class of :data:`PARTS`. A new part is a class
 in ``raymcn/model/`` (deriving from ``branch.Encoder``, ``branch.TextEncoder`` or
 ``branch.ReconHead``) plus its entry here; the preflight checks the names before Ray starts
-(:func:`part_problems`), sweeps may sweep them, and the settings page lists them.
+(:func:`name_problem`), sweeps may sweep them, and the settings page lists them.
 """
 
 from __future__ import annotations
@@ -32,23 +32,20 @@ def part_names() -> dict[str, tuple[str, ...]]:
     return {f"model.{setting}": tuple(table) for setting, table in PARTS.items()}
 
 
-def _unknown(setting: str, name: object) -> str:
+def name_problem(setting: str, name: object) -> str | None:
+    """Why ``name`` is no part of ``setting`` (with the allowed names), or None when it is one."""
+    if name in PARTS[setting]:
+        return None
     return (f"model.{setting}={name!r}: allowed values are {', '.join(PARTS[setting])} (the parts named in "
             "raymcn/model/parts.py)")
-
-
-def part_problems(cfg: ModelConfig) -> list[str]:
-    """One line per part setting of ``cfg`` that names no class of :data:`PARTS`, with the allowed
-    names; [] when every name is known."""
-    return [_unknown(setting, getattr(cfg, setting)) for setting, table in PARTS.items()
-            if getattr(cfg, setting) not in table]
 
 
 def part_class(cfg: ModelConfig, setting: str) -> type:
     """The class ``cfg``'s ``setting`` names. Raises ValueError naming the allowed values."""
     name = getattr(cfg, setting)
-    if name not in PARTS[setting]:
-        raise ValueError(_unknown(setting, name))
+    problem = name_problem(setting, name)
+    if problem:
+        raise ValueError(problem)
     cls = PARTS[setting][name]
     if not issubclass(cls, _BASES[setting]):
         raise TypeError(f"model.{setting}={name!r}: {cls.__name__} does not derive from {_BASES[setting].__name__}")
