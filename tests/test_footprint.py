@@ -84,6 +84,16 @@ def test_the_default_models_estimate_is_within_one_percent_of_the_hand_kept_copy
             assert len(a) == len(b) > 3 and all(abs(y - x) <= 0.01 * x for x, y in zip(a, b)), (key, a, b)
 
 
+def test_todays_estimate_holds_the_peaks_the_gpu_measured():
+    """The workloads bench.gpu_smoke ran on the H200 (docs/measurements/gpu_smoke.json): today's
+    estimate, the model traced here, is still at or above each measured peak, and not far above."""
+    from bench.gpu_smoke import todays_estimate_over_peak
+
+    recorded = json.loads((ROOT / "docs/measurements/gpu_smoke.json").read_text())
+    ratios = todays_estimate_over_peak(recorded)
+    assert set(ratios) == {"plain", "cached", "ring"} and all(1.0 <= r < 1.25 for r in ratios.values()), ratios
+
+
 def test_the_preflight_reads_the_model_only_through_its_trace():
     """No file of the preflight describes the architecture a second time: none reads a model
     setting's widths or imports a model class other than the whole model and its parts' table."""

@@ -35,6 +35,12 @@ from raymcn.train.preflight.footprint import allocator_total, estimate_worker_me
 from raymcn.train.run_plan import make_plan
 
 
+def rig_config(cfg: Config, cuda: bool, max_steps: int = 1000) -> Config:
+    """``cfg`` as :class:`StepRig` measures it: one worker, on the GPU or not, room for ``max_steps``."""
+    return cfg.replace({"scale.num_workers": 1, "scale.use_gpu": cuda, "schedule.steps_per_epoch": max_steps,
+                        "schedule.epochs": 2, "optim.warmup_steps": 1})
+
+
 @contextlib.contextmanager
 def one_rank_group(device: torch.device) -> Iterator[None]:
     """A process group of this process alone (the DDP wrap needs one), unless one exists."""
@@ -67,9 +73,7 @@ class StepRig:
     """
 
     def __init__(self, cfg: Config, device: torch.device, max_steps: int = 1000):
-        self.cfg = cfg.replace({"scale.num_workers": 1, "scale.use_gpu": device.type == "cuda",
-                                "schedule.steps_per_epoch": max_steps, "schedule.epochs": 2,
-                                "optim.warmup_steps": 1})
+        self.cfg = rig_config(cfg, device.type == "cuda", max_steps)
         self.device, self.cuda = device, device.type == "cuda"
         plan = make_plan(self.cfg, self.cfg.data.batch_size * max_steps)
         before = torch.cuda.memory_allocated(device) if self.cuda else 0
