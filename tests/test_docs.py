@@ -459,10 +459,12 @@ def test_a_commit_that_touches_no_measured_code_leaves_the_stale_list_as_it_was(
     after = stale()
     assert after[0] == 0 and [line for line in after[1].splitlines() if "STALE" in line] == [], after
     footprint = clone / "raymcn" / "train" / "preflight" / "footprint.py"
-    footprint.write_text(footprint.read_text().replace("CUDA_CONTEXT_BYTES = 512 << 20", "CUDA_CONTEXT_BYTES = 768 << 20"))
+    footprint.write_text(footprint.read_text().replace("CUDA_CONTEXT_BYTES = 512 << 20",
+                                                      "CUDA_CONTEXT_BYTES = 768 << 20"))
     _commit(clone, "a larger CUDA context")
     changed = stale()
-    assert changed[0] == 1 and "docs/measurements/preflight.json: STALE: today's code computes other preflight" in changed[1]
+    assert changed[0] == 1, changed
+    assert "docs/measurements/preflight.json: STALE: today's code computes other preflight" in changed[1]
 
 
 MEAN_TEXT_ENCODER = '''"""A text encoder: the mean of the caption's word vectors, then a Linear."""

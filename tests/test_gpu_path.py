@@ -686,7 +686,8 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
         apply_precision(cfg)  # a rank's start, as the Ray worker's
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
-        terms = forward_backward(run, to_device(random_batch(cfg, cfg.clips_per_step, text_bf16=wire_text(cfg)), device), frozenset(MODALITIES), chunk,
+        batch = to_device(random_batch(cfg, cfg.clips_per_step, text_bf16=wire_text(cfg)), device)
+        terms = forward_backward(run, batch, frozenset(MODALITIES), chunk,
                                  lap=lambda phase: None)
         grads = torch.cat([p.grad.flatten().double() for p in run.net.parameters() if p.grad is not None])
         out.append(({k: v.item() for k, v in terms.items()}, grads.cpu()))

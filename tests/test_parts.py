@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_MODEL, config
 from toy_parts import TOY, OneLayerTextEncoder, empty_caption_batch, registered, toy_model
 
-import raymcn.cli as cli
+from raymcn import cli
 from raymcn.config import MODALITIES, ModelConfig
 from raymcn.data.formats.batch import random_batch
 from raymcn.model import MCN

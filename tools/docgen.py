@@ -37,7 +37,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -705,7 +704,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
     "drain.share-10": drain_share,
     "drain.gpu-step": lambda: f"{_gpu_step():.3f} s",
-    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.today": gpu_today, "gpu.tier": gpu_tier,
+    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios,
+    "gpu.today": gpu_today, "gpu.tier": gpu_tier,
     "gpu.unrun": gpu_unrun,
     "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.not-yet-run": gpu_not_yet_run, "gpu.data-phase": lambda: gpu_data_phase(), "grad-cache.bn": lambda: grad_cache_bn(),

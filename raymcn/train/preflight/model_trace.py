@@ -327,5 +327,6 @@ def _saved_by(node) -> list[torch.Tensor]:
     for name in dir(node):
         if name.startswith("_saved_") or name == "saved_tensors":
             value = getattr(node, name)
-            found += [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(v, torch.Tensor)]
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            found += [v for v in values if isinstance(v, torch.Tensor)]
     return found
