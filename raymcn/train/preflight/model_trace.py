@@ -10,8 +10,9 @@ keeps for the backward; a dispatch mode records every convolution's shapes. What
 * parameters, buffers, the largest parameter (the optimizer's terms);
 * the bytes a forward saves, distinct storages, parameters, buffers and the batch left out:
   exactly what autograd saves on CPU (fp32). On a GPU run (bf16 autocast) the same tensors are
-  counted at the dtype CUDA's autocast gives them (:func:`_gpu_bytes`), since a CPU build cannot
-  trace CUDA's autocast;
+  counted at the dtype CUDA's autocast gives them (:func:`_gpu_bytes`): a CPU build of torch
+  cannot run CUDA's autocast, and the driver, which runs this before Ray starts, opens no CUDA
+  context;
 * the embeddings' width and dtype, and the reconstruction targets' widths (those that receive
   gradient apart), which the loss terms of the estimate need;
 * every convolution's per-clip shapes, for the workspace of ``convspace.py``.
