@@ -58,7 +58,7 @@ from bench import harness
 from bench.rank_exit import end_rank
 from raymcn.config import Config
 from raymcn.train.preflight.footprint import GIB, allocator_total, estimate_worker_memory
-from raymcn.train.preflight.step_probe import StepRig, measure_step, one_rank_group, step_figures
+from raymcn.train.preflight.step_probe import StepRig, measure_step, one_rank_group, rig_config, step_figures
 
 PAPER_SHARE = {"data.batch_size": 32, "data.clips_per_video": 32}  # one of 4 ranks' share of 128 videos
 PAPER_STEP = {"data.batch_size": 128, "data.clips_per_video": 32}
@@ -80,6 +80,17 @@ def variants(quick: bool, chunk: int) -> dict[str, dict]:
                 "ring": {**share, "scale.ring_contrastive": True}}
     return {"plain": PAPER_SHARE, "cached": {**PAPER_STEP, "scale.grad_cache_clips": chunk},
             "ring": {**PAPER_SHARE, "scale.ring_contrastive": True}}
+
+
+def todays_estimate_over_peak(recorded: dict, chunk: int = 512) -> dict[str, float]:
+    """Today's estimate (``footprint.allocator_total``, computed on this machine: no GPU needed) of
+    each workload a run of this benchmark recorded, over the peak that run measured on its GPU
+    (``--chunk`` at its default, as the recorded run's command had it)."""
+    out = {}
+    for name, row in recorded["variants"].items():
+        cfg = rig_config(Config().replace(variants(recorded["quick"], chunk)[name]), cuda=True)
+        out[name] = allocator_total(estimate_worker_memory(cfg)) / row["peak_bytes"]
+    return out
 
 
 def matmul_peak(device: torch.device, size: int, repeats: int = 10, blocks: int = 3) -> dict:

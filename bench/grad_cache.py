@@ -145,9 +145,9 @@ def _groups(net) -> dict[str, list]:
     """Parameter groups: DAVEnet, the rest of the audio branch, the video and text branches, the heads."""
     groups: dict[str, list] = {"davenet": [], "audio head": [], "video+text": [], "recon heads": []}
     for name, p in net.named_parameters():
-        top = name.split(".")[0]
-        key = ("davenet" if top == "davenet" else "audio head" if top in ("gu_audio", "audio_proj")
-               else "recon heads" if top == "recon" else "video+text")
+        part, _, rest = name.partition(".")
+        key = ("davenet" if rest.startswith("davenet.") else "audio head" if part == "audio_encoder"
+               else "recon heads" if part == "recon" else "video+text")
         groups[key].append((name, p))
     return groups
 

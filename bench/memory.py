@@ -130,8 +130,13 @@ def loss_config(clips: int, world: int, queue_dtype: str = "float32", dim: int =
 
 
 def _recon_widths(dim: int) -> dict[str, int]:
-    """Reconstruction target widths: the video input, the pooled DAVEnet output, the text max-pool (D)."""
-    return {"video": ModelConfig().video_dim, "audio": ModelConfig().audio_channels[-1], "text": dim}
+    """Reconstruction target widths of the default model with a ``dim``-wide space, as its parts
+    give them (built on the meta device: no memory)."""
+    from raymcn.model import MCN
+
+    with torch.device("meta"):
+        model = MCN(ModelConfig(embed_dim=dim))
+    return {m: model.encoder(m).target_dim for m in MODALITIES}
 
 
 def _sources(rows: int, dim: int, recon: bool, seed: int = 0) -> dict:
@@ -229,9 +234,9 @@ def dataparallel_peak(clips: int, dim: int = EMBED_DIM, recon: bool = True) -> t
 def loss_estimate(clips: int, world: int, dim: int = EMBED_DIM, recon: bool = True,
                   ring: bool = False) -> dict[str, int]:
     """The preflight's loss accounting (footprint.loss_memory) for rank 0, plus its inputs."""
-    cfg = loss_config(clips, world)
-    model = ModelConfig(embed_dim=dim, recon=recon)
-    f, f_live = footprint.recon_dims(model, cfg.loss.detach_recon_targets)
+    cfg = loss_config(clips, world, dim=dim).replace({"model.recon": recon})
+    trace = footprint.model_trace(cfg)  # the model's targets as its traced forward returns them
+    f, f_live = trace.recon_width, 0 if cfg.loss.detach_recon_targets else trace.recon_live_width
     est = footprint.loss_memory(clips // world, clips, dim, world, f, f_live, ring=ring,
                                 queued_fraction=cfg.queue_clips_per_video / cfg.data.clips_per_video)
     est["total"] = sum(est.values())

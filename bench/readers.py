@@ -32,10 +32,10 @@ from raymcn.data.read.stream import (
     read_steps,
     step_jobs,
     step_rows,
-    text_in_bf16,
     to_tensors,
 )
 from raymcn.data.synthetic import CorpusPaths, ensure_corpus
+from raymcn.model.parts import text_in_bf16
 
 
 @dataclass
@@ -72,7 +72,7 @@ class TrainVideos:
         (``steps`` = the epoch's steps; the plan's rotating shares of ``data.batch_size``)."""
         slices = rank_steps(cfg.run.seed, epoch, len(self.records), cfg.data.batch_size, steps, rank, world, start)
         previous: list[VideoRecord] = []
-        vocab = model_vocab(self.vocab_matrix, text_in_bf16(cfg))
+        vocab = model_vocab(self.vocab_matrix, text_in_bf16(cfg.model, cfg.scale.use_gpu))
         for s in slices:
             slots = [SlotRecord(self.records[v].video_id, "", self.records[v]) for v in s.videos]
             batch, previous = assemble_step(slots, s.first, cfg, epoch, vocab, previous)
@@ -108,7 +108,8 @@ class LocalStream:
         return self._batches(step_jobs(self._index, slices), epoch, stats), stats
 
     def _batches(self, jobs: list[StepJob], epoch: int, stats: EpochStats) -> Iterator[dict]:
-        for batch, info in step_rows(read_steps(self._dir, jobs, self._cfg, epoch)):
+        text_bf16 = text_in_bf16(self._cfg.model, self._cfg.scale.use_gpu)
+        for batch, info in step_rows(read_steps(self._dir, jobs, self._cfg, epoch, text_bf16=text_bf16)):
             stats.add_step(info, self._log)
             yield to_tensors(batch)
         stats.summarise(self._log)
@@ -128,4 +129,5 @@ def random_eval_set(clips: int, video_dim: int, mel_bins: int, frames: int, word
     nframes = np.full(clips, frames) if least_frames is None else rng.integers(least_frames, frames + 1, clips)
     return SimpleNamespace(video=video, audio=audio, nframes=nframes.astype(np.int32),
                            text=rng.standard_normal((clips, words, word_dim)).astype(np.float32),
+                           nwords=np.full(clips, words, np.int32),
                            num_queries_total=clips if queries is None else queries)

@@ -20,7 +20,8 @@ gives the *absolute* bytes held by live tensors at every moment:
 
 1. **saved activations**: one forward under ``torch.autograd.graph.saved_tensors_hooks``; the bytes
    of the distinct storages autograd keeps (parameters, buffers and batch inputs excluded)
-   against ``footprint.activation_elements_per_clip`` (the analytic formula the preflight uses);
+   against the preflight's activation term (``footprint.model_trace``: the same forward traced on
+   the meta device);
 2. a warm-up step (global step 0: k-means refit, Adam state allocated);
 3. the measured step (step 1: no refit, like 19 of every 20 steps): **peak alloc** = the maximum
    of live bytes during the step and the phase it falls in, and **fwd+bwd peak** = the maximum
@@ -212,14 +213,13 @@ def measure(clips: int, repeats: int, zero_grad_late: bool = False, smoke: bool 
     estimated = {k: est[k] for k in measured if k in est}
     estimated["kmeans_input"] = footprint.estimate_worker_memory(cfg, threads=torch.get_num_threads())["kmeans_input"]
     estimated["loss"] = est["loss_slabs"] + est["gathered_embeddings"] + est["loss_grads"]
-    formula = sum(footprint.activation_elements_per_clip(cfg.model, cfg.data.audio_frames,
-                                                         max_words=cfg.data.max_words).values()) * 4 * clips
+    traced = footprint.model_trace(cfg).saved_bytes(clips)  # the estimate's activations, from a meta trace
     return {
         "clips": clips, "repeats": repeats, "threads": torch.get_num_threads(), "zero_grad_late": zero_grad_late,
         "conv_path": footprint.conv_path(),
         "step_s": statistics.median(walls), "step_s_all": walls,
         "phase_s": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
-        "saved_activation_bytes": saved, "formula_activation_bytes": formula,
+        "saved_activation_bytes": saved, "traced_activation_bytes": traced,
         **replay,
         "rss_start_bytes": rss_start, "rss_before_step_bytes": rss_before, "peak_rss_bytes": hwm,
         "peak_rss_is_step_only": reset,
@@ -295,7 +295,7 @@ def _run_child(clips: int, repeats: int, threads: int | None, zero_grad_late: bo
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("clips", "step s", "fwd", "loss", "bwd", "opt", "s/clip", "saved MB", "formula MB",
+    head = ("clips", "step s", "fwd", "loss", "bwd", "opt", "s/clip", "saved MB", "traced MB",
             "peak alloc GB", "peak in", "est GB", "est/meas", "fwd+bwd peak GB", "fwd+bwd est GB", "fwd+bwd est/meas",
             "peak RSS GB")
     table = []
@@ -304,7 +304,7 @@ def _table(rows: list[dict]) -> str:
         rss = r["peak_rss_bytes"] - r["rss_start_bytes"]
         cells = (r["clips"], f"{r['step_s']:.2f}", f"{p['forward']:.2f}", f"{p['loss']:.2f}", f"{p['backward']:.2f}",
                  f"{p['optimizer']:.2f}", f"{r['step_s'] / r['clips']:.3f}", f"{r['saved_activation_bytes'] / MB:.1f}",
-                 f"{r['formula_activation_bytes'] / MB:.1f}", f"{r['peak_alloc_bytes'] / GB:.3f}", r["peak_phase"],
+                 f"{r['traced_activation_bytes'] / MB:.1f}", f"{r['peak_alloc_bytes'] / GB:.3f}", r["peak_phase"],
                  f"{r['estimate']['total'] / GB:.3f}", f"{r['estimate']['total'] / r['peak_alloc_bytes']:.3f}",
                  f"{r['peak_fwd_bwd_bytes'] / GB:.3f}", f"{r['estimate_fwd_bwd_bytes'] / GB:.3f}",
                  f"{r['estimate_fwd_bwd_bytes'] / r['peak_fwd_bwd_bytes']:.3f}", f"{rss / GB:.3f}")
@@ -345,7 +345,7 @@ def summarize(rows: list[dict]) -> dict:
         "peak_intercept_bytes": m0, "peak_per_clip_bytes": m_slope, "peak_r2": m_r2,
         "estimate_per_clip_bytes": e_slope, "estimate_intercept_bytes": e0,
         "saved_per_clip_bytes": statistics.mean(s_per_clip),
-        "formula_per_clip_bytes": rows[0]["formula_activation_bytes"] / rows[0]["clips"],
+        "traced_per_clip_bytes": statistics.mean(r["traced_activation_bytes"] / r["clips"] for r in rows),
         "estimate_over_measured": [r["estimate"]["total"] / r["peak_alloc_bytes"] for r in rows],
         "fwd_bwd_estimate_over_measured": [r["estimate_fwd_bwd_bytes"] / r["peak_fwd_bwd_bytes"] for r in rows],
         "lowest_term_ratio": min((r["terms_estimated"][t] / r["terms_measured"][t], t, r["clips"])
@@ -403,7 +403,7 @@ def report(rows: list[dict]) -> dict:
           f"{s['peak_per_clip_bytes'] / MB:.2f} MB/clip (R² {s['peak_r2']:.3f}); "
           f"estimate = {s['estimate_intercept_bytes'] / GB:.2f} GB + {s['estimate_per_clip_bytes'] / MB:.2f} MB/clip")
     print(f"saved activations: measured {s['saved_per_clip_bytes'] / MB:.3f} MB/clip, "
-          f"formula {s['formula_per_clip_bytes'] / MB:.3f} MB/clip (measured adds BatchNorm's batch statistics, "
+          f"traced on meta {s['traced_per_clip_bytes'] / MB:.3f} MB/clip (both with BatchNorm's batch statistics, "
           f"a per-step constant)")
     big = footprint.estimate_worker_memory(step_config(4096, 32))
     last = rows[-1]

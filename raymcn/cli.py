@@ -330,6 +330,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from raymcn.doctor import checkup as doctor
 
     cfg = load_config(args.config or preset_path(), args.overrides)
+    problems = preflight.model_part_problems(cfg)  # before Ray: the model itself is built on every node
+    if problems:
+        raise ConfigError(problems)
     with ray_session(args.address, args.env):
         report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
                                  trial_overhead_s=args.trial_overhead, venv=args.env.venv)
@@ -398,9 +401,10 @@ EPILOG = ("The lab's path (docs/lab-guide.md): raymcn shards (features -> shards
 
 def cmd_config(args: argparse.Namespace) -> int:
     if args.reference:
+        from raymcn.model.parts import part_names
         from raymcn.reference import reference
 
-        print(reference(), end="")
+        print(reference(part_names()), end="")
         return 0
     args.num_workers = args.init_from = None
     print(resolve_config(args).dump_text(), end="")

@@ -78,7 +78,10 @@ def field_comments() -> dict[str, dict[str, str]]:
     return out
 
 
-def _bounds(meta) -> str:
+def _bounds(meta, parts_named: tuple[str, ...] | None = None) -> str:
+    if meta.get("part"):  # a model part: the names are the model's table's, which config cannot read
+        names = " \\| ".join(f"`{n}`" for n in parts_named) + " (" if parts_named else ""
+        return f"{names}a part named in `raymcn/model/parts.py`{')' if parts_named else ''}"
     parts = []
     for key, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         if key in meta:
@@ -101,16 +104,20 @@ def _default(f: dataclasses.Field) -> str:
     return f"`{value}`"
 
 
-def reference() -> str:
-    """The whole settings reference as Markdown (what ``docs/settings.md`` holds)."""
+def reference(part_names: dict[str, tuple[str, ...]] | None = None) -> str:
+    """The whole settings reference as Markdown (what ``docs/settings.md`` holds). ``part_names``:
+    ``model.<setting>`` -> the names the model's parts table allows (``raymcn.model.parts.part_names``,
+    which ``raymcn config --reference`` passes: the config cannot import the model)."""
     comments = field_comments()
+    part_names = part_names or {}
     parts = [HEADER]
     for section in dataclasses.fields(Config):
         cls = section.type if isinstance(section.type, type) else type(getattr(Config(), section.name))
         parts.append(f"## `{section.name}`\n\n| key | default | allowed | meaning |\n|---|---|---|---|")
         for f in dataclasses.fields(cls):
             meaning = comments.get(cls.__name__, {}).get(f.name, "").replace("|", "\\|")
-            parts.append(f"| `{section.name}.{f.name}` | {_default(f)} | {_bounds(f.metadata)} | {meaning} |")
+            allowed = _bounds(f.metadata, part_names.get(f"{section.name}.{f.name}"))
+            parts.append(f"| `{section.name}.{f.name}` | {_default(f)} | {allowed} | {meaning} |")
         parts.append("")
     parts.append(SPACE_NOTE)
     return "\n".join(parts).rstrip() + "\n"

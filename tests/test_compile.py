@@ -61,14 +61,14 @@ def test_a_davenet_layout_computes_the_eager_step_on_the_same_weights(layout):
     dict of the same names, shapes and values (a checkpoint loads across the setting)."""
     batch = random_batch(config(TINY_STEP), 16)
     plain, laid_out = _run(), _run(**{"scale.davenet_layout": layout})
-    assert laid_out.net.davenet.layout == layout
+    assert laid_out.net.audio_encoder.davenet.layout == layout
     before = {k: v.clone() for k, v in laid_out.net.state_dict().items()}
     reference = {k: v.clone() for k, v in plain.net.state_dict().items()}
     _assert_same_step(_step(laid_out, batch), _step(plain, batch))
     assert {k: (v.shape, v.dtype) for k, v in before.items()} == {k: (v.shape, v.dtype) for k, v in reference.items()}
     assert all(torch.equal(before[k], reference[k]) for k in reference)  # seeded alike: the same weights
     if layout == "channels_last":
-        assert laid_out.net.davenet.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+        assert laid_out.net.audio_encoder.davenet.conv1.weight.is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "1d"])

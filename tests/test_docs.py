@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shlex
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +25,15 @@ from raymcn.reference import field_comments, reference
 from tools.doc_commands import COMMANDS, RUN
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "docs" / "measurements"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def test_the_settings_page_is_the_generated_reference():
+    from raymcn.model.parts import part_names
+
     page = (ROOT / "docs" / "settings.md").read_text()
-    assert page == reference(), "docs/settings.md is stale: run `raymcn config --reference > docs/settings.md`"
+    assert page == reference(part_names()), "docs/settings.md is stale: run `raymcn config --reference > docs/settings.md`"
 
 
 def test_every_setting_has_a_meaning_in_the_reference():
@@ -385,31 +391,113 @@ def test_every_measurement_has_the_code_that_writes_it_listed():
     assert not gone, f"PRODUCERS names files that do not exist: {gone}"
 
 
-def test_a_measurement_older_than_its_code_is_listed_stale():
+def test_a_measurement_is_stale_only_when_todays_code_gives_other_figures(monkeypatch):
+    """Commits since a measurement never make it stale (its page shows its commit); a quick form that
+    computes other figures today does, and so does a commit this repository lacks."""
     import subprocess
 
     from tools import docgen
 
     first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
                            text=True, check=True).stdout.split()[0]
-    stale = docgen.stale_measurements({"preflight": {"commit": first}, "kmeans": {"commit": "HEAD"},
+    today = {"preflight": [{"message": "fits"}]}
+    monkeypatch.setattr(docgen, "QUICK", {"preflight": ("tests/test_docs.py::a_test", lambda: today)})
+    assert docgen.stale_measurements({"preflight": {"commit": first, **today}, "kmeans": {"commit": first}}) == {}
+    stale = docgen.stale_measurements({"preflight": {"commit": "HEAD", "preflight": [{"message": "other"}]},
                                        "memory": {"commit": "0" * 40}})
     assert set(stale) == {"preflight", "memory"}, stale
-    assert "not in this repository" in stale["memory"] and "changed its code" in stale["preflight"]
+    assert "not in this repository" in stale["memory"]
+    assert stale["preflight"] == "today's code computes other preflight (checked by tests/test_docs.py::a_test)"
 
 
-def test_a_note_keeps_a_measurement_off_the_stale_list_only_until_its_code_changes_again(monkeypatch):
-    import subprocess
-
+def test_every_quick_form_is_a_measurement_recomputed_by_a_named_test():
     from tools import docgen
 
-    commits = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%h", "--", *docgen.PRODUCERS["preflight"]],
-                             capture_output=True, text=True, check=True).stdout.split()
-    newest, older = commits[0], commits[3]
-    monkeypatch.setattr(docgen, "HELD", {"preflight": docgen.Held(newest, "read")})
-    assert docgen.stale_measurements({"preflight": {"commit": older}}) == {}
-    monkeypatch.setattr(docgen, "HELD", {"preflight": docgen.Held(commits[1], "read before the newest change")})
-    assert set(docgen.stale_measurements({"preflight": {"commit": older}})) == {"preflight"}
+    for name, (test, _) in docgen.QUICK.items():
+        path, _, function = test.partition("::")
+        assert (MEASURED / f"{name}.json").exists() and f"def {function}(" in (ROOT / path).read_text(), name
+
+
+def test_a_commit_that_touches_no_measured_code_leaves_the_stale_list_as_it_was(tmp_path):
+    """In a clone of this checkout: a commit of a page and of a new model part (a class and its
+    table entry, which the default run's figures do not depend on) leaves `--stale`'s stale list
+    as it was, and a page-only commit its whole output; a commit that changes what the preflight
+    prints (the CUDA context's allowance) makes preflight.json stale."""
+    import subprocess
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(clone)], check=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "HEAD", "--binary"], capture_output=True, check=True).stdout
+    new = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--others", "--exclude-standard"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    if dirty or new:  # the checkout's uncommitted changes, as they are (the test runs on today's code)
+        if dirty:
+            subprocess.run(["git", "-C", str(clone), "apply", "--whitespace=nowarn"], input=dirty, check=True)
+        for name in new:
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+        _commit(clone, "the checkout's uncommitted changes")
+
+    def stale() -> tuple[int, str]:
+        done = subprocess.run([sys.executable, "-m", "tools.docgen", "--stale"], cwd=clone, capture_output=True,
+                              text=True, check=False, env={**os.environ, "PYTHONPATH": str(clone)})
+        return done.returncode, done.stdout + done.stderr
+
+    before = stale()
+    assert before[0] == 0, before  # the checkout's own measurements: none stale
+    (clone / "docs" / "memory.md").write_text((clone / "docs" / "memory.md").read_text() + "\nA sentence.\n")
+    _commit(clone, "a page")
+    assert stale() == before
+    (clone / "raymcn" / "model" / "mean_text.py").write_text(MEAN_TEXT_ENCODER)
+    parts = clone / "raymcn" / "model" / "parts.py"
+    parts.write_text(parts.read_text().replace('"text_encoder": {"gated": GatedTextEncoder}',
+                                               '"text_encoder": {"gated": GatedTextEncoder, "mean": MeanTextEncoder}')
+                     .replace("from raymcn.model.heads import MLPReconHead",
+                              "from raymcn.model.heads import MLPReconHead\nfrom raymcn.model.mean_text import "
+                              "MeanTextEncoder"))
+    _commit(clone, "a new text encoder")
+    after = stale()
+    assert after[0] == 0 and [line for line in after[1].splitlines() if "STALE" in line] == [], after
+    footprint = clone / "raymcn" / "train" / "preflight" / "footprint.py"
+    footprint.write_text(footprint.read_text().replace("CUDA_CONTEXT_BYTES = 512 << 20",
+                                                      "CUDA_CONTEXT_BYTES = 768 << 20"))
+    _commit(clone, "a larger CUDA context")
+    changed = stale()
+    assert changed[0] == 1, changed
+    assert "docs/measurements/preflight.json: STALE: today's code computes other preflight" in changed[1]
+
+
+MEAN_TEXT_ENCODER = '''"""A text encoder: the mean of the caption's word vectors, then a Linear."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from raymcn.config import ModelConfig
+from raymcn.model.branch import TextEncoder, word_mask
+
+
+class MeanTextEncoder(TextEncoder):
+    inputs = ("text", "nwords")
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.fc = nn.Linear(cfg.word_dim, cfg.embed_dim)
+        self.target_dim = cfg.word_dim
+
+    def forward(self, batch):
+        keep = word_mask(batch["nwords"], batch["text"].shape[1]).unsqueeze(-1).to(batch["text"].dtype)
+        mean = (batch["text"] * keep).sum(dim=1) / keep.sum(dim=1)
+        return self.fc(mean), mean
+'''
+
+
+def _commit(repo, message: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message],
+                   check=True)
 
 
 def test_every_note_names_a_measurement_and_a_commit_of_this_repository():
@@ -688,13 +776,16 @@ def test_the_default_check_reads_the_quotes_it_should():
     assert _as_value("30", "min") == _as_value("30m") and _as_value("10", "min") == _as_value("600.0")
 
 
-def test_the_docs_stay_short():
-    """The prose pages (README and docs/*.md but the generated settings reference, which lists every
-    setting in full), as `wc -w` counts: none over 3 500 words, where a page does too much and
-    should be split by topic. Repetition is cut and linked, not copied; there is no cap on all
-    pages together."""
+PAGE_WORDS = 3_500  # a page over it does too much: its topics belong on pages of their own
+
+
+def test_no_page_does_too_much():
+    """Each prose page (README and docs/*.md but the generated settings reference, which lists every
+    setting in full) under 3 500 words as `wc -w` counts, the guide (every step from the folders to
+    the answer, and its practice route on a CPU machine) included. No total: a new topic takes a page
+    of its own, and repetition is cut and linked, not copied."""
     words = {p.name: len(p.read_text().split()) for p in DOCS if p.name != "settings.md"}
-    assert all(n <= 3_500 for n in words.values()), {k: n for k, n in words.items() if n > 3_500}
+    assert all(n <= PAGE_WORDS for n in words.values()), {k: n for k, n in words.items() if n > PAGE_WORDS}
 
 
 # --- the two pages a newcomer reads: short sentences, and a set-up section without measurement detail ----

@@ -23,9 +23,15 @@ from cuda_stand_in import CudaRecorder, fake_nvml
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
+from raymcn.model.parts import text_in_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
+
+
+def wire_text(cfg) -> bool:
+    """The text dtype the reader would send this run (bf16 on a GPU run of the default text encoder)."""
+    return text_in_bf16(cfg.model, cfg.scale.use_gpu)
 
 
 class _Source:
@@ -417,7 +423,7 @@ def _ranks_epochs(rank: int, world: int, device: torch.device, where: str) -> di
         out = []
         for step in range(epoch * RANK_STEPS + start, (epoch + 1) * RANK_STEPS):
             lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
-            out.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step).items()})
+            out.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step, wire_text(cfg)).items()})
         return out, None
 
     results: dict = {"epochs": [], "resumed": []}
@@ -470,7 +476,7 @@ def _paper_step(rank: int, world: int, device: torch.device, where: str) -> dict
     batches = []
     for step in range(2):
         lo, hi = (v * cfg.data.clips_per_video for v in rank_slots(plan.batch_videos, rank, world, step))
-        batches.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step).items()})
+        batches.append({k: v[lo:hi] for k, v in random_batch(cfg, cfg.clips_per_step, step, wire_text(cfg)).items()})
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)  # before the model: the estimate counts it
     apply_precision(cfg)  # the rank's start, as the Ray worker's
@@ -680,7 +686,8 @@ def _plain_and_cached(device: torch.device) -> list[tuple[dict[str, float], torc
         apply_precision(cfg)  # a rank's start, as the Ray worker's
         run = assemble(cfg, plan, device=device)  # seeded: the same weights both times
         run.net.eval()
-        terms = forward_backward(run, to_device(random_batch(cfg, cfg.clips_per_step), device), frozenset(MODALITIES), chunk,
+        batch = to_device(random_batch(cfg, cfg.clips_per_step, text_bf16=wire_text(cfg)), device)
+        terms = forward_backward(run, batch, frozenset(MODALITIES), chunk,
                                  lap=lambda phase: None)
         grads = torch.cat([p.grad.flatten().double() for p in run.net.parameters() if p.grad is not None])
         out.append(({k: v.item() for k, v in terms.items()}, grads.cpu()))

@@ -58,11 +58,11 @@ def test_paper_parameter_count_without_recon():
 
 
 @pytest.mark.parametrize("attr, millions", [
-    ("davenet", 44.67), ("gu_audio", 2.10), ("audio_proj", 6.30), ("gu_video", 62.93),
-    ("text_pool", 1.85), ("gu_text", 75.51),
+    ("audio_encoder.davenet", 44.67), ("audio_encoder.gu_audio", 2.10), ("audio_encoder.audio_proj", 6.30),
+    ("video_encoder.gu_video", 62.93), ("text_encoder.text_pool", 1.85), ("text_encoder.gu_text", 75.51),
 ])
 def test_paper_module_counts(paper_meta, attr, millions):
-    assert abs(n_params(getattr(paper_meta, attr)) / 1e6 - millions) <= 0.005
+    assert abs(n_params(paper_meta.get_submodule(attr)) / 1e6 - millions) <= 0.005
 
 
 @pytest.mark.parametrize("modality, millions", [("video", 10.49), ("audio", 7.34), ("text", 12.59)])
@@ -189,7 +189,7 @@ def test_unknown_modality_rejected(tiny):
 
 def test_inactive_branch_not_run(tiny):
     calls = []
-    tiny.davenet.register_forward_hook(lambda *args: calls.append(1))
+    tiny.audio_encoder.davenet.register_forward_hook(lambda *args: calls.append(1))
     batch = make_batch()
     del batch["audio"], batch["nframes"]  # inactive inputs may be absent
     out = tiny(batch, {"video", "text"})
@@ -197,10 +197,9 @@ def test_inactive_branch_not_run(tiny):
     recon = sum(pred.sum() for pred, _ in (out["recon_video"], out["recon_text"]))
     (out["video"].sum() + out["text"].sum() + recon).backward()
     assert calls == []
-    audio_params = [*tiny.davenet.parameters(), *tiny.gu_audio.parameters(), *tiny.audio_proj.parameters(),
-                    *tiny.recon["audio"].parameters()]
+    audio_params = [*tiny.audio_encoder.parameters(), *tiny.recon["audio"].parameters()]
     assert all(p.grad is None for p in audio_params)
-    assert tiny.gu_video.fc.weight.grad is not None and tiny.text_pool.fc.weight.grad is not None
+    assert tiny.video_encoder.gu_video.fc.weight.grad is not None and tiny.text_encoder.text_pool.fc.weight.grad is not None
 
 
 def test_all_params_get_grads_when_all_active(tiny):
@@ -232,7 +231,7 @@ def test_masked_pooling_ignores_padding(tiny):
 def test_train_mode_uses_masked_pooling_too(tiny):
     batch = make_batch()
     with torch.no_grad():
-        feats = tiny.davenet(batch["audio"])  # train mode: batch statistics, same as the forward below
+        feats = tiny.audio_encoder.davenet(batch["audio"])  # train mode: batch statistics, same as the forward below
         expected = masked_time_mean(feats, pooled_steps(batch["nframes"], 160, feats.shape[-1]))
         got = tiny(batch, {"audio"})["recon_audio"][1]
     assert torch.allclose(got, expected, atol=1e-6)

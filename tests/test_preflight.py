@@ -11,6 +11,8 @@ CASES = [  # (arguments after `raymcn train`, fragment of the message)
     (["--set", "optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
     (["--set", "data.batch_size=1"], "data.batch_size=1 is smaller than scale.num_workers=2"),
     (["--set", "schedule.stage_order=VA_T"], "allowed values are AV_T, VT_A, AT_V, joint"),
+    (["--set", "model.text_encoder=transformr"], ("model.text_encoder='transformr': allowed values are gated (the "
+                                                  "parts named in raymcn/model/parts.py)")),
     (["--set", "loss.num_clusters=999"], "loss.num_clusters=999 is larger than the 128 clips"),
     (["--set", "scale.use_gpu=perhaps"], "scale.use_gpu: expected bool, got 'perhaps'"),
     (["--set", "optim.lr=-1"], "optim.lr=-1.0: must be a positive number"),

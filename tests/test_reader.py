@@ -80,7 +80,7 @@ def test_batches_follow_the_contract(shard_dir, cfg):
     import torch
 
     for batch in batches:
-        assert set(batch) == {"video", "audio", "nframes", "text", "key"}
+        assert set(batch) == {"video", "audio", "nframes", "text", "nwords", "key"}
         assert batch["video"].shape == (b, 2 * FEATURE_DIM) and batch["video"].dtype == torch.float32
         assert batch["audio"].shape == (b, MEL_BINS, cfg.data.audio_frames) and batch["audio"].dtype == torch.float16
         assert batch["nframes"].shape == (b,) and batch["nframes"].dtype == torch.int32

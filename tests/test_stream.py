@@ -65,9 +65,13 @@ def index_of(shard_dir):
 
 
 def rank_rows(shard_dir, index, cfg, epoch, rank, world, steps, start=0):
+    """What a rank's read tasks deliver, the text as the run's text encoder asks for it."""
+    from raymcn.model.parts import text_in_bf16
+
     jobs = stream.step_jobs(index, order.rank_steps(cfg.run.seed, epoch, len(index), cfg.data.batch_size, steps,
                                                     rank, world, start))
-    return list(stream.step_rows(stream.read_steps(str(shard_dir), jobs, cfg, epoch)))
+    text_bf16 = text_in_bf16(cfg.model, cfg.scale.use_gpu)
+    return list(stream.step_rows(stream.read_steps(str(shard_dir), jobs, cfg, epoch, text_bf16=text_bf16)))
 
 
 def assert_same_batches(got: list[dict], want: list[dict]) -> None:

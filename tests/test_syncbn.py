@@ -78,4 +78,4 @@ def test_one_process_and_eval_match_batchnorm_and_the_keys_stay():
     synced.load_state_dict(plain.state_dict())  # checkpoints load both ways
     plain.eval(), synced.eval()
     audio = torch.randn(3, 40, 64)
-    torch.testing.assert_close(synced.davenet(audio), plain.davenet(audio), **TOL)
+    torch.testing.assert_close(synced.audio_encoder.davenet(audio), plain.audio_encoder.davenet(audio), **TOL)

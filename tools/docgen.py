@@ -17,11 +17,14 @@ theirs in their own JSON (``bench.sweep_time`` keeps the end of ``make sweep`` i
 
 A JSON carries what its run recorded (bench.harness stamps machine, commit and command), nothing
 added by hand; the commit that wrote its figures comes from git (:func:`written_at`), and
-``run.NAME`` shows both beside a benchmark's figures. ``--stale`` lists each JSON whose producing
-code (:data:`PRODUCERS`) changed since, unless a note (:data:`HELD`) says why its figures hold. The measurements are read, never recomputed here:
-a figure changes when its command is rerun and its JSON replaced, then this script is run. The
-preflight's messages (``preflight.json``) are computed, not measured, so ``tests/test_docs.py``
-recomputes them from today's code. Two tables are not measurements: development.md's list of the
+``run.NAME`` shows both beside a benchmark's figures: every page says at which commit its figures
+were measured. ``--stale`` lists a JSON as stale only when a change does alter its figures: a
+measurement with a quick form (:data:`QUICK`, e.g. the preflight's messages, computed rather than
+measured) is recomputed from today's code, here and by ``tests/test_docs.py``; every other one is
+judged by whoever reads its commit on the page, so a later commit never makes it stale and never
+asks for a note (:data:`HELD` only tells the reader what a change left as it was). The
+measurements are read, never recomputed by the pages: a figure changes when its command is rerun
+and its JSON replaced, then this script is run. Two tables are not measurements: development.md's list of the
 documented commands, from ``tools/doc_commands.py``, and sweeps.md's table of the metrics, from
 ``raymcn/config/metrics.py``.
 """
@@ -35,7 +38,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +177,15 @@ def gpu_smoke() -> str:
 
 def gpu_ratios() -> str:
     r = [v["estimate_over_peak"] for v in m("gpu_smoke")["variants"].values()]
+    return f"{min(r):.2f}–{max(r):.2f}"
+
+
+def gpu_today() -> str:
+    """Today's estimate of bench.gpu_smoke's workloads over the peaks its GPU run measured: computed
+    from today's code (the model traced on this machine), the peaks read from gpu_smoke.json."""
+    from bench.gpu_smoke import todays_estimate_over_peak
+
+    r = todays_estimate_over_peak(m("gpu_smoke")).values()
     return f"{min(r):.2f}–{max(r):.2f}"
 
 
@@ -694,7 +705,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "drain.ask-ms": lambda: f"{m('drain_check')['ask_ms']:.2f}",
     "drain.share-10": drain_share,
     "drain.gpu-step": lambda: f"{_gpu_step():.3f} s",
-    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios, "gpu.tier": gpu_tier,
+    "gpu.where": gpu_where, "gpu.command": lambda: f"`{m('gpu_smoke')['command']}`", "gpu.smoke": gpu_smoke, "gpu.ratios": gpu_ratios,
+    "gpu.today": gpu_today, "gpu.tier": gpu_tier,
     "gpu.unrun": gpu_unrun,
     "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.not-yet-run": gpu_not_yet_run, "gpu.data-phase": lambda: gpu_data_phase(), "grad-cache.bn": lambda: grad_cache_bn(),
@@ -787,9 +799,9 @@ RERUN: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Held:
-    """Why a measurement's figures still hold although its code (:data:`PRODUCERS`) changed since
-    they were measured: every change up to ``through`` was read, and ``why`` says what it leaves
-    as it was. A change after ``through`` makes the JSON stale again until it is read too."""
+    """What a reader of a measurement's page should know about a change since it was measured:
+    ``why`` its figures still hold, as read through commit ``through``. A note for the reader only:
+    no later commit makes it expire, and none is needed for a measurement to stay off the stale list."""
 
     through: str
     why: str
@@ -826,6 +838,21 @@ HELD: dict[str, Held] = {
 }
 
 
+def _preflight_messages() -> dict:
+    from bench.grad_cache import preflight_messages  # the benchmark's own code: what its JSON holds
+
+    return {"preflight": preflight_messages()}
+
+
+# NAME -> (the test that recomputes it, its figures as today's code computes them, key by key as its JSON
+# holds them): a measurement whose figures are cheap and deterministic. It is stale exactly when these differ
+# from its JSON's, whatever commits came since; its command rewrites the JSON.
+QUICK: dict[str, tuple[str, Callable[[], dict]]] = {
+    "preflight": ("tests/test_docs.py::test_the_preflight_messages_on_the_pages_are_what_todays_code_prints",
+                  _preflight_messages),
+}
+
+
 def changes_since(commit: str, paths: tuple[str, ...]) -> list[str] | None:
     """The commits after ``commit`` that changed any of ``paths`` (``git log --oneline``, newest
     first); None when ``commit`` is not a commit of this repository."""
@@ -848,47 +875,50 @@ def _changed(name: str, figures: dict) -> tuple[str | None, list[str] | None]:
 
 def stale_measurements(measurements: dict[str, dict] | None = None) -> dict[str, str]:
     """NAME -> why, for each JSON under docs/measurements (or of ``measurements``, NAME -> its
-    figures) whose producing code (:data:`PRODUCERS`) changed since the commit it describes
-    (:func:`_changed`), unless :data:`HELD` says why its figures still hold after every change."""
+    figures) that no longer describes today's code as far as this repository can tell: its commit
+    is not in the repository or not committed yet, or its quick form (:data:`QUICK`) computes other
+    figures today. Commits since a measurement alone never make it stale: its page shows its commit."""
     out = {}
     for name, figures in (_measurements() if measurements is None else measurements).items():
-        commit, since = _changed(name, figures)
-        if since is None:
-            out[name] = f"its commit {commit} is not in this repository" if commit else "its figures are not committed"
-        elif since and not (name in HELD and changes_since(HELD[name].through, PRODUCERS[name]) == []):
-            newest = since[0][:72] + ("…" if len(since[0]) > 72 else "")
-            out[name] = f"{len(since)} commits since {commit} changed its code (newest: {newest})"
+        commit = figures["commit"] if figures.get("commit") not in (None, "unknown") else written_at(name)
+        if commit is None:
+            out[name] = "its figures are not committed"
+        elif _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            out[name] = f"its commit {commit} is not in this repository"
+        elif name in QUICK:
+            today = QUICK[name][1]()
+            differ = sorted(k for k, v in today.items() if figures.get(k) != v)
+            if differ:
+                out[name] = f"today's code computes other {', '.join(differ)} (checked by {QUICK[name][0]})"
     return out
 
 
-def held_measurements() -> dict[str, tuple[str, int, Held]]:
-    """NAME -> (the commit it measured, the commits that changed its code since, :data:`HELD`'s note),
-    for each JSON whose code changed since and whose note still covers every change."""
+def measured_commits() -> dict[str, tuple[str | None, int | None]]:
+    """NAME -> (the commit its figures describe, how many later commits changed its code, None when
+    that commit is not in this repository), for each JSON without a quick form: what ``--stale``
+    reports for the reader, never as stale."""
     out = {}
     for name, figures in _measurements().items():
-        commit, since = _changed(name, figures)
-        if since and name in HELD and changes_since(HELD[name].through, PRODUCERS[name]) == []:
-            out[name] = (commit, len(since), HELD[name])
+        if name not in QUICK:
+            commit, since = _changed(name, figures)
+            out[name] = (commit, None if since is None else len(since))
     return out
 
 
 def measurement_ages() -> str:
-    """development.md's table: each measurement whose code changed since it was measured and that
-    has a note (:data:`HELD`), the note's reason and the commit its reader read to. It changes only
-    with the notes and the measurements, never with a later commit: ``--stale`` says which notes a
-    later change reopened."""
-    held = []
+    """development.md's table: each measurement, the commit its figures describe, and how they are
+    checked: recomputed by a test (:data:`QUICK`), or read against that commit, with the note for the
+    reader (:data:`HELD`) where one says what a change left as it was. It changes only with the
+    measurements, the quick forms and the notes, never with a later commit."""
+    rows = []
     for name, figures in _measurements().items():
-        commit, since = _changed(name, figures)
-        if since and name in HELD:
-            held.append((name, commit, HELD[name]))
-    if not held:
-        return "No measurement's code changed since it was measured."
-    common = Counter(note.through for _, _, note in held).most_common(1)[0][0]
-    rows = [[f"`{name}`", commit, note.why + ("" if note.through == common else f" (read through {note.through})")]
-            for name, commit, note in held]
-    return (f"Each note covers the changes through {common} unless it says otherwise.\n\n"
-            + table(["JSON", "measured at or before", "why its figures still hold"], rows, right=3))
+        commit = figures["commit"] if figures.get("commit") not in (None, "unknown") else written_at(name)
+        if name in QUICK:
+            how = f"recomputed from today's code by `{QUICK[name][0].split('::')[0]}`"
+        else:
+            how = HELD[name].why + f" (read through {HELD[name].through})" if name in HELD else "its page shows the commit"
+        rows.append([f"`{name}`", commit or "not committed", how])
+    return table(["JSON", "measured at", "how its figures are checked"], rows, right=3)
 
 
 def capture(name: str) -> str:
@@ -927,14 +957,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", metavar="NAME", choices=sorted(CAPTURES),
                         help="rerun a captured command and store its console text in docs/measurements/NAME.txt")
     parser.add_argument("--stale", action="store_true",
-                        help="list each measurement whose producing code changed since the commit it measured: with "
-                             "the note that says why its figures still hold, or as stale with the command that rewrites "
-                             "it; exit 1 if any is stale")
+                        help="list each measurement whose figures today's code no longer gives (its quick form "
+                             "recomputed) or whose commit this repository lacks, with the command that rewrites it, "
+                             "exit 1 if any; for the others, the commit they describe and the later commits that "
+                             "changed their code (for the reader, not stale)")
     args = parser.parse_args(argv)
     if args.stale:
-        for name, (commit, n, held) in held_measurements().items():
-            print(f"docs/measurements/{name}.json: {n} commits since {commit} changed its code, read to "
-                  f"{held.through}; still holds (docs/development.md): {held.why}")
+        for name, (commit, n) in measured_commits().items():
+            if n:
+                note = f"; note: {HELD[name].why}" if name in HELD else ""
+                print(f"docs/measurements/{name}.json: measured at {commit}; {n} later commits changed its code "
+                      f"(not stale: its page shows the commit{note})")
         stale = stale_measurements()
         for name, why in stale.items():
             print(f"docs/measurements/{name}.json: STALE: {why}\n  rerun: {rerun(name)}")

@@ -19,15 +19,19 @@ from raymcn.config.names import COLLECTIVE_TIMEOUT_FACTOR, SEARCH_ALGORITHMS, ST
 
 def setting(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
             lt: float | None = None, choices: tuple | Callable[[], tuple] | None = None, check: Any = None,
-            why: str = "") -> Any:
+            why: str = "", part: bool = False) -> Any:
     """A config field with its bounds declared where it is defined (read by ``checks.field_problems``).
 
     ``ge``/``gt``/``le``/``lt`` bound a number, ``choices`` lists the allowed values (or is a
     function returning them, read at each check: a list kept elsewhere), ``check`` is a predicate
-    with ``why`` as its message. Adding a setting is one line.
+    with ``why`` as its message. ``part``: the value names a model part, a class of
+    ``raymcn/model/parts.py``'s table, which the config (left of the model) cannot read: the
+    preflight checks it before Ray starts. Adding a setting is one line.
     """
     meta = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, check=check, why=why).items()
             if v not in (None, "")}
+    if part:
+        meta["part"] = True
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -113,6 +117,16 @@ class ModelConfig:
     # SyncBatchNorm in DAVEnet: batch statistics over the global batch, so the forward does not depend
     # on how many workers share it (false keeps per-rank statistics, as DataParallel had)
     sync_batchnorm: bool = False
+    # The model's parts: each names a class of raymcn/model/parts.py's table, which the preflight checks
+    # before Ray starts (docs/development.md says how to add a part).
+
+    video_encoder: str = setting("gated", part=True)  # the video branch: GU(video_dim -> embed_dim), the original's
+    # the audio branch: DAVEnet, a masked mean over time, GU at its width, Linear to embed_dim (the original's)
+    audio_encoder: str = setting("davenet", part=True)
+    # the text branch: per-word Linear + ReLU, max over the words, GU (the original's; padding unmasked)
+    text_encoder: str = setting("gated", part=True)
+    # each modality's reconstruction head: embed_dim -> recon_hidden -> its target, a ReLU after each Linear
+    recon_head: str = setting("mlp", part=True)
 
 
 @dataclass(frozen=True)

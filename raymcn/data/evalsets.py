@@ -26,7 +26,7 @@ import numpy as np
 from raymcn.config import NodeInputError, PermanentError, metric_table
 from raymcn.data.formats.features import FEATURE_DIM, MEL_BINS, l2_normalize
 from raymcn.data.formats.files import load_pickle
-from raymcn.data.formats.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize
+from raymcn.data.formats.words import Vocab, WordVectors, build_vocab, read_word2vec_bin, tokenize, word_counts
 
 YOUCOOK_FRAMES = 1024 * 5
 MSRVTT_FRAMES = 1024 * 3
@@ -48,6 +48,7 @@ class EvalSet:
         nframes: (N,) int32 true spectrogram lengths (may exceed T).
         text: (N, max_words, D) float32 word vectors (padding rows zero).
         text_ids: (N, max_words) int32 ids into ``vocab``.
+        nwords: (N,) int32 each caption's word count (from ``text_ids``; a property).
         ids: N clip ids.
         captions: N caption strings.
         num_queries_total: R@K denominator (MSR-VTT 1k-A: 1000 although fewer clips are present).
@@ -69,6 +70,10 @@ class EvalSet:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def nwords(self) -> np.ndarray:
+        return word_counts(self.text_ids)
 
 
 def parse_eval_spec(spec: str) -> tuple[str, str]:

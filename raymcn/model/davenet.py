@@ -1,4 +1,5 @@
-"""ResDAVEnet: the audio CNN of MCN, plus the padding-aware time pooling helpers.
+"""ResDAVEnet: the audio CNN of MCN, the padding-aware time pooling helpers, and the original's
+audio encoder made of them (``model.audio_encoder: davenet``).
 
 The network collapses the mel axis with one (mel_bins, 1) convolution and then runs 1-D residual
 layers along time. Every layer halves the time axis, so 5 widths (conv1 + 4 layers) give a 16x
@@ -13,6 +14,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from raymcn.config import ModelConfig
+from raymcn.model.branch import Encoder
+from raymcn.model.gated import GatedEmbeddingUnit
 
 LAYOUTS = ("nchw", "channels_last", "1d")  # how DAVEnet's convolutions run (:meth:`DAVEnet.set_layout`)
 
@@ -199,3 +204,29 @@ def masked_time_mean(x: Tensor, steps: Tensor) -> Tensor:
     # is 256: +0.4 %); the sum's dtype argument accumulates in fp32 without an fp32 copy of x.
     total = (x * mask[:, None, :].to(x.dtype)).sum(dim=-1, dtype=torch.float32)
     return (total / steps[:, None].float()).to(x.dtype)
+
+
+class DavenetAudioEncoder(Encoder):
+    """The original's audio branch: DAVEnet -> masked time mean -> GU(C4 -> C4) -> Linear(C4 ->
+    embed_dim), (B, 40, T) -> (B, 6144) at paper size; its reconstruction target is the pooled
+    DAVEnet output (C4 = 1024 wide). The gate sits at C4 and the last step is a plain Linear, as in
+    the original (it gated at 1024 "for stability with mixed precision")."""
+
+    modality = "audio"
+    inputs = ("audio", "nframes")
+    original_names = True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        width = cfg.audio_channels[-1]
+        self.davenet = DAVEnet(cfg.audio_channels, cfg.audio_blocks, cfg.mel_bins)
+        self.gu_audio = GatedEmbeddingUnit(width, width)
+        self.audio_proj = nn.Linear(width, cfg.embed_dim)
+        self.target_dim = width
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        audio = batch["audio"]  # (B, mel_bins, T), fp16 or fp32
+        feats = self.davenet(audio)  # (B, C4, T')
+        steps = pooled_steps(batch["nframes"], audio.shape[-1], feats.shape[-1])
+        pooled = masked_time_mean(feats, steps)  # (B, C4); same pooling in train and eval
+        return self.audio_proj(self.gu_audio(pooled)), pooled

@@ -79,9 +79,11 @@ def global_batchnorm(module: nn.Module, device_type: str) -> nn.Module:
         return nn.SyncBatchNorm.convert_sync_batchnorm(module)
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm2d:
+            meta = any(t.is_meta for t in child.state_dict().values())  # a model traced for its memory: no values
             synced = GlobalBatchNorm2d(child.num_features, child.eps, child.momentum, child.affine,
-                                       child.track_running_stats)
-            synced.load_state_dict(child.state_dict())
+                                       child.track_running_stats, device="meta" if meta else None)
+            if not meta:
+                synced.load_state_dict(child.state_dict())
             setattr(module, name, synced)
         else:
             global_batchnorm(child, device_type)

@@ -65,7 +65,7 @@ def assemble(cfg: Config, plan: RunPlan, *, device: torch.device | str = "cpu", 
     net = MCN(cfg.model)
     if cfg.model.sync_batchnorm:  # statistics of the global batch: a forward independent of the world size
         net = global_batchnorm(net, device.type)
-    net.davenet.set_layout(cfg.scale.davenet_layout)
+    net.set_layout(cfg.scale.davenet_layout)
     if prepare is not None:
         prepare(net)
     model = wrap(net) if wrap is not None else net.to(device)

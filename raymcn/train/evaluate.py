@@ -83,7 +83,7 @@ def embed_eval_set(model: nn.Module, eval_set, device: torch.device, chunk: int 
         for s in range(start, end, chunk):
             sl = slice(s, min(s + chunk, end))
             batch = to_device({k: torch.as_tensor(getattr(eval_set, k)[sl])
-                               for k in ("video", "audio", "nframes", "text")}, device)
+                               for k in ("video", "audio", "nframes", "text", "nwords")}, device)
             with optim.autocast(device):
                 out = net.encode(batch)  # all three branches, no reconstruction heads
             rows[s - start:sl.stop - start, 0] = out["text"].float()

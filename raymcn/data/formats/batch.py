@@ -1,5 +1,6 @@
-"""The batch contract: what every loader yields and the model takes (:class:`Batch`), and one
-random batch of it (:func:`random_batch`) for the tests, the benchmarks and the step probe.
+"""The batch contract: what every loader yields and the model takes (:class:`Batch`), its arrays'
+shapes and dtypes (:func:`batch_arrays`, which the memory preflight reads), and one random batch
+of it (:func:`random_batch`) for the tests, the benchmarks and the step probe.
 
 b = videos × clips per video rows, video-major: the ``data.clips_per_video`` clips of one video
 are consecutive.
@@ -21,7 +22,9 @@ class Batch(TypedDict):
         video: (b, 4096) the clips' appearance and motion features.
         audio: (b, 40, T) log-mel spectrograms (dB), float16 as the shards store them.
         nframes: (b,) int32, each clip's audio frames (an eval set's may exceed T: the unclipped length).
-        text: (b, W, 300) the captions' word vectors (bfloat16 from the reader on a GPU run).
+        text: (b, W, 300) the captions' word vectors, zero rows after the caption's words (bfloat16
+            from the reader on a GPU run whose text encoder allows it: ``model/parts.text_in_bf16``).
+        nwords: (b,) int32, each caption's word count (0 when none of its words has a vector).
         key: b names, ``"<video id>#<clip>"``.
     """
 
@@ -29,19 +32,34 @@ class Batch(TypedDict):
     audio: torch.Tensor
     nframes: torch.Tensor
     text: torch.Tensor
+    nwords: torch.Tensor
     key: list[str]
 
 
-def random_batch(cfg: Config, clips: int, seed: int = 0) -> Batch:
-    """``clips`` rows of the batch contract at ``cfg``'s dims, on the host, drawn from ``seed``:
-    video U[0, 1), audio N(0, 1) in float16 with every frame counted (nframes = T), text N(0, 1) in
-    the dtype the reader delivers it in (bfloat16 with ``scale.use_gpu``), keys of
-    ``data.clips_per_video`` clips per video. One rank's whole step: ``clips = cfg.clips_per_step``."""
+def batch_arrays(cfg: Config, clips: int, text_bf16: bool = False) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The batch contract's arrays for ``clips`` rows at ``cfg``'s dims: key -> (shape, dtype), as
+    every loader delivers them (``text`` in bfloat16 when ``text_bf16``)."""
     m, d = cfg.model, cfg.data
+    return {"video": ((clips, m.video_dim), torch.float32),
+            "audio": ((clips, m.mel_bins, d.audio_frames), torch.float16),
+            "nframes": ((clips,), torch.int32),
+            "text": ((clips, d.max_words, m.word_dim), torch.bfloat16 if text_bf16 else torch.float32),
+            "nwords": ((clips,), torch.int32)}
+
+
+def random_batch(cfg: Config, clips: int, seed: int = 0, text_bf16: bool = False) -> Batch:
+    """``clips`` rows of the batch contract at ``cfg``'s dims (:func:`batch_arrays`), on the host,
+    drawn from ``seed``: video U[0, 1), audio N(0, 1) in float16 with every frame counted
+    (nframes = T), text N(0, 1) with every word counted (nwords = W), in bfloat16 when
+    ``text_bf16`` (what the reader sends a GPU run whose text encoder allows it:
+    ``model/parts.text_in_bf16``), keys of ``data.clips_per_video`` clips per video. One rank's
+    whole step: ``clips = cfg.clips_per_step``."""
+    shapes = batch_arrays(cfg, clips, text_bf16)
     g = torch.Generator().manual_seed(seed)
-    return {"video": torch.rand(clips, m.video_dim, generator=g),
-            "audio": torch.randn(clips, m.mel_bins, d.audio_frames, generator=g).half(),
+    d = cfg.data
+    return {"video": torch.rand(shapes["video"][0], generator=g),
+            "audio": torch.randn(shapes["audio"][0], generator=g).half(),
             "nframes": torch.full((clips,), d.audio_frames, dtype=torch.int32),
-            "text": torch.randn(clips, d.max_words, m.word_dim, generator=g).to(
-                torch.bfloat16 if cfg.scale.use_gpu else torch.float32),
+            "text": torch.randn(shapes["text"][0], generator=g).to(shapes["text"][1]),
+            "nwords": torch.full((clips,), d.max_words, dtype=torch.int32),
             "key": [f"v{i // d.clips_per_video}#{i % d.clips_per_video}" for i in range(clips)]}

@@ -28,7 +28,7 @@ import numpy as np
 
 from raymcn.config import PermanentError
 from raymcn.data.formats.files import load_pickle
-from raymcn.data.formats.words import PAD_ID, token_ids
+from raymcn.data.formats.words import PAD_ID, token_ids, word_counts
 
 FEATURE_DIM = 2048  # per half; the model's video input is 2 × 2048
 MEL_BINS = 40
@@ -400,6 +400,7 @@ def empty_clips(n: int, audio_frames: int, max_words: int, vocab_matrix: np.ndar
     out = {"video": np.empty((n, 2 * FEATURE_DIM), np.float32),
            "audio": np.empty((n, MEL_BINS, audio_frames), np.float16),
            "nframes": np.empty(n, np.int32), "text_ids": np.empty((n, max_words), np.int32),
+           "nwords": np.empty(n, np.int32),
            "start": np.empty(n, np.float64), "end": np.empty(n, np.float64)}
     if vocab_matrix is not None:  # float32, or uint16 when the vectors are bfloat16 bit patterns
         dtype = np.uint16 if vocab_matrix.dtype == np.uint16 else np.float32
@@ -421,7 +422,8 @@ def sample_clips(record: VideoRecord, n_pair: int, min_time: float, audio_frames
     Returns:
         dict (``out`` if given) with
           video (n_pair, 4096) float32, audio (n_pair, 40, audio_frames) float16,
-          nframes (n_pair,) int32, text_ids (n_pair, max_words) int32,
+          nframes (n_pair,) int32, text_ids (n_pair, max_words) int32, nwords (n_pair,) int32 (each
+          caption's words: the ids before the padding),
           text (n_pair, max_words, D) float32 (if vocab_matrix is given; uint16 if the matrix
           holds bfloat16 bit patterns),
           start, end (n_pair,) float64: the grown spans in seconds.
@@ -433,6 +435,7 @@ def sample_clips(record: VideoRecord, n_pair: int, min_time: float, audio_frames
         out["start"][j], out["end"][j] = start, end
         out["nframes"][j] = audio_clip(record.spec, start, end, audio_frames, out=out["audio"][j])[1]
         out["text_ids"][j] = text_clip_ids(record, order, max_words)
+    out["nwords"][:] = word_counts(out["text_ids"])
     out["video"][:] = video_clips(record, out["start"], out["end"])
     if vocab_matrix is not None:
         out["text"][:] = vocab_matrix[out["text_ids"]]
@@ -447,7 +450,7 @@ def sample_batch(records: Sequence[VideoRecord], rngs: Sequence[np.random.Genera
 
     Returns:
         dict with video (B, 4096), audio (B, 40, audio_frames), nframes (B,), text_ids (B, max_words),
-        text (B, max_words, D) if vocab_matrix is given, start, end (B,), B = len(records) · n_pair,
+        nwords (B,), text (B, max_words, D) if vocab_matrix is given, start, end (B,), B = len(records) · n_pair,
         and ``key``: B strings ``"<video_id>#<clip index>"``.
     """
     if len(records) != len(rngs):

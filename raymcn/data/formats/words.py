@@ -218,6 +218,12 @@ def build_vocab(captions_texts: Iterable, word_vectors: WordVectors | Mapping[st
     return Vocab(words, matrix)
 
 
+def word_counts(ids: np.ndarray) -> np.ndarray:
+    """Each caption's word count: (..., max_words) token ids, right-padded with PAD_ID (an id no
+    word has) -> (...,) int32. Counted from the ids, not the vectors: a word's vector may be zero."""
+    return np.count_nonzero(np.asarray(ids) != PAD_ID, axis=-1).astype(np.int32)
+
+
 def token_ids(text, word_to_id: Mapping[str, int]) -> np.ndarray:
     """All in-vocabulary token ids of ``text`` in order, OOV dropped; (n,) int32, no padding."""
     return np.array([word_to_id[t] for t in tokenize(text) if t in word_to_id], dtype=np.int32)

@@ -81,9 +81,9 @@ READ_CPUS = 0.0
 READ_AHEAD_MB = 256.0
 
 
-def rows_ahead(cfg: Config, jobs: list[StepJob]) -> int:
+def rows_ahead(cfg: Config, jobs: list[StepJob], text_bf16: bool = False) -> int:
     """Rows a rank prefetches from its execution (:data:`READ_AHEAD_MB` of its largest row, >= 1)."""
-    row = max((step_row_nbytes(cfg, len(j.videos)) for j in jobs), default=1)
+    row = max((step_row_nbytes(cfg, len(j.videos), text_bf16) for j in jobs), default=1)
     return max(1, min(len(jobs), int(READ_AHEAD_MB * (1 << 20) // max(1, row))))
 
 
@@ -93,13 +93,14 @@ class DataOrderError(RuntimeError):
 
 class RankStepsDatasource(Datasource):
     """The read tasks of one rank's steps: consecutive steps grouped into tasks of >= task_bytes (the
-    larger of the videos' bytes and the step rows' bytes)."""
+    larger of the videos' bytes and the step rows' bytes); the text in bfloat16 when ``text_bf16``."""
 
     def __init__(self, shards_dir: str | Path, jobs: list[StepJob], cfg: Config, epoch: int,
-                 task_mb: float = DEFAULT_TASK_MB, verify: bool = True):
+                 task_mb: float = DEFAULT_TASK_MB, verify: bool = True, text_bf16: bool = False):
         super().__init__()
         self._dir = str(Path(shards_dir).resolve())
         self._jobs, self._cfg, self._epoch, self._verify = jobs, cfg, int(epoch), verify
+        self._text_bf16 = text_bf16
         self.task_bytes = max(1, int(task_mb * (1 << 20)))
 
     def get_name(self) -> str:
@@ -118,7 +119,7 @@ class RankStepsDatasource(Datasource):
                 groups.append([])
                 size = 0
             groups[-1].append(job)
-            size += max(job.nbytes, step_row_nbytes(self._cfg, len(job.videos)))
+            size += max(job.nbytes, step_row_nbytes(self._cfg, len(job.videos), self._text_bf16))
         return [g for g in groups if g]
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
@@ -128,7 +129,7 @@ class RankStepsDatasource(Datasource):
             shards = sorted({name for job in group for _, name, _, _ in job.videos})
             meta = BlockMetadata(num_rows=len(group), size_bytes=sum(j.nbytes for j in group),
                                  input_files=[f"{self._dir}/{name}" for name in shards], exec_stats=None)
-            fn = _ReadSteps(self._dir, group, self._cfg, self._epoch, self._verify)
+            fn = _ReadSteps(self._dir, group, self._cfg, self._epoch, self._verify, self._text_bf16)
             tasks.append(ReadTask(fn, meta, schema=STEP_SCHEMA, per_task_row_limit=per_task_row_limit))
         return tasks
 
@@ -142,24 +143,26 @@ class _ReadSteps:
     cfg: Config
     epoch: int
     verify: bool
+    text_bf16: bool
 
     def __call__(self):
-        return read_steps(self.shards_dir, self.jobs, self.cfg, self.epoch, self.verify)
+        return read_steps(self.shards_dir, self.jobs, self.cfg, self.epoch, self.verify, self.text_bf16)
 
 
 def rank_dataset(shards_dir: str | Path, jobs: list[StepJob], cfg: Config, epoch: int, *,
                  read_cpus: float = READ_CPUS, task_mb: float = DEFAULT_TASK_MB,
                  concurrency: int = READ_CONCURRENCY, node_id: str | None = None,
-                 verify: bool = True) -> ray.data.Dataset:
+                 verify: bool = True, text_bf16: bool = False) -> ray.data.Dataset:
     """One rank's dataset of ``jobs`` (lazy; nothing is read here): one row per step, in step order.
 
     Args:
+        text_bf16: the word vectors in bfloat16 (the text encoder's choice: ``model/parts.text_in_bf16``).
         read_cpus: CPUs each read task reserves (default none: ``READ_CPUS``).
         concurrency: read tasks in flight at once.
         node_id: run the read tasks on this node when it has room (the rank's own: its rows then
             never cross the network); elsewhere otherwise.
     """
-    source = RankStepsDatasource(shards_dir, jobs, cfg, epoch, task_mb, verify)
+    source = RankStepsDatasource(shards_dir, jobs, cfg, epoch, task_mb, verify, text_bf16)
     tasks = max(1, len(source.task_groups()))
     kwargs: dict[str, Any] = {"concurrency": min(concurrency, tasks), "num_cpus": read_cpus}
     if node_id is not None:  # this node when it can take the task, any node otherwise
@@ -210,17 +213,17 @@ class RankStream:
         shards_dir, index: the shard folder and its :class:`order.VideoIndex`.
         rank, world: this rank and the group's size (the rotating shares of ``order.share``).
         steps_per_epoch, epochs: the run plan's.
-        read_cpus, task_mb, node_id: as :func:`rank_dataset`.
+        read_cpus, task_mb, node_id, text_bf16: as :func:`rank_dataset`.
         log: where bad samples are reported (rank 0 passes print; None = silent).
     """
 
     def __init__(self, shards_dir: str | Path, index: VideoIndex, cfg: Config, rank: int, world: int, *,
                  steps_per_epoch: int, epochs: int, read_cpus: float = READ_CPUS,
-                 task_mb: float = DEFAULT_TASK_MB, node_id: str | None = None,
+                 task_mb: float = DEFAULT_TASK_MB, node_id: str | None = None, text_bf16: bool = False,
                  log: Callable[[str], None] | None = log_stderr):
         self._dir, self._index, self._cfg = str(shards_dir), index, cfg
         self._rank, self._world, self._steps, self._epochs = rank, world, steps_per_epoch, epochs
-        self._read = dict(read_cpus=read_cpus, task_mb=task_mb, node_id=node_id)
+        self._read = dict(read_cpus=read_cpus, task_mb=task_mb, node_id=node_id, text_bf16=text_bf16)
         self._log = log
         self._next: _OpenEpoch | None = None
 
@@ -264,7 +267,8 @@ class RankStream:
     def _open(self, epoch: int, start: int) -> _OpenEpoch:
         jobs = self.jobs(epoch, start)
         ds = rank_dataset(self._dir, jobs, self._cfg, epoch, **self._read)
-        tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=rows_ahead(self._cfg, jobs))
+        ahead = rows_ahead(self._cfg, jobs, self._read["text_bf16"])
+        tables = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=ahead)
         return _OpenEpoch(epoch, start, step_rows(tables))
 
     def _start(self, epoch: int) -> None:

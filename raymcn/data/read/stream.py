@@ -45,8 +45,8 @@ from raymcn.data.formats.words import load_vocab
 from raymcn.data.read.order import StepSlice, VideoIndex, clip_rng
 
 DEFAULT_CHUNK_BYTES = 64 << 20  # pieces of the sequential whole-shard reader
-TENSOR_KEYS = ("video", "audio", "nframes", "text")
-_DTYPES = {"video": np.float32, "audio": np.float16, "nframes": np.int32, "text": np.float32}
+TENSOR_KEYS = ("video", "audio", "nframes", "text", "nwords")
+_DTYPES = {"video": np.float32, "audio": np.float16, "nframes": np.int32, "text": np.float32, "nwords": np.int32}
 BF16 = np.dtype(np.uint16)  # bfloat16 bit patterns: numpy has no bfloat16, torch views them as one
 STEP_SCHEMA = pa.schema([
     ("step", pa.int64()),  # global step
@@ -291,18 +291,13 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def text_in_bf16(cfg: Config) -> bool:
-    """Whether the batches carry ``text`` as bfloat16: on GPU the model computes in bf16 autocast and
-    the text's first operation is a Linear (``SentenceMaxpool``), which autocast would feed the same
-    rounded values, so bf16 text changes no number and halves its bytes on the host, in the object
-    store and over PCIe (0.77 -> 0.38 MB per video at the paper's 32 clips). ``video`` stays fp32:
-    it is also the reconstruction target, compared in fp32."""
-    return bool(cfg.scale.use_gpu)
-
-
 def model_vocab(matrix: np.ndarray, bf16: bool) -> np.ndarray:
-    """The word vectors as the batches carry them (:func:`text_in_bf16`): bf16 bits or float32
-    (a float32 matrix, e.g. the shards' memory map, is not copied)."""
+    """The word vectors as the batches carry them: bf16 bits or float32 (a float32 matrix, e.g. the
+    shards' memory map, is not copied). bfloat16 is the text encoder's choice, which the caller
+    passes (``model/parts.text_in_bf16``: a GPU run whose encoder rounds the text to bf16 anyway
+    halves its bytes on the host, in the object store and over PCIe, 0.77 -> 0.38 MB per video at
+    the paper's 32 clips). ``video`` stays fp32: it is also the reconstruction target, compared in
+    fp32."""
     return bf16_bits(matrix) if bf16 else np.asarray(matrix, dtype=np.float32)
 
 
@@ -313,11 +308,12 @@ def _shard_vocab(shards_dir: str, mtime_ns: int, bf16: bool) -> np.ndarray:
     return model_vocab(load_vocab(shards_dir).matrix, bf16)
 
 
-def step_row_nbytes(cfg: Config, videos: int) -> int:
-    """Bytes of the arrays of a step row holding ``videos`` videos' clips (:func:`step_row`)."""
+def step_row_nbytes(cfg: Config, videos: int, text_bf16: bool = False) -> int:
+    """Bytes of the arrays of a step row holding ``videos`` videos' clips (:func:`step_row`), the
+    text in bfloat16 when ``text_bf16``."""
     clips, d = videos * cfg.data.clips_per_video, cfg.data
-    text = d.max_words * cfg.model.word_dim * (2 if text_in_bf16(cfg) else 4)
-    return clips * (2 * FEATURE_DIM * 4 + MEL_BINS * d.audio_frames * 2 + 4 + text)
+    text = d.max_words * cfg.model.word_dim * (2 if text_bf16 else 4)
+    return clips * (2 * FEATURE_DIM * 4 + MEL_BINS * d.audio_frames * 2 + 4 + text + 4)  # + nframes, nwords
 
 
 def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: float, build_s: float) -> pa.Table:
@@ -339,10 +335,12 @@ def step_row(job: StepJob, batch: dict, slots: Sequence[SlotRecord], read_s: flo
     return pa.Table.from_pydict(cols, schema=STEP_SCHEMA)
 
 
-def read_steps(shards_dir: str, jobs: Sequence[StepJob], cfg: Config, epoch: int, verify: bool = True) -> Iterator[pa.Table]:
-    """A read task: one row (:func:`step_row`) per job, in order, each leaving as soon as it is built."""
+def read_steps(shards_dir: str, jobs: Sequence[StepJob], cfg: Config, epoch: int, verify: bool = True,
+               text_bf16: bool = False) -> Iterator[pa.Table]:
+    """A read task: one row (:func:`step_row`) per job, in order, each leaving as soon as it is built;
+    the word vectors in bfloat16 when ``text_bf16`` (:func:`model_vocab`)."""
     vocab_file = Path(shards_dir) / "vocab.npy"  # missing: load_vocab names it
-    vocab = _shard_vocab(shards_dir, vocab_file.stat().st_mtime_ns if vocab_file.exists() else 0, text_in_bf16(cfg))
+    vocab = _shard_vocab(shards_dir, vocab_file.stat().st_mtime_ns if vocab_file.exists() else 0, text_bf16)
     previous: list[VideoRecord] = []
     for k, job in enumerate(jobs):
         t0 = time.perf_counter()
@@ -389,7 +387,7 @@ def step_rows(tables: Iterable[pa.Table]) -> Iterator[tuple[dict, StepInfo]]:
             for row, m in enumerate(meta):
                 b, frames, words, dim = m["dims"]
                 shapes = {"video": (b, 2 * FEATURE_DIM), "audio": (b, MEL_BINS, frames), "nframes": (b,),
-                          "text": (b, words, dim)}
+                          "text": (b, words, dim), "nwords": (b,)}
                 dtypes = {**_DTYPES, "text": BF16 if m["text_bf16"] else _DTYPES["text"]}
                 batch = {k: _blob(table.column(k), row, dtypes[k], shapes[k]) for k in TENSOR_KEYS}
                 batch["key"] = m["key"]

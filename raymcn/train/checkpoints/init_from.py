@@ -85,8 +85,10 @@ def mismatch(state: dict[str, torch.Tensor], cfg: ModelConfig) -> list[str]:
 def _fix_hint(path: Path, ckpt_model: dict | None, cfg: ModelConfig) -> str:
     """Which model settings differ, and which config file carries the checkpoint's."""
     ours = Config(model=cfg).to_dict()["model"]
+    # a setting an older checkpoint's config lacks had its default then (e.g. the model's parts)
+    theirs = {**Config().to_dict()["model"], **ckpt_model} if ckpt_model else {}
     diffs = [f"model.{k}: the checkpoint has {v!r}, this run {ours[k]!r}"
-             for k, v in (ckpt_model or {}).items() if k in ours and ours[k] != v]
+             for k, v in theirs.items() if k in ours and ours[k] != v]
     # Only an imported checkpoint's own config is suggested whole: a run's saved config may carry
     # its run.name, and reusing that name would silently resume the old run instead of a new one.
     own = path / RUN_CONFIG_FILE

@@ -30,6 +30,7 @@ from raymcn.data.formats.batch import Batch
 from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
+from raymcn.model.parts import text_in_bf16
 from raymcn.train import faults, probes
 from raymcn.train.build import assemble
 from raymcn.train.checkpoints import init_from
@@ -99,7 +100,8 @@ def ray_data_stream(cfg: Config, plan: RunPlan, rank: int, world: int) -> dataso
     by seed, epoch and step: the same at any world size and after any restart)."""
     return datasource.RankStream(plan.shards_dir, plan.inputs.index, cfg, rank, world,
                                  steps_per_epoch=plan.steps_per_epoch, epochs=plan.epochs,
-                                 node_id=ray.get_runtime_context().get_node_id())
+                                 node_id=ray.get_runtime_context().get_node_id(),
+                                 text_bf16=text_in_bf16(cfg.model, cfg.scale.use_gpu))
 
 
 def _start(cfg: Config, plan: RunPlan, run_dir: str, out: Printer, device: torch.device, comm: Collectives,

@@ -2,7 +2,8 @@
 
 It runs on the run's plan (``run_plan.py``: the config's inputs resolved, the counts derived), the one
 the trainer then receives. ``static_problems`` needs no Ray (the config is validated when it is
-loaded): output folder writable, every shard the manifest lists present at its size, the
+loaded): the model's parts named in its table (``raymcn/model/parts.py``, which the config cannot
+read), output folder writable, every shard the manifest lists present at its size, the
 vocabulary, the eval-set file, per-worker memory, the weights a run starts from
 (``run.init_from``). The cluster's CPUs and GPUs are checked right after ``ray.init`` by
 ``on_ray/cluster.py``; every node's view, before a sweep, by ``raymcn doctor``.
@@ -30,10 +31,12 @@ def static_problems(cfg: Config, inputs: RunInputs, device_bytes: int | None = N
         notes: if given, receives what the checks found that is not a problem (the memory estimate
             of a run that fits, with the convolution kernel path it assumed).
     """
-    problems = _storage_problems(cfg)
+    parts = model_part_problems(cfg)
+    problems = parts + _storage_problems(cfg)
     problems += _shard_problems(cfg, inputs)
     problems += _eval_set_problems(cfg, inputs)
-    problems += _memory_problems(cfg, device_bytes, notes if notes is not None else [])
+    if not parts:  # the memory estimate builds the model: only from parts it has
+        problems += _memory_problems(cfg, device_bytes, notes if notes is not None else [])
     problems += _init_from_problems(cfg)
     return problems
 
@@ -53,6 +56,21 @@ def checked_plan(cfg: Config, inputs: RunInputs, device_bytes: int | None = None
     for note in notes if log else ():
         log(f"preflight: {note}")
     return plan
+
+
+def model_part_problems(cfg: Config) -> list[str]:
+    """Every model part the run names, and every one its sweep's space may draw, is a class of the
+    model's table (``raymcn/model/parts.py``): the config, left of the model, cannot check that."""
+    from raymcn.model.parts import PARTS, name_problem
+
+    found = [p for s in PARTS if (p := name_problem(s, getattr(cfg.model, s)))]
+    for key, spec in cfg.sweep.space.items():
+        setting = key.removeprefix("model.")
+        if key.startswith("model.") and setting in PARTS and isinstance(spec, dict):
+            values = next(iter(spec.values()), [])
+            found += [f"sweep.space.{key}: {p}" for v in (values if isinstance(values, list) else [])
+                      if (p := name_problem(setting, v))]
+    return found
 
 
 def _storage_problems(cfg: Config) -> list[str]:

@@ -1,28 +1,22 @@
-"""DAVEnet's convolutions and the workspace their kernels allocate, per kernel path (the
+"""The workspace the model's convolution kernels allocate and free, per kernel path (the
 ``conv_workspace`` term of ``footprint.py``'s estimate; measured per conv call by ``bench/step.py``).
-No Ray; torch only where :func:`conv_path` asks this machine which path it takes.
+The convolutions themselves are the model's, as its traced forward runs them
+(``model_trace.py``). No Ray; torch only where :func:`conv_path` asks this machine which path it takes.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from raymcn.config import ModelConfig
 
 FP32 = 4
 
 
-def ceil_half(n: int) -> int:
-    """Length after a stride-2 layer (DAVEnet's time axis): ⌈n/2⌉."""
-    return (n + 1) // 2
-
-
 @dataclass(frozen=True)
 class ConvShape:
-    """One DAVEnet convolution per clip: channels, kernel area, and input/output positions."""
+    """One convolution per clip: channels, kernel area, and input/output positions."""
 
     cin: int
     cout: int
@@ -34,23 +28,6 @@ class ConvShape:
     @property
     def weight(self) -> int:
         return self.cout * self.cin * self.kernel
-
-
-def conv_shapes(model_cfg: ModelConfig, audio_frames: int) -> list[ConvShape]:
-    """Every convolution of :class:`raymcn.model.davenet.DAVEnet` for one clip of ``audio_frames``.
-
-    conv1 spans the mel axis, (mel, T) -> (1, T); each layer's first block halves time in its first
-    (1, 9) conv and in its 1×1 projection shortcut; every other conv keeps the length.
-    """
-    c, t = model_cfg.audio_channels, audio_frames
-    shapes = [ConvShape(1, c[0], model_cfg.mel_bins, model_cfg.mel_bins * t, t)]
-    for cin, cout in itertools.pairwise(c):
-        half = ceil_half(t)
-        shapes += [ConvShape(cin, cout, 9, t, half, 2), ConvShape(cin, cout, 1, t, half, 2),  # conv, shortcut
-                   ConvShape(cout, cout, 9, half, half)]
-        shapes += [ConvShape(cout, cout, 9, half, half)] * (2 * (model_cfg.audio_blocks - 1))
-        t = half
-    return shapes
 
 
 # Kernel paths of the convolutions, each with its own workspace (see the module table).
@@ -70,7 +47,7 @@ _CHANNEL_BLOCK = {ONEDNN_AVX512: 1, ONEDNN_AVX2: 8}  # padding of channel blocks
 
 
 def conv_path(use_gpu: bool = False) -> str:
-    """The convolution kernel path this machine's torch takes for DAVEnet's fp32 convs.
+    """The convolution kernel path this machine's torch takes for the model's fp32 convolutions.
 
     oneDNN dispatches on the CPU's instruction set, capped by ``ONEDNN_MAX_CPU_ISA`` (or its old
     name ``DNNL_MAX_CPU_ISA``), which is also how a test or a user reproduces another machine's
@@ -143,9 +120,9 @@ def _conv_call_elements(s: ConvShape, clips: int, path: str, threads: int) -> in
     return cout * cin * s.kernel + clips * (copies * cin * s.positions_in + cout * s.positions_out) + scratch
 
 
-def conv_workspace_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int, path: str,
-                         threads: int | None = None) -> int:
-    """Bytes the largest DAVEnet conv call allocates and frees on ``path`` with ``clips`` clips.
+def conv_workspace_bytes(shapes: Sequence[ConvShape], clips: int, path: str, threads: int | None = None) -> int:
+    """Bytes the largest of the convolution calls ``shapes`` (per clip, :class:`ConvShape`)
+    allocates and frees on ``path`` with ``clips`` clips; 0 for a model without convolutions.
 
     ``threads``: intra-op threads of the worker (default: every CPU of this machine, an upper bound).
 
@@ -157,9 +134,8 @@ def conv_workspace_bytes(model_cfg: ModelConfig, audio_frames: int, clips: int, 
     if path not in CONV_PATHS:
         raise ValueError(f"conv path {path!r}: expected one of {', '.join(CONV_PATHS)}")
     paths = MARGIN_PATHS.get(path, (path,))
-    shapes = conv_shapes(model_cfg, audio_frames)
     threads = threads or os.cpu_count() or 1
-    return FP32 * max(_conv_call_elements(s, clips, p, threads) for s in shapes for p in paths)
+    return FP32 * max((_conv_call_elements(s, clips, p, threads) for s in shapes for p in paths), default=0)
 
 
 def conv_path_note(path: str) -> str:

@@ -1,11 +1,14 @@
-"""Per-worker memory of one MCN training step: an analytic estimate and a fit check.
+"""Per-worker memory of one MCN training step: an estimate and a fit check.
 
 The preflight calls :func:`fits` before Ray starts, so a run that cannot fit its device is
 refused with what to change instead of dying with an OOM hours later: the ring loss and gradient
 caching first (``scale.ring_contrastive``: the same objective; ``scale.grad_cache_clips``: the same
-loss, BatchNorm's statistics per chunk), only then a smaller ``data.clips_per_video``. No Ray and no
-torch here: the model's sizes come from ``model_size.py``, the convolutions' workspace from
-``convspace.py``.
+loss, BatchNorm's statistics per chunk), only then a smaller ``data.clips_per_video``. No Ray here.
+Every term of the model comes from the model itself, traced on the meta device
+(``model_trace.py``: its parameters and buffers, what its forward saves, its embeddings' and
+targets' widths, its convolutions); the batch's bytes from the batch contract
+(``data/formats/batch.batch_arrays``); the convolutions' workspace from ``convspace.py``; the
+loss's, the optimizer's, the collectives' and the device's terms are formulas of those sizes.
 
 Each term of :func:`estimate_worker_memory` (bytes, per worker, for rank 0, the largest), its
 formula and how it was checked against measurement: docs/memory.md, "What the memory estimate
@@ -15,7 +18,11 @@ docs/measurements/memory.json.
 
 from __future__ import annotations
 
+import math
+
 from raymcn.config import Config
+from raymcn.data.formats.batch import batch_arrays
+from raymcn.model.parts import text_in_bf16
 from raymcn.train.preflight.convspace import (
     CONV_PATHS,
     CUDNN,
@@ -28,18 +35,9 @@ from raymcn.train.preflight.convspace import (
     ConvShape,
     conv_path,
     conv_path_note,
-    conv_shapes,
     conv_workspace_bytes,
 )
-from raymcn.train.preflight.model_size import (
-    activation_elements_per_clip,
-    batchnorm_layers,
-    batchnorm_saved_bytes,
-    count_parameters,
-    global_batchnorm_extra_bytes,
-    parameter_stats,
-    recon_dims,
-)
+from raymcn.train.preflight.model_trace import ModelTrace, TraceKey, trace_of
 
 GIB = 1 << 30
 
@@ -84,7 +82,8 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
     Args:
         b: the worker's clips, the largest share (the ring's blocks are that size); clips: B,
             global clips; embed_dim: D; world: number of workers.
-        recon_width, recon_live_width: F and F_live of :func:`recon_dims` (0 = no recon term).
+        recon_width, recon_live_width: F and F_live, the reconstruction targets' widths summed over
+            the modalities, all and those that receive gradient (0 = no recon term).
         ring: the ring contrastive loss (``scale.ring_contrastive``) instead of the gathered one.
         queued_fraction: the share of the B current rows the queue takes per step
             (``queue_clips_per_video / clips_per_video``; default 1, an upper bound).
@@ -109,16 +108,13 @@ def loss_memory(b: int, clips: int, embed_dim: int, world: int, recon_width: int
     return {"loss_slabs": slabs, "gathered_embeddings": gathered, "loss_grads": grads, "loss_inputs": inputs}
 
 
-def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
-                           params: tuple[int, int] | None = None, refit: bool = True,
+def estimate_worker_memory(cfg: Config, *, trace: ModelTrace | None = None, refit: bool = True,
                            conv: str | None = None, threads: int | None = None) -> dict[str, int]:
     """Estimated peak bytes of one training worker (rank 0) for ``cfg``, by component.
 
     Args:
-        cfg: the run config (batch, clips per video, workers, model dims, queue, GPU or CPU).
-        activation_bytes: bytes per activation element; default 2 (bf16 autocast) with
-            ``scale.use_gpu`` and 4 (fp32) on CPU, as ``optim.autocast`` does.
-        params: :func:`parameter_stats` of ``cfg.model``, if already known (default: counted).
+        cfg: the run config (batch, clips per video, workers, model, queue, GPU or CPU).
+        trace: :func:`model_trace` of ``cfg``, if already made (default: made, once per process).
         refit: estimate a k-means refit step (the largest, every ``loss.refresh_every`` steps on
             rank 0); False gives the other steps (``kmeans_input`` = 0).
         conv: the convolution kernel path (:data:`CONV_PATHS`); default :func:`conv_path` of this
@@ -129,42 +125,39 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
         The components of the module table (bytes, ints) and ``total``. Keys are stable: the
         preflight prints them and the benchmarks compare them with measurements.
     """
-    m, d, lc = cfg.model, cfg.data, cfg.loss
+    d, lc = cfg.data, cfg.loss
     world = max(1, cfg.scale.min_workers)
     b = largest_share_videos(cfg) * d.clips_per_video
     n = cached_chunk(cfg)  # clips per chunk with gradient caching, 0 without
     clips = cfg.clips_per_step
     gpu = cfg.scale.use_gpu
-    act = activation_bytes or (2 if gpu else FP32)
-    p, largest = parameter_stats(m) if params is None else params
+    t = trace or model_trace(cfg)
+    dim = t.embed_dim
+    p, largest = t.parameters + t.float_buffers, t.largest_parameter
     conv = conv or conv_path(gpu)
-    per_clip = sum(activation_elements_per_clip(m, d.audio_frames, max_words=d.max_words).values())
-    f, f_live = recon_dims(m, lc.detach_recon_targets)
+    f, f_live = t.recon_width, 0 if lc.detach_recon_targets else t.recon_live_width
     # with caching the reconstruction term lives in the chunk pass, not in the loss on the share
-    loss = loss_memory(b, clips, m.embed_dim, world, 0 if n else f, 0 if n else f_live,
+    loss = loss_memory(b, clips, dim, world, 0 if n else f, 0 if n else f_live,
                        ring=cfg.scale.ring_contrastive, queued_fraction=cfg.queue_clips_per_video / d.clips_per_video)
     rows = cfg.queue_rows
     est = {
-        "params": p * FP32 + 8 * batchnorm_layers(m),
+        "params": t.state_bytes,
         "grads": p * FP32 if world == 1 or n else 0,
         "adam_moments": 2 * p * FP32,
         "ddp_buckets": p * FP32 if world > 1 else 0,
         "autocast_weights": p * 2 if gpu else 0,
-        "batch": b * (m.video_dim * 4 + m.mel_bins * d.audio_frames * 2 + d.max_words * m.word_dim * (2 if gpu else 4)
-                      + 4) * (
-            1 + (d.prefetch_batches if gpu else 0)),
-        "activations": (n or b) * per_clip * act + batchnorm_saved_bytes(m) + (
-            global_batchnorm_extra_bytes(m, d.audio_frames, n or b) if m.sync_batchnorm and not gpu else 0),
+        "batch": batch_bytes(cfg, b) * (1 + (d.prefetch_batches if gpu else 0)),
+        "activations": t.saved_bytes(n or b),
         "loss_slabs": loss["loss_slabs"],
         "gathered_embeddings": loss["gathered_embeddings"],
         "loss_grads": loss["loss_grads"],
-        "queue": rows * m.embed_dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
-        "centroids": lc.num_clusters * m.embed_dim * FP32,
-        "conv_workspace": conv_workspace_bytes(m, d.audio_frames, n or b, conv, threads),
-        "grad_cache": b * MODALITY_COUNT * m.embed_dim * act if n else 0,
+        "queue": rows * dim * _QUEUE_ITEMSIZE[lc.queue_dtype],
+        "centroids": lc.num_clusters * dim * FP32,
+        "conv_workspace": conv_workspace_bytes(t.convs, n or b, conv, threads),
+        "grad_cache": b * MODALITY_COUNT * dim * t.embed_itemsize if n else 0,
         "recon_grads": n * (f + f_live) * FP32,
         "grad_accumulation": 2 * largest * FP32 if n else 0,
-        "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, m.embed_dim) if refit else 0,
+        "kmeans_input": _kmeans_bytes(rows, clips, lc.num_clusters, dim) if refit else 0,
         # foreach Adam on GPU: one fp32 temporary per parameter (sqrt of exp_avg_sq); the CPU
         # single-tensor Adam: two temporaries of the largest parameter (sqrt, then the division).
         "optimizer_workspace": (p * FP32 if gpu else 2 * largest * FP32) + OPTIMIZER_SMALL_TEMPORARIES,
@@ -180,6 +173,18 @@ def estimate_worker_memory(cfg: Config, *, activation_bytes: int | None = None,
     est["total"] = (persistent + max(step, est["batch"] + est["optimizer_workspace"])
                     + sum(est[k] for k in OUTSIDE_ALLOCATOR))
     return est
+
+
+def model_trace(cfg: Config) -> ModelTrace:
+    """The run's model traced for the estimate (``model_trace.py``), once per process and model."""
+    return trace_of(TraceKey.of(cfg))
+
+
+def batch_bytes(cfg: Config, clips: int) -> int:
+    """Bytes of one batch of ``clips`` clips as the reader delivers it (its text in the dtype the
+    text encoder asks for on this run's device)."""
+    arrays = batch_arrays(cfg, clips, text_in_bf16(cfg.model, cfg.scale.use_gpu))
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays.values())
 
 
 def nccl_bytes(world: int) -> int:
@@ -248,14 +253,13 @@ def fits(cfg: Config, device_bytes: int, *, headroom: float = 0.9, conv: str | N
         nothing fits. The message names the largest components, the conv path, and what to change.
     """
     usable = int(device_bytes * headroom)
-    stats = parameter_stats(cfg.model)
     conv = conv or conv_path(cfg.scale.use_gpu)
 
     def total(c: Config) -> int:
-        est = estimate_worker_memory(c, params=stats, conv=conv)
+        est = estimate_worker_memory(c, conv=conv)  # every config here has cfg's model: one trace
         return est["total"] - sum(est[k] for k in held)
 
-    est = estimate_worker_memory(cfg, params=stats, conv=conv)
+    est = estimate_worker_memory(cfg, conv=conv)
     est["total"] = total(cfg)
     n = cached_chunk(cfg)
     caching = f" with gradient caching in chunks of {n} clips" if n else ""
@@ -342,7 +346,6 @@ def _fewer_clips(cfg: Config, usable: int, total) -> dict[str, int] | None:
 
 
 __all__ = ["CONV_PATHS", "CUDNN", "MARGIN_PATHS", "MODELLED_CONV_PATHS", "NATIVE", "ONEDNN_AVX2", "ONEDNN_AVX512",
-           "UNKNOWN", "ConvShape", "activation_elements_per_clip", "allocator_total", "balanced_chunk", "batchnorm_saved_bytes",
-           "cached_chunk", "conv_path", "conv_path_note", "conv_shapes", "conv_workspace_bytes", "count_parameters",
-           "estimate_worker_memory", "fits", "format_estimate", "global_batchnorm_extra_bytes",
-           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "nccl_bytes", "parameter_stats", "recon_dims"]
+           "UNKNOWN", "ConvShape", "ModelTrace", "allocator_total", "balanced_chunk", "batch_bytes", "cached_chunk",
+           "conv_path", "conv_path_note", "conv_workspace_bytes", "estimate_worker_memory", "fits", "format_estimate",
+           "largest_fitting_chunk", "largest_share_videos", "loss_memory", "model_trace", "nccl_bytes"]

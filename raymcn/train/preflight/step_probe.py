@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from raymcn.collectives import Collectives
 from raymcn.config import Config
 from raymcn.data.formats.batch import random_batch
+from raymcn.model.parts import text_in_bf16
 from raymcn.train.build import assemble
 from raymcn.train.feed import Prefetcher
 from raymcn.train.loop import cache_chunk, train_one_epoch
@@ -32,6 +33,12 @@ from raymcn.train.monitor.epoch_metrics import EpochProgress
 from raymcn.train.optim import apply_precision
 from raymcn.train.preflight.footprint import allocator_total, estimate_worker_memory
 from raymcn.train.run_plan import make_plan
+
+
+def rig_config(cfg: Config, cuda: bool, max_steps: int = 1000) -> Config:
+    """``cfg`` as :class:`StepRig` measures it: one worker, on the GPU or not, room for ``max_steps``."""
+    return cfg.replace({"scale.num_workers": 1, "scale.use_gpu": cuda, "schedule.steps_per_epoch": max_steps,
+                        "schedule.epochs": 2, "optim.warmup_steps": 1})
 
 
 @contextlib.contextmanager
@@ -66,9 +73,7 @@ class StepRig:
     """
 
     def __init__(self, cfg: Config, device: torch.device, max_steps: int = 1000):
-        self.cfg = cfg.replace({"scale.num_workers": 1, "scale.use_gpu": device.type == "cuda",
-                                "schedule.steps_per_epoch": max_steps, "schedule.epochs": 2,
-                                "optim.warmup_steps": 1})
+        self.cfg = rig_config(cfg, device.type == "cuda", max_steps)
         self.device, self.cuda = device, device.type == "cuda"
         plan = make_plan(self.cfg, self.cfg.data.batch_size * max_steps)
         before = torch.cuda.memory_allocated(device) if self.cuda else 0
@@ -80,7 +85,8 @@ class StepRig:
 
         apply_precision(self.cfg)  # as a rank sets it at its start
         self.run = assemble(self.cfg, plan, device=device, comm=Collectives(0, 1), wrap=wrap)
-        self.batch = random_batch(self.cfg, self.cfg.clips_per_step)
+        self.batch = random_batch(self.cfg, self.cfg.clips_per_step,
+                                  text_bf16=text_in_bf16(self.cfg.model, self.cuda))  # as the reader sends it
         self.held_bytes = (torch.cuda.memory_allocated(device) - before) if self.cuda else None
 
     def steps(self, n: int) -> tuple[dict[str, float], float, int | None]:
