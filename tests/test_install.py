@@ -170,9 +170,12 @@ def test_the_header_parse_reads_real_nvidia_smi_headers():
 
 
 def _make_dry_run(*args: str) -> str:
-    """What ``make -n ARGS`` would run, as from a shell: not the variables of a make this suite runs
-    under (``make test-compat`` hands its VENV and TORCH down through MAKEFLAGS)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    """What ``make -n ARGS`` would run, as from a shell: not with the variables of a make this suite
+    runs under (``make test-compat`` hands its VENV, TORCH and PYTHON down, in MAKEFLAGS and in the
+    environment)."""
+    makes = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "VENV", "TORCH", "TORCH_INDEX", "PYTHON",
+             "COMPAT_PYTHON", "COMPAT_VENV", "PYTEST_ARGS")
+    env = {k: v for k, v in os.environ.items() if k not in makes}
     proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
                           env=env)
     assert proc.returncode == 0, proc.stderr
