@@ -240,7 +240,7 @@ def test_the_doctor_checks_every_node_and_estimates_the_sweep(cluster, tmp_path,
         assert len(report["columns"]) == 4 and sum("(head)" in c for c in report["columns"].values()) == 1
         for node, rows in report["rows"].items():
             assert all(r["ok"] in (True, None) for r in rows), (node, [r for r in rows if r["ok"] is False])
-            cpu_rows = [r for r in rows if not r["check"].startswith(("GPU", "CUDA"))]
+            cpu_rows = [r for r in rows if not r["check"].startswith(("GPU", "torch uses"))]
             assert all(r["ok"] for r in cpu_rows if r["check"] != "CPUs for its workers" or "(head)" not in node)
         stepped = [n for n, rows in report["rows"].items() if any(r["check"] == "one training step" for r in rows)]
         assert "every check passed on every node" in out
