@@ -228,6 +228,19 @@ def multinode_cluster(*nodes: dict):
         yield c
 
 
+@pytest.fixture
+def no_ray(monkeypatch):
+    """A command that would start Ray fails the test: the refusals under test come before Ray."""
+    from raymcn import cli
+    from raymcn.train.preflight import checks as preflight
+
+    def refuse(*_):
+        raise AssertionError("Ray was started before the configuration was checked")
+
+    monkeypatch.setattr(cli, "ray_session", refuse)
+    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (64 << 30, ""))  # a 64 GiB device
+
+
 def train_worker_nodes() -> dict[str, str]:
     """actor id -> node id of every live Ray Train worker."""
     from ray.util.state import list_actors

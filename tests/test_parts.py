@@ -24,15 +24,6 @@ TINY = config(TINY_MODEL).model
 ORIGINAL_MODULES = ("gu_video", "davenet", "gu_audio", "audio_proj", "text_pool", "gu_text", "recon")
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    def refuse(*_):
-        raise AssertionError("Ray was started before the configuration was checked")
-
-    monkeypatch.setattr(cli, "ray_session", refuse)
-    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (64 << 30, ""))
-
-
 def test_every_part_setting_defaults_to_the_first_name_of_its_table():
     defaults = ModelConfig()
     assert set(PARTS) == {"video_encoder", "audio_encoder", "text_encoder", "recon_head"}

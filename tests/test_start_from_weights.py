@@ -139,15 +139,6 @@ def test_checkpoint_dir_errors_name_the_path(tmp_path, make, fragment):
 
 
 # --- refusals before Ray starts ------------------------------------------------------------------
-@pytest.fixture
-def no_ray(monkeypatch):
-    def refuse(*_):
-        raise AssertionError("Ray was started before the configuration was checked")
-
-    monkeypatch.setattr(cli, "ray_session", refuse)
-    monkeypatch.setattr(preflight, "_device_bytes", lambda cfg: (64 << 30, ""))
-
-
 def test_train_init_from_missing_path_fails_before_ray(no_ray, tmp_path, capsys):
     assert main(["train", "--init-from", str(tmp_path / "nowhere"), "--set", f"run.storage_path={tmp_path}"]) == 2
     err = capsys.readouterr().err
