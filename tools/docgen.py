@@ -832,8 +832,8 @@ HELD: dict[str, Held] = {
     "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
     "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
     "sweep_time": Held(MAIN, "measured at a647186; since, the connection's wait takes its address as a list"),
-    "test_durations": Held("b66f9ee", "fast, slow, compat: CI at d36dbaa; soak at b66f9ee (a test fixture "
-                                      "moved since)"),
+    "test_durations": Held("b66f9ee", "fast, slow, compat: CI at d36dbaa; soak at b66f9ee, which moved a test "
+                                      "fixture"),
     "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),
 }
 
