@@ -393,6 +393,20 @@ def test_the_instances_of_this_machine_are_found_by_their_raylets_and_ray_starts
     assert cluster.recorded_instance() == "10.0.0.5:6379"
 
 
+def stop(process: subprocess.Popen) -> None:
+    """SIGSTOP ``process`` and return once it has stopped. ``kill`` returns before the target stops:
+    on a loaded machine a process still runnable then (state R) went on to answer a gRPC handshake
+    for up to 0.2 s, so a check right after the signal saw it answer (5 of 25 tries beside 6 busy
+    loops). The kernel shows a stopped process as state T in /proc/PID/stat."""
+    import signal
+
+    process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"process {process.pid} did not stop within 30 s of SIGSTOP"
+        time.sleep(0.01)
+
+
 FAKE_RAYLET = """
 import sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -427,7 +441,7 @@ def test_a_raylet_started_with_port_0_is_asked_at_the_ports_it_listens_on(tmp_pa
         cluster.wait_for_answer(found[raylet.pid], "the raylet", "the raylet", said.append, named_after_s=5,
                                 limit_s=10)
         assert said == []
-        raylet.send_signal(signal.SIGSTOP)
+        stop(raylet)
         with pytest.raises(RayUnavailable, match="the raylet did not answer within 1 s"):
             cluster.wait_for_answer(found[raylet.pid], "the raylet", "the raylet", said.append, named_after_s=0.5,
                                     limit_s=1.0)
@@ -436,6 +450,35 @@ def test_a_raylet_started_with_port_0_is_asked_at_the_ports_it_listens_on(tmp_pa
         raylet.send_signal(signal.SIGCONT)
         raylet.kill()
         raylet.wait()
+
+
+def test_a_process_stopped_after_answering_is_asked_again_on_a_connection_of_its_own():
+    """grpc shares a process's connections to one address between its channels (its global
+    subchannel pool): with an earlier channel still READY, a new one to a process stopped since
+    (SIGSTOP) was called ready at once. The check must see the process answer now: it asks on a
+    connection of its own, which a stopped process never completes."""
+    import signal
+
+    import grpc
+
+    from raymcn.train.on_ray import cluster
+
+    server = subprocess.Popen([sys.executable, "-c", FAKE_RAYLET], stdout=subprocess.PIPE, text=True)
+    held = None
+    try:
+        address = f"127.0.0.1:{int(server.stdout.readline())}"
+        held = grpc.insecure_channel(address)  # another caller's connection, ready before the stop
+        grpc.channel_ready_future(held).result(timeout=30)
+        stop(server)
+        with pytest.raises(RayUnavailable, match="the GCS did not answer within 1 s"):
+            cluster.wait_for_answer([address], "the GCS", "the GCS", lambda line: None, named_after_s=1.0,
+                                    limit_s=1.0)
+    finally:
+        if held is not None:
+            held.close()
+        server.send_signal(signal.SIGCONT)
+        server.kill()
+        server.wait()
 
 
 def test_several_instances_and_none_recorded_ask_which(monkeypatch):
@@ -795,7 +838,7 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
                 "boot": [sys.executable, "-c", BOOT_WAIT, port],
                 "sweep": [sys.executable, "sweep.py"]}
     gcs, raylet = processes["gcs_server"], processes["raylet"]
-    gcs.send_signal(signal.SIGSTOP)
+    stop(gcs)
     try:
         runs = _timed_runs(commands, env, timeout_s=200)
     finally:
@@ -811,7 +854,7 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
     assert f"raymcn drain: {gave_up}" in "\n".join(line for _, line in runs["drain"][1])
     assert f"raymcn sweep: nothing ran: {gave_up}" in "\n".join(line for _, line in runs["sweep"][1])
 
-    raylet.send_signal(signal.SIGSTOP)  # the GCS answers, this machine's raylet does not
+    stop(raylet)  # the GCS answers, this machine's raylet does not
     try:
         runs = _timed_runs({"drain": commands["drain"], "sweep": commands["sweep"]}, env, timeout_s=200)
     finally:

@@ -368,8 +368,8 @@ def wait_for_gcs(target: str, why: str, say: Callable[[str], None], named_after_
 
 def wait_for_answer(addresses: list[str], short: str, long: str, say: Callable[[str], None],
                     named_after_s: float | None = None, limit_s: float | None = None, advice: str = ADVICE) -> None:
-    """Wait until a gRPC server of one process (a GCS, a raylet) completes a connection at one of its
-    ``addresses``: its HTTP/2 handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no
+    """Wait until a gRPC server of one process (a GCS, a raylet) completes a new connection at one of
+    its ``addresses``: its HTTP/2 handshake, and TLS's where ``RAY_USE_TLS`` is on. No Ray call, so no
     token or version is needed yet, and a process that is stopped or hung never completes it (its
     kernel still accepts the TCP connection). Named on the console as ``short`` after
     ``named_after_s`` (default :data:`CONNECT_NAMED_AFTER_S`), given up as ``long`` after
@@ -384,7 +384,12 @@ def wait_for_answer(addresses: list[str], short: str, long: str, say: Callable[[
     limit_s = CONNECT_LIMIT_S if limit_s is None else limit_s
     started = time.monotonic()
     credentials = tls_credentials()
-    channels = [grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a) for a in addresses]
+    # A channel of its own pool: grpc shares connections between a process's channels to one address
+    # (its global subchannel pool), so a channel another caller holds READY, or one closed a moment
+    # ago, would "answer" for a process that is stopped now.
+    fresh = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.secure_channel(a, credentials, options=fresh) if credentials
+                else grpc.insecure_channel(a, options=fresh) for a in addresses]
     answered = threading.Event()
     futures = [grpc.channel_ready_future(c) for c in channels]
     for future in futures:
