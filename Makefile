@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: sweep test test-slow test-soak test-full test-compat install
+.PHONY: sweep test test-slow test-soak test-full test-compat test-top install
 sweep: $(VENV)/.installed   ## the main job: a small sweep on the embedded default (local Ray, synthetic data)
 	$(PY) sweep.py
 
@@ -28,8 +28,11 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?= auto
 PYTHON ?= python3
 
+# PYTHON is checked against pyproject.toml's range before anything is downloaded (tools/find_python):
+# outside it, a python3.X in the range on the PATH is used instead (said), else make stops saying how
+# to get one.
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	py=$$(tools/find_python "$(PYTHON)") && $$py -m venv $(VENV)
 	# The pip a venv brings can be years old: with a torch installed first, Python 3.10's pip 23.0
 	# was seen backtracking through raymcn's dependencies for over 27 minutes (a current pip: 2).
 	$(PY) -m pip install -q --upgrade pip
@@ -38,11 +41,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m tools.install_torch --check
 	touch $@
 
-# The compat tier: the fast tier again on the oldest Python and torch pyproject.toml admits, in a venv
-# of its own (docs/development.md). COMPAT_PYTHON: a Python 3.10 (default: tools/floor_python finds one).
+# The compat and top tiers: the fast tier again on the oldest and on the newest Python and torch
+# pyproject.toml admits, each in a venv of its own (docs/development.md). COMPAT_PYTHON, TOP_PYTHON:
+# the Pythons (default: tools/find_python finds the range's oldest and newest, on the PATH or pyenv's).
 TORCH_FLOOR := torch==2.3.1
+TORCH_TOP := torch==2.15.0
 COMPAT_VENV ?= .venv-compat
 COMPAT_PYTHON ?=
+TOP_VENV ?= .venv-top
+TOP_PYTHON ?=
 test-compat:
-	py="$(COMPAT_PYTHON)"; [ -n "$$py" ] || py=$$(tools/floor_python) || exit 1; \
+	py="$(COMPAT_PYTHON)"; [ -n "$$py" ] || py=$$(tools/find_python floor) || exit 1; \
 	  $(MAKE) test VENV=$(COMPAT_VENV) TORCH=$(TORCH_FLOOR) TORCH_INDEX=$(TORCH_INDEX) PYTHON="$$py"
+
+test-top:
+	py="$(TOP_PYTHON)"; [ -n "$$py" ] || py=$$(tools/find_python newest) || exit 1; \
+	  $(MAKE) test VENV=$(TOP_VENV) TORCH=$(TORCH_TOP) TORCH_INDEX=$(TORCH_INDEX) PYTHON="$$py"

@@ -105,6 +105,18 @@ def _ray_only_where_marked(request, monkeypatch):
                     f"does: mark it `ray` (or costlier: {', '.join(STARTS_RAY[1:])})")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _versions_in_the_junit_file(record_testsuite_property):
+    """The Python and torch the tier ran on, as properties of its JUnit file (``--junitxml``):
+    tools/test_durations.py reads them, so the suite's figures say what each tier ran on."""
+    import platform
+
+    import torch
+
+    record_testsuite_property("python", platform.python_version())
+    record_testsuite_property("torch", torch.__version__)
+
+
 # Tiny synthetic settings shared by the training tests, so the corpus is generated once per session.
 TINY = ["data.synthetic_videos=64", "data.synthetic_eval_clips=64", "data.batch_size=16", "schedule.epochs=3"]
 

@@ -3,7 +3,9 @@
 module (and the tensor methods that reach CUDA: ``pin_memory``, ``record_stream``, ``.to`` /
 ``.cuda`` to a CUDA device) is replaced by one that records the call (its name, the calling
 thread, that thread's current device) and returns a stand-in value, so the GPU code paths run on
-CPU and a test can read what they asked of CUDA and from which thread.
+CPU and a test can read what they asked of CUDA and from which thread. ``torch.accelerator`` (torch
+2.6 and later) is CUDA's, each of its calls the ``torch.cuda`` call it stands for: so a CPU build
+and a CUDA build of torch take the same path through the stand-in on a machine without a GPU.
 
 The current device is per thread, as in CUDA: ``set_device`` changes the calling thread's only,
 and a thread that never set one is on device 0. ``is_initialized()`` turns true at the first call
@@ -63,6 +65,9 @@ class _Stream:
     def synchronize(self) -> None:
         pass
 
+    def is_capturing(self) -> bool:  # a CUDA graph capture: never here
+        return False
+
 
 class _Event:
     def __init__(self, *args, **kwargs):
@@ -119,6 +124,30 @@ class CudaRecorder:
             return to(t, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, "to", to_device)
+        if hasattr(torch, "accelerator"):  # torch 2.6 and later
+            self._accelerator(monkeypatch)
+
+    def _accelerator(self, monkeypatch) -> None:
+        """``torch.accelerator`` as a CUDA build on a GPU machine has it: CUDA is the accelerator, and
+        each call is the ``torch.cuda`` call it stands for (so recorded, on the calling thread's
+        device). A CUDA build reaches CUDA through it from Python (``Optimizer.step`` asks
+        ``current_stream().is_capturing()``), which the stand-in of ``torch.cuda`` alone would leave to
+        the real runtime: no driver on a CPU machine. A CPU build has no accelerator at all, so without
+        this the two builds would take different paths through the same code."""
+        aliases = {"current_device_index": "current_device", "current_device_idx": "current_device",
+                   "set_device_index": "set_device", "set_device_idx": "set_device", "device_index": "device",
+                   "get_memory_info": "mem_get_info", "Graph": "CUDAGraph"}
+        for name, value in list(vars(torch.accelerator).items()):
+            if name.startswith("_") or not getattr(value, "__module__", "").startswith("torch.accelerator"):
+                continue  # what the module imported: functools, typing
+            if name == "current_accelerator":  # a compile-time answer: CUDA, where it is available
+                def value(check_available: bool = False):
+                    return torch.device("cuda") if not check_available or torch.cuda.is_available() else None
+            else:
+                cuda_name = aliases.get(name, name)
+                cuda = vars(torch.cuda).get(cuda_name)
+                value = cuda if getattr(cuda, "__module__", "") == __name__ else self._recording(cuda_name)
+            monkeypatch.setattr(torch.accelerator, name, value)
 
     # --- what a test reads -------------------------------------------------------------------
     def in_thread(self, thread: str) -> list[Call]:

@@ -72,6 +72,30 @@ def test_a_prefetcher_given_cuda_without_index_works_on_the_constructing_threads
     assert cuda.in_thread("raymcn-prefetch")[0].args == (torch.device("cuda", 2),)
 
 
+@pytest.mark.skipif(not hasattr(torch, "accelerator"), reason="torch.accelerator arrived in torch 2.6")
+def test_torch_accelerator_is_cudas_under_the_stand_in_on_either_build(monkeypatch):
+    """A CUDA build of torch also reaches CUDA through ``torch.accelerator`` (an optimizer's step asks
+    whether the current stream is capturing a graph): on a machine without a GPU that went to the
+    real runtime ("CUDA driver version is insufficient"). Under the stand-in CUDA is the accelerator
+    on a CPU build and on a CUDA build alike, each call recorded as the ``torch.cuda`` call it stands
+    for, and no public name of ``torch.accelerator`` is left to torch."""
+    cuda = CudaRecorder(monkeypatch, devices=2)
+    assert torch.accelerator.current_accelerator(check_available=True) == torch.device("cuda")
+    torch.accelerator.set_device_index(1)
+    assert torch.accelerator.current_device_index() == 1
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    before = len(cuda.calls)
+    optimizer.step()
+    assert "current_stream" in [c.name for c in cuda.calls[before:]], cuda.calls[before:]
+    assert [c.name for c in cuda.calls[:before] if c.initialises] == ["set_device", "current_device"]
+    assert all(c.device == 1 for c in cuda.initialising()[1:])
+    left = [n for n, v in vars(torch.accelerator).items()
+            if not n.startswith("_") and getattr(v, "__module__", "").startswith("torch.accelerator")]
+    assert left == [], f"torch.accelerator names the stand-in does not answer: {left}"
+
+
 HEAD_GPUS = [(70 * GIB, 80 * GIB), (41 * GIB, 80 * GIB), (70 * GIB, 80 * GIB), (70 * GIB, 80 * GIB)]
 
 

@@ -47,6 +47,11 @@ def test_the_practice_route_runs_as_the_guide_prints_it(newcomer):
     # step 2: a toy corpus in the lab's layout
     out = run("raymcn synth --out $HOME/raymcn-practice --videos 64")
     assert f"wrote 64 videos in the original layout to {home}/raymcn-practice" in out, out
+    # step 3: the dry run ("it prints `64 videos found of 64 listed`"), which writes nothing
+    out = run("raymcn shards --features $HOME/raymcn-practice/features --audio-features $HOME/raymcn-practice/audio "
+              "--captions $HOME/raymcn-practice/caption.pickle --video-list $HOME/raymcn-practice/videopaths.csv "
+              "--word-vectors $HOME/raymcn-practice/word2vec.bin --out $HOME/raymcn-practice/shards --dry-run")
+    assert "64 videos found of 64 listed" in out and not (home / "raymcn-practice" / "shards").exists(), out
     # step 4: its shards ("it ends with `64 of 64 listed videos in 1 shard`")
     out = run("raymcn shards --features $HOME/raymcn-practice/features --audio-features $HOME/raymcn-practice/audio "
               "--captions $HOME/raymcn-practice/caption.pickle --video-list $HOME/raymcn-practice/videopaths.csv "

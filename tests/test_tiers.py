@@ -85,7 +85,9 @@ def test_ray_sessions_are_read_where_ray_makes_them(tmp_path):
 
 
 JUNIT = {"test": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
-failures="1" skipped="1" tests="4" time="61.5"><testcase classname="tests.test_tiers" name="test_a" time="1.25"/>
+failures="1" skipped="1" tests="4" time="61.5"><properties><property name="python" value="3.11.7"/>
+<property name="torch" value="2.13.0+cpu"/><property name="other" value="x"/></properties>
+<testcase classname="tests.test_tiers" name="test_a" time="1.25"/>
 <testcase classname="tests.test_tiers" name="test_b[x-1]" time="2.0"><failure message="no"/></testcase>
 <testcase classname="tests.test_tiers.TestGroup" name="test_c" time="0.5"/>
 <testcase classname="tests.test_tiers" name="test_gpu" time="0.0"><skipped message="needs CUDA"/></testcase>
@@ -98,24 +100,32 @@ failures="0" skipped="0" tests="2" time="1200.0"><testcase classname="tests.test
 time="1000.0"/><testcase classname="tests.test_tiers" name="test_bench" time="199.5"/></testsuite></testsuites>''',
          "test-compat": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
 failures="0" skipped="0" tests="1" time="70.0"><testcase classname="tests.test_tiers" name="test_a" time="1.5"/>
-</testsuite></testsuites>'''}
+</testsuite></testsuites>''',
+         "test-top": '''<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+failures="0" skipped="0" tests="1" time="80.0"><properties><property name="python" value="3.13.0"/>
+<property name="torch" value="2.15.0+cu132"/></properties><testcase classname="tests.test_tiers" name="test_a"
+time="1.75"/></testsuite></testsuites>'''}
+CI = ("test", "test-slow", "test-compat", "test-top")  # the files .ci/run writes
 
 
 def test_the_durations_file_adds_the_tiers_up_and_names_every_test(tmp_path):
     for name, text in JUNIT.items():
         (tmp_path / f"{name}.xml").write_text(text)
     out = tmp_path / "durations.json"
-    assert test_durations.main([str(tmp_path / f"{name}.xml") for name in ("test", "test-slow", "test-compat")]
-                               + ["--out", str(out)]) == 0
+    assert test_durations.main([str(tmp_path / f"{name}.xml") for name in CI] + ["--out", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["tiers"] == {"fast": {"seconds": 61.5, "tests": 3, "skipped": 1, "failed": 1},
+    assert figures["tiers"] == {"fast": {"seconds": 61.5, "tests": 3, "skipped": 1, "failed": 1, "python": "3.11.7",
+                                         "torch": "2.13.0+cpu"},
                                 "slow": {"seconds": 600.2, "tests": 1, "skipped": 0, "failed": 0},
                                 "compat": {"seconds": 70.0, "tests": 1, "skipped": 0, "failed": 0},
-                                "ci": {"seconds": 731.7, "tests": 5, "skipped": 1, "failed": 1}}  # CI's run: no soak
+                                "top": {"seconds": 80.0, "tests": 1, "skipped": 0, "failed": 0, "python": "3.13.0",
+                                        "torch": "2.15.0+cu132"},
+                                "ci": {"seconds": 811.7, "tests": 6, "skipped": 1, "failed": 1}}  # CI's run: no soak
     assert figures["tests"] == {"fast": {"tests/test_tiers.py::test_b[x-1]": 2.0, "tests/test_tiers.py::test_a": 1.25,
                                          "tests/test_tiers.py::TestGroup::test_c": 0.5},
                                 "slow": {"tests/test_tiers.py::test_slow": 599.0},
-                                "compat": {"tests/test_tiers.py::test_a": 1.5}}
+                                "compat": {"tests/test_tiers.py::test_a": 1.5},
+                                "top": {"tests/test_tiers.py::test_a": 1.75}}
     assert list(figures["tests"]["fast"])[0] == "tests/test_tiers.py::test_b[x-1]"  # the slowest first
     assert figures["command"] == "CI=true bash .ci/run" and figures["machine"] and figures["commit"]
     # with the soak tier's file (make test-soak, by hand) the full suite too

@@ -51,8 +51,8 @@ COMMANDS: dict[str, Shown] = {
                          "a laptop install; the pin is `cluster.yaml`'s", "`pip install \"ray[...]\"`"),
     "ray get-auth-token --generate": Shown(RUN, (f"{L}::cluster",)),
     "raymcn shards --audio-features --captions --dry-run --features --out --video-list --word-vectors": Shown(
-        CHANGED, ("tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing",), LAB_FILES,
-        "`raymcn shards ... --dry-run`"),
+        CHANGED, ("tests/test_shard_dtype.py::test_dry_run_prints_the_sizes_per_dtype_and_writes_nothing", ROUTE),
+        LAB_FILES + "; the practice route's as written", "`raymcn shards ... --dry-run`"),
     "raymcn synth --out --videos": Shown(RUN, (ROUTE,), label="`raymcn synth ...`"),
     "raymcn shards --audio-features --captions --features --out --video-list --word-vectors --workers": Shown(
         CHANGED, ("tests/test_e2e.py::test_synth_shards_train_eval", ROUTE),

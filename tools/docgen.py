@@ -629,8 +629,8 @@ def lab_sizes() -> str:
 
 
 # --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
-TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "compat": "`make test-compat` (Python 3.10, torch 2.3.1)",
-              "ci": "CI: all three (`.ci/run`)", "soak": "`make test-soak`", "full": "`make test-full`"}
+TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "compat": "`make test-compat`", "top": "`make test-top`",
+              "ci": "CI: all four (`.ci/run`)", "soak": "`make test-soak`", "full": "`make test-full`"}
 SLOWEST = 3  # development.md lists each tier's slowest tests; the JSON holds every test's time
 
 
@@ -647,9 +647,13 @@ def tier(name: str) -> str:
 def tiers() -> str:
     """development.md's table: each tier's time and tests, and where it ran."""
     recorded = m("test_durations")["tiers"]
-    rows = [[TIER_NAMES[n], minsec(recorded[n]["seconds"]), recorded[n]["tests"], recorded[n]["skipped"]]
-            if n in recorded else [TIER_NAMES[n], UNRECORDED, "", ""] for n in TIER_NAMES]
-    return table(["tier", "pytest time", "tests", "skipped (no GPU)"], rows)
+
+    def ran_on(t: dict) -> str:  # a sum of tiers, or a file from before the versions were recorded: none
+        return f"{t['python']}, {t['torch']}" if "python" in t else ""
+
+    rows = [[TIER_NAMES[n], minsec(recorded[n]["seconds"]), recorded[n]["tests"], recorded[n]["skipped"],
+             ran_on(recorded[n])] if n in recorded else [TIER_NAMES[n], UNRECORDED, "", "", ""] for n in TIER_NAMES]
+    return table(["tier", "pytest time", "tests", "skipped (no GPU)", "Python, torch"], rows)
 
 
 def slowest_tests() -> str:

@@ -90,9 +90,9 @@ def install(spec: str, index: str, dry_run: bool = False, pip=pip_install, reach
         print(f"torch: {choice.why}\n  would run: pip install {' '.join(choice.pip_args())}")
         return 0
     if choice.index == CPU_INDEX and index == "auto" and not reachable(CPU_INDEX):
-        choice = Choice(spec, "", f"no nvidia-smi here, and PyTorch's CPU index {CPU_INDEX} did not answer within "
-                                  f"{ANSWER_WITHIN_S:g} s: from pip's configured indexes (on a stock Linux machine "
-                                  "the CUDA build, which runs on the CPU too)")
+        choice = Choice(spec, "", f"no nvidia-smi here, so the build pip's configured indexes serve (PyTorch's CPU "
+                                  f"index {CPU_INDEX} did not answer within {ANSWER_WITHIN_S:g} s; a stock Linux "
+                                  "machine gets the CUDA build there, which runs on the CPU too)")
     elif choice.fallback and not reachable(choice.index):
         print(f"torch: {choice.why}; but {choice.index} did not answer within {ANSWER_WITHIN_S:g} s. Run instead:\n"
               f"  {choice.fallback}\n  or, where a mirror of that index answers: make install TORCH_INDEX=URL",

@@ -1,17 +1,17 @@
 """The suite's measured time, per tier and per test, from the JUnit XML files pytest wrote.
 
-``.ci/run`` runs the fast tier (``make test``), the slow one (``make test-slow``) and the compat
-tier (``make test-compat``), each with ``--junitxml``, and then this script, which writes one
-JSON: the machine, the commit, the command, each tier's pytest time and test counts, CI's three
-tiers as their sum (only when all three files are given: a run stopped before a tier ended wrote no
-file for it), the full suite where the soak
+``.ci/run`` runs the fast tier (``make test``), the slow one (``make test-slow``), the compat
+tier (``make test-compat``) and the top tier (``make test-top``), each with ``--junitxml``, and then
+this script, which writes one JSON: the machine, the commit, the command, each tier's pytest time,
+test counts, Python and torch, CI's four tiers as their sum (only when all four files are given: a
+run stopped before a tier ended wrote no file for it), the full suite where the soak
 tier's file (``make test-soak``, run by hand) is given too, and every test's seconds (setup, call
 and teardown) by tier, the slowest first. A copy of a CI run's file saved as
 ``docs/measurements/test_durations.json`` is what the README's and docs/development.md's suite
 figures are generated from (``tools/docgen.py``), and what the next cut between the tiers reads::
 
     python -m tools.test_durations .cache/tests/test.xml .cache/tests/test-slow.xml \
-        .cache/tests/test-compat.xml --out FILE
+        .cache/tests/test-compat.xml .cache/tests/test-top.xml --out FILE
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the make target each file is named after; compat: the fast tier on the floor's Python and torch
-TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak", "test-compat": "compat"}
-SUMS = {"ci": ("fast", "slow", "compat"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
+# the make target each file is named after; compat and top: the fast tier on the range's oldest, and on
+# its newest, Python and torch
+TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak", "test-compat": "compat", "test-top": "top"}
+SUMS = {"ci": ("fast", "slow", "compat", "top"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
+VERSIONS = ("python", "torch")  # what each tier ran on: properties tests/conftest.py writes into its file
 COMMAND = "CI=true bash .ci/run"  # what writes the XML files this script reads
 
 
@@ -39,7 +41,7 @@ def node_id(case: ET.Element, root: Path = ROOT) -> str:
 
 
 def read_tier(path: Path) -> tuple[dict, dict[str, float]]:
-    """(the tier's totals, its tests' seconds) from one JUnit XML file."""
+    """(the tier's totals and the Python and torch it ran on, its tests' seconds) from one JUnit XML file."""
     root = ET.parse(path).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
@@ -49,6 +51,7 @@ def read_tier(path: Path) -> tuple[dict, dict[str, float]]:
     failed = sum(c.find("failure") is not None or c.find("error") is not None for c in cases)
     totals = {"seconds": round(float(suite.get("time", 0.0)), 1), "tests": len(cases) - skipped,
               "skipped": skipped, "failed": failed}
+    totals.update({p.get("name"): p.get("value") for p in suite.iter("property") if p.get("name") in VERSIONS})
     return totals, {node_id(c): round(float(c.get("time", 0.0)), 2) for c in cases if c.find("skipped") is None}
 
 
