@@ -630,7 +630,8 @@ def lab_sizes() -> str:
 
 # --- the suite's tiers (tools/test_durations.py, from a fresh-clone `.ci/run`) --------------------------------
 TIER_NAMES = {"fast": "`make test`", "slow": "`make test-slow`", "compat": "`make test-compat`", "top": "`make test-top`",
-              "ci": "CI: all four (`.ci/run`)", "soak": "`make test-soak`", "full": "`make test-full`"}
+              "ci": "CI: all four (`.ci/run`)", "soak": "`make test-soak`", "full": "`make test-full`",
+              "os": "`sudo tools/os_tier` (Ubuntu 26.04)"}
 SLOWEST = 3  # development.md lists each tier's slowest tests; the JSON holds every test's time
 
 

@@ -5,7 +5,8 @@ tier (``make test-compat``) and the top tier (``make test-top``), each with ``--
 this script, which writes one JSON: the machine, the commit, the command, each tier's pytest time,
 test counts, Python and torch, CI's four tiers as their sum (only when all four files are given: a
 run stopped before a tier ended wrote no file for it), the full suite where the soak
-tier's file (``make test-soak``, run by hand) is given too, and every test's seconds (setup, call
+tier's file (``make test-soak``, run by hand) is given too, the Ubuntu 26.04 tier where its file
+(``sudo tools/os_tier``, by hand) is, and every test's seconds (setup, call
 and teardown) by tier, the slowest first. A copy of a CI run's file saved as
 ``docs/measurements/test_durations.json`` is what the README's and docs/development.md's suite
 figures are generated from (``tools/docgen.py``), and what the next cut between the tiers reads::
@@ -25,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the make target each file is named after; compat and top: the fast tier on the range's oldest, and on
 # its newest, Python and torch
-TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak", "test-compat": "compat", "test-top": "top"}
+TIER_OF_FILE = {"test": "fast", "test-slow": "slow", "test-soak": "soak", "test-compat": "compat", "test-top": "top",
+                "test-os": "os"}  # os: the fast tier on Ubuntu 26.04's own python3 (tools/os_tier, by hand)
 SUMS = {"ci": ("fast", "slow", "compat", "top"), "full": ("fast", "slow", "soak")}  # CI's run (.ci/run); every test
 VERSIONS = ("python", "torch")  # what each tier ran on: properties tests/conftest.py writes into its file
 COMMAND = "CI=true bash .ci/run"  # what writes the XML files this script reads
