@@ -1,5 +1,5 @@
-"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table | watch
-| boot | drain``.
+"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table |
+reproduce | watch | boot | drain``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -503,6 +503,11 @@ def _add_data_and_results_commands(sub) -> None:
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=cmd_table)
+    from raymcn import reproduce
+
+    p = sub.add_parser("reproduce", help=reproduce.HELP)
+    reproduce.add_arguments(p)
+    p.set_defaults(func=reproduce.run)
     from raymcn.results import watch
 
     p = sub.add_parser("watch", help="live view of a sweep: table, statistics and plots refreshed every few seconds")

@@ -150,9 +150,13 @@ def torch_cuda() -> str | None:
 
 def packages() -> dict[str, str]:
     """Every installed distribution on ``sys.path`` -> its version, from the metadata folders' names
-    (a listing, not a parse: importlib.metadata reads each file, about 0.5 s for 170 packages)."""
+    (a listing, not a parse: importlib.metadata reads each file, about 0.5 s for 170 packages). A
+    folder inside an installation (Ray puts its vendored ``thirdparty_files`` on the path once
+    imported) is part of that package, not a package of its own."""
     found: dict[str, str] = {}
     for entry in sys.path:
+        if any(part in ("site-packages", "dist-packages") for part in Path(entry).parts[:-1]):
+            continue
         try:
             names = os.listdir(entry or ".")
         except OSError:
