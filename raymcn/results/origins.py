@@ -21,6 +21,8 @@ from raymcn.provenance.record import all_nodes, drivers, read
 
 NOT_RECORDED = "not recorded"
 FACETS = ("code", "environment", "data")  # what every run of a comparison must share
+# how each line of :func:`made_by` starts (a wrapped one continues indented)
+LINE_STARTS = (*(f"{facet}:" for facet in FACETS), "hosts:", ", ".join(FACETS) + ":")
 
 
 @dataclass(frozen=True)

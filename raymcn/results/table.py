@@ -408,7 +408,7 @@ def run_table(args: argparse.Namespace) -> int:
             print(format_table(group_table(trials, by, target.column) if by else trials, "csv"), end="")
         else:
             phases = {"search": origins, **({"confirmation": conf.origins} if conf is not None else {})}
-            print("Where these numbers come from (each run's record; docs/sweeps.md#where-the-numbers-come-from):\n"
+            print("Where these numbers come from (each run's record: docs/sweeps.md, \"Where the numbers come from\"):\n"
                   + "\n".join(made_by(phases)) + "\n")
             print(report(trials, by, target, timing=getattr(args, "timing", False),
                          heading=search_heading(trials, by, conf)))
