@@ -158,7 +158,7 @@ def present_entry(first: dict[str, Any]) -> dict[str, Any]:
     data = dict(first.get("data") or {})
     if shards := data.get("shards"):
         manifest = (shards.get("manifest") or {}).get("path")
-        data["shards"] = {**shards, "manifest": collect.file_identity(manifest) if manifest else {}}
+        data["shards"] = {**shards, "manifest": collect.file_identity(manifest, whole=True) if manifest else {}}
     if evalset := data.get("eval_set"):
         path = (evalset.get("file") or {}).get("path")
         data["eval_set"] = {**evalset, "file": collect.file_identity(path) if path else {}}

@@ -102,6 +102,8 @@ def test_a_file_is_identified_whole_or_by_its_two_ends(tmp_path, monkeypatch):
     big.write_bytes(bytes(data))
     assert collect.file_identity(big)["sha256"] != seen["sha256"]
     assert collect.file_identity(tmp_path / "gone") == {"path": str(tmp_path / "gone"), "missing": True}
+    manifest = collect.file_identity(big, whole=True)  # a manifest: whole at any size
+    assert manifest["sha256"] == hashlib.sha256(bytes(data)).hexdigest() and manifest["digest_of"] == "the whole file"
 
 
 def test_the_installed_packages_are_listed_as_importlib_reads_them():

@@ -13,7 +13,8 @@ ignore, as new files: a module written and not yet added is code the run ran; ea
 
 **A file's identity**: its size and SHA-256, of the whole file up to :data:`WHOLE_FILE_MAX` bytes,
 else of its first and last :data:`ENDS_BYTES` (a 3.6 GB word2vec file costs 8 MiB of reading; a
-change confined to its middle with the size unchanged is not seen, and ``digest_of`` says so).
+change confined to its middle with the size unchanged is not seen, and ``digest_of`` says so). A
+shard manifest is digested whole at any size (``bench/provenance.py``: HowTo100M's, about 150 MB).
 """
 
 from __future__ import annotations
@@ -233,8 +234,9 @@ def gpus() -> tuple[list[str], str | None]:
     return [r[0] for r in rows], (rows[0][1] if rows else None)
 
 
-def file_identity(path: str | os.PathLike) -> dict[str, Any]:
-    """``path``, its ``bytes`` and ``sha256`` (module doc: of the whole file, or its two ends);
+def file_identity(path: str | os.PathLike, whole: bool = False) -> dict[str, Any]:
+    """``path``, its ``bytes`` and ``sha256`` (module doc: of the whole file, or its two ends; ``whole``:
+    of the whole file at any size, as for a shard manifest, whose middle lists most shards' digests);
     ``missing`` when it is not a file here."""
     path = Path(path)
     try:
@@ -242,14 +244,14 @@ def file_identity(path: str | os.PathLike) -> dict[str, Any]:
     except OSError:
         return {"path": str(path), "missing": True}
     digest = hashlib.sha256()
+    whole = whole or size <= WHOLE_FILE_MAX
     with path.open("rb") as f:
-        if size <= WHOLE_FILE_MAX:
+        if whole:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         else:
             digest.update(f.read(ENDS_BYTES))
             f.seek(size - ENDS_BYTES)
             digest.update(f.read(ENDS_BYTES))
-    whole = size <= WHOLE_FILE_MAX
     return {"path": str(path), "bytes": size, "sha256": digest.hexdigest(),
             "digest_of": "the whole file" if whole else f"its first and last {ENDS_BYTES >> 20} MiB"}

@@ -32,7 +32,7 @@ SYNTHETIC = {"videos": "data.synthetic_videos", "eval_clips": "data.synthetic_ev
 
 def data_identity(cfg: Config, inputs: RunInputs) -> dict[str, Any]:
     """What the run reads, by identity (module doc)."""
-    manifest = collect.file_identity(Path(inputs.shards_dir) / MANIFEST)
+    manifest = collect.file_identity(Path(inputs.shards_dir) / MANIFEST, whole=True)
     _, _, eval_file = inputs.eval_set.partition(":")
     data: dict[str, Any] = {
         "shards": {"dir": inputs.shards_dir, "manifest": manifest, "shards": len(inputs.shard_bytes),
