@@ -66,6 +66,7 @@ class Trackers:
         self.names = [t for t in cfg.run.trackers.split(",") if t]
         self.folder = local_folder(cfg, run_dir)
         self._open: dict[str, Any] = {}
+        self._entries: list[dict] | None = None  # the run's record, read when a tracker first opens
 
     def log(self, epoch: int, metrics: dict[str, float]) -> None:
         """Log one epoch's ``metrics`` (scalars) to every tracker, opening each on first use."""
@@ -88,8 +89,16 @@ class Trackers:
         self._open.clear()
 
     def _record(self) -> list[dict]:
-        """The run's provenance record (``raymcn.provenance``), as its driver and ranks wrote it so far."""
-        return record.read(self.run_dir)
+        """The run's provenance record (``raymcn.provenance``), as its driver and ranks wrote it so far
+        ([] when it cannot be read, said once: the trackers go on without it; the record stays the run's)."""
+        if self._entries is None:
+            try:
+                self._entries = record.read(self.run_dir)
+            except OSError as e:
+                self.say(f"warning: run.trackers: the run's record ({record.path_of(self.run_dir)}) could not be "
+                         f"read ({reason(e)}); the trackers go on without it")
+                self._entries = []
+        return self._entries
 
     # --- mlflow ------------------------------------------------------------------------------------
     def _open_mlflow(self):
