@@ -214,8 +214,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
     from raymcn import phases, storage
     from raymcn.config import default_storage_path
-    from raymcn.servers import sweeps as marks
     from raymcn.provenance import record
+    from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
     from raymcn.train import run_record
     from raymcn.train.inputs import resolve_inputs

@@ -99,8 +99,8 @@ def recorded_as_set_up(run_dir: Path, checkout, out: str, trial: str | None = No
     import socket
 
     import ray
-
     from git_checkout import CHANGE, CHANGED
+
     from raymcn.provenance import record
 
     entries = record.read(str(run_dir))

@@ -112,7 +112,7 @@ def code_identity(package_dir: Path | None = None) -> dict[str, Any]:
     code.update(origin="git", commit=commit, branch=branch, dirty=bool(status.strip()),
                 repository=(git(root, "config", "--get", "remote.origin.url") or "").strip(),
                 patch_sha256=hashlib.sha256(patch.encode()).hexdigest(),
-                patch_files=sorted(set(re.findall(r"^diff --git a/\S+ b/(\S+)$", patch, re.M))),
+                patch_files=sorted(set(re.findall(r"^diff --git a/\S+ b/(\S+)$", patch, re.MULTILINE))),
                 patch=patch[:PATCH_KEPT_BYTES], untracked_left_out=left_out)
     if len(patch) > PATCH_KEPT_BYTES:
         code["patch_cut_at"] = PATCH_KEPT_BYTES
@@ -145,7 +145,7 @@ def torch_cuda() -> str | None:
         text = (Path(spec.origin).parent / "version.py").read_text()
     except OSError:
         return None
-    found = re.search(r"^cuda\b[^=\n]*=\s*'([^']*)'", text, re.M)
+    found = re.search(r"^cuda\b[^=\n]*=\s*'([^']*)'", text, re.MULTILINE)
     return found.group(1) if found else None
 
 
@@ -215,7 +215,7 @@ def gpus() -> tuple[list[str], str | None]:
     files under ``/proc`` (no CUDA context, no process), else from ``nvidia-smi``; ([], None) without one."""
     names = []
     for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
-        found = re.search(r"^Model:\s*(.+)$", Path(info).read_text(), re.M)
+        found = re.search(r"^Model:\s*(.+)$", Path(info).read_text(), re.MULTILINE)
         names.append(found.group(1).strip() if found else "unknown")
     try:
         version = re.search(r"Kernel Module\s+([0-9.]+)", Path("/proc/driver/nvidia/version").read_text())

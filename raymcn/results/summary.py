@@ -24,8 +24,8 @@ import pandas as pd
 from raymcn.results.columns import SEED_KEY, cell_spec
 from raymcn.results.confirmation import load_confirmation
 from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
-from raymcn.results.render import format_cell, render_table
 from raymcn.results.origins import made_by, run_origins
+from raymcn.results.render import format_cell, render_table
 from raymcn.results.table import (
     _ci,
     answer_line,
