@@ -106,6 +106,23 @@ def test_a_file_is_identified_whole_or_by_its_two_ends(tmp_path, monkeypatch):
     assert manifest["sha256"] == hashlib.sha256(bytes(data)).hexdigest() and manifest["digest_of"] == "the whole file"
 
 
+@pytest.mark.parametrize("version, driver", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n", "535.104.05"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder)\n",
+     "570.86.15")])
+def test_the_gpus_and_the_driver_are_read_from_the_drivers_files(tmp_path, version, driver):
+    """The NVIDIA driver's files under /proc (its proprietary and its open kernel module): every GPU's
+    model, in bus order, and the driver's version, without a CUDA context."""
+    for bus, model in (("0000:3b:00.0", "NVIDIA A100-SXM4-80GB"), ("0000:d8:00.0", "NVIDIA A100-SXM4-80GB")):
+        (tmp_path / "gpus" / bus).mkdir(parents=True)
+        (tmp_path / "gpus" / bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 56\n")
+    (tmp_path / "version").write_text(version + "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    assert collect.gpus(tmp_path) == (["NVIDIA A100-SXM4-80GB"] * 2, driver)
+    from raymcn.provenance.describe import gpus_text
+
+    assert gpus_text(*collect.gpus(tmp_path)) == f"2x NVIDIA A100-SXM4-80GB, driver {driver}"
+
+
 def test_the_installed_packages_are_listed_as_importlib_reads_them():
     import importlib.metadata
 

@@ -20,7 +20,6 @@ shard manifest is digested whole at any size (``bench/provenance.py``: HowTo100M
 from __future__ import annotations
 
 import getpass
-import glob
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -210,15 +209,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpus() -> tuple[list[str], str | None]:
+NVIDIA_PROC = Path("/proc/driver/nvidia")  # the NVIDIA driver's files on Linux
+
+
+def gpus(proc: Path = NVIDIA_PROC) -> tuple[list[str], str | None]:
     """(the model of every NVIDIA GPU of this machine, the driver's version), read from the driver's
-    files under ``/proc`` (no CUDA context, no process), else from ``nvidia-smi``; ([], None) without one."""
+    files under ``proc`` (no CUDA context, no process), else from ``nvidia-smi``; ([], None) without one."""
     names = []
-    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
-        found = re.search(r"^Model:\s*(.+)$", Path(info).read_text(), re.MULTILINE)
+    for info in sorted(proc.glob("gpus/*/information")):
+        found = re.search(r"^Model:\s*(.+)$", info.read_text(), re.MULTILINE)
         names.append(found.group(1).strip() if found else "unknown")
-    try:
-        version = re.search(r"Kernel Module\s+([0-9.]+)", Path("/proc/driver/nvidia/version").read_text())
+    try:  # "NVRM version: NVIDIA UNIX [Open Kernel Module for ]x86_64 [Kernel Module]  535.104.05  ..."
+        version = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s", (proc / "version").read_text())
     except OSError:
         version = None
     if names or version:
