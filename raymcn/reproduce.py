@@ -22,10 +22,11 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import sys
 from typing import Any
 
 from raymcn import storage
-from raymcn.config import RECORD_FILE, RUN_CONFIG_FILE, SWEEP_CONFIG_FILE, ConfigError, load_config_text
+from raymcn.config import RECORD_FILE, RUN_CONFIG_FILE, SWEEP_CONFIG_FILE, load_config_text
 from raymcn.doctor.driver import CUDA_INDEX
 from raymcn.provenance import collect, record
 from raymcn.provenance.compare import compare
@@ -49,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
     settings = next((n for n in (RUN_CONFIG_FILE, SWEEP_CONFIG_FILE) if n in names), None)
     if not found or settings is None:
         missing = RECORD_FILE if not found else f"{RUN_CONFIG_FILE} or {SWEEP_CONFIG_FILE}"
-        raise ConfigError([f"reproduce {args.run_dir}: no {missing} there (a run or sweep of raymcn keeps both; "
-                           "one from before raymcn kept a record has none)"])
+        print(f"raymcn reproduce: {where}: no {missing} there (a run or sweep of raymcn keeps both; one from "
+              "before raymcn kept a record has none)", file=sys.stderr)
+        return 2
     print(script(where, found, settings), end="")
     return 0
 
