@@ -118,9 +118,14 @@ def code_identity(package_dir: Path | None = None) -> dict[str, Any]:
     return code
 
 
+# a patch `git apply` takes whatever the user's git configuration says (colour, an external diff tool,
+# text conversions, no a/ b/ prefixes)
+PLAIN_DIFF = ("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/", "--dst-prefix=b/")
+
+
 def _patch(root: Path) -> tuple[str, list[str]]:
     """(``git diff HEAD`` with the untracked files as new ones, the untracked files left out with why)."""
-    patch = git(root, "diff", "HEAD", "--binary") or ""
+    patch = git(root, *PLAIN_DIFF, "HEAD") or ""
     untracked = (git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")
     left_out = []
     for i, name in enumerate(n for n in untracked if n):
@@ -128,7 +133,7 @@ def _patch(root: Path) -> tuple[str, list[str]]:
         if i >= UNTRACKED_MAX_FILES or size > UNTRACKED_MAX_BYTES:
             left_out.append(f"{name} ({size} bytes)")
             continue
-        patch += git(root, "diff", "--no-index", "--binary", "--", "/dev/null", name, check=False) or ""
+        patch += git(root, *PLAIN_DIFF, "--no-index", "--", "/dev/null", name, check=False) or ""
     return patch, left_out
 
 
