@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench import harness
 
-SMOKE = {"repeat": 1, "manifest_mb": 1.0, "word_vectors_gb": 0.1}
+SMOKE = {"repeat": 1, "manifest_mb": 1.0, "word_vectors_gb": 0.1, "videos": 64}  # the tests' tiny corpus
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:
@@ -36,8 +36,9 @@ def timed(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(seconds), out
 
 
-def driver_parts(repeat: int, folder: Path) -> dict[str, float]:
-    """Each part of the driver's entry on the embedded default's inputs, and the whole with its append."""
+def driver_parts(repeat: int, folder: Path, videos: int | None) -> dict[str, float]:
+    """Each part of the driver's entry on the embedded default's inputs (``videos``: its corpus's
+    training videos and eval clips instead), and the whole with its append."""
     import torch
 
     from raymcn.cli import preset_path
@@ -46,7 +47,8 @@ def driver_parts(repeat: int, folder: Path) -> dict[str, float]:
     from raymcn.train import run_record
     from raymcn.train.inputs import resolve_inputs
 
-    cfg = load_config(preset_path(), [])
+    cfg = load_config(preset_path(), [f"data.synthetic_videos={videos}", f"data.synthetic_eval_clips={videos}"]
+                      if videos else [])
     inputs = resolve_inputs(cfg)  # the corpus generated once, before any timing
     parts = {"code_s": timed(collect.code_identity, repeat)[0],
              "environment_s": timed(collect.environment, repeat)[0],
@@ -79,17 +81,19 @@ def data_digests(repeat: int, folder: Path, manifest_mb: float, word_vectors_gb:
 
 
 def build_parser():
-    ap = harness.parser(__doc__, smoke="each part once, a 1 MB manifest, 0.1 GB of word vectors")
+    ap = harness.parser(__doc__, smoke="each part once on a 64-video corpus, a 1 MB manifest, 0.1 GB of word vectors")
     ap.add_argument("--repeat", type=int, default=5, help="times each part is timed (the median reported)")
     ap.add_argument("--manifest-mb", type=float, default=150.0, help="the manifest's size, MB (default: HowTo100M's)")
     ap.add_argument("--word-vectors-gb", type=float, default=3.6, help="the word vectors' size, GB (GoogleNews)")
+    ap.add_argument("--videos", type=int, default=None, help="the synthetic corpus's videos and eval clips "
+                    "(default: the embedded default's)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = harness.parse_args(build_parser(), argv, SMOKE)
     with harness.Results("provenance", args) as results, tempfile.TemporaryDirectory() as tmp:
-        driver = driver_parts(args.repeat, Path(tmp))
+        driver = driver_parts(args.repeat, Path(tmp), args.videos)
         results.save(driver=driver)
         data = data_digests(args.repeat, Path(tmp), args.manifest_mb, args.word_vectors_gb)
         start = driver["entry_and_append_s"] + data["manifest_digest_s"] + data["word_vectors_digest_s"]
