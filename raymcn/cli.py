@@ -1,5 +1,5 @@
-"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table | watch
-| boot | drain``.
+"""Command line: ``raymcn train | sweep | doctor | config | synth | shards | eval | import-original | table |
+reproduce | watch | boot | drain``.
 
 Every command is ``main(argv) -> int`` so tests call it in-process. Configuration problems exit
 with status 2 before Ray starts; with ``--json`` the last stdout line is one JSON object.
@@ -157,6 +157,7 @@ def _failed(command: str, error: BaseException, resume_hint: str) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """One run: its folder decided and its inputs resolved here, once; the preflight and the
     trainer receive its one plan."""
+    from raymcn.train import run_record
     from raymcn.train.inputs import resolve_inputs
     from raymcn.train.on_ray import launch
 
@@ -170,7 +171,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = launch.new_run_dir(cfg)  # named here so an interruption can say where it is
     # The embedded default is generated here, once; everything that can be checked before Ray
     # starts is reported at once, and the plan the preflight made is the trainer's.
-    plan = preflight.checked_plan(cfg, resolve_inputs(cfg), log=print)
+    inputs = resolve_inputs(cfg)
+    entry = run_record.driver_entry(cfg, inputs)  # a resume on other code, environment or data says so first
+    for line in run_record.notes(run_dir, entry, "run"):
+        print(line)
+    plan = preflight.checked_plan(cfg, inputs, log=print)
     _say_capped_steps(cfg, plan)
     if args.rehearse and not args.resume:
         from raymcn.servers import sweeps as marks
@@ -186,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 if started and not args.resume:
                     _check_cluster(cfg)
                 with _resource_waits_named(cfg, console) if cfg.scale.max_workers > 0 else contextlib.nullcontext():
-                    result = launch.fit(cfg, run_dir, plan=plan, env=args.env)
+                    result = launch.fit(cfg, run_dir, plan=plan, env=args.env, entry=entry)
     except KeyboardInterrupt:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
@@ -209,8 +214,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     whichever phase was interrupted, ``--confirm EXP`` confirms a finished search."""
     from raymcn import phases, storage
     from raymcn.config import default_storage_path
+    from raymcn.provenance import record
     from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
+    from raymcn.train import run_record
     from raymcn.train.inputs import resolve_inputs
 
     if args.stop:
@@ -229,6 +236,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not resume:
         _say_capped_steps(cfg, preflight.checked_plan(cfg, inputs, log=print))  # each trial plans from the inputs
     exp_dir = existing or tuner.default_experiment_dir(cfg)
+    entry = run_record.driver_entry(cfg, inputs)  # a resume on other code, environment or data says so first
+    for line in run_record.notes(exp_dir, entry, "sweep"):
+        print(line)
     if existing:
         marks.clear_marks(existing)  # running again: unfinished until it ends, and no longer stopped
     elif args.rehearse:
@@ -242,6 +252,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             with ray_session(args.address, args.env, console.say), _resource_waits_named(cfg, console):
                 if not resume:
                     _check_cluster(cfg)
+                # in the sweep's record before its trials start: each carries the commit and patch from it
+                record.append(exp_dir, entry, "resume" if resume else "confirm" if existing else "start")
                 if resume:
                     result = phases.resume(resume, console, inputs)
                 elif existing:
@@ -491,6 +503,11 @@ def _add_data_and_results_commands(sub) -> None:
     p = sub.add_parser("table", help="results table and plots of a finished or running sweep")
     table.add_table_arguments(p)
     p.set_defaults(func=cmd_table)
+    from raymcn import reproduce
+
+    p = sub.add_parser("reproduce", help=reproduce.HELP)
+    reproduce.add_arguments(p)
+    p.set_defaults(func=reproduce.run)
     from raymcn.results import watch
 
     p = sub.add_parser("watch", help="live view of a sweep: table, statistics and plots refreshed every few seconds")

@@ -152,3 +152,12 @@ class Collectives:
         if self.world > 1:
             dist.broadcast(t, src=0)
         return t
+
+    def all_gather_object(self, obj: object) -> list:
+        """Every rank's ``obj`` (anything picklable, e.g. what a rank says about its node), in rank
+        order; ``[obj]`` when world is 1."""
+        if self.world == 1:
+            return [obj]
+        out: list = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out

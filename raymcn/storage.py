@@ -64,6 +64,25 @@ def write_text(location: str, text: str) -> None:
         f.write(text.encode())
 
 
+def replace_text(location: str, text: str) -> None:
+    """``location`` holds ``text``, and a reader never sees part of it: a local file is written under a
+    temporary name beside it, then renamed over it; a bucket's object is replaced whole by one upload."""
+    location = normalize(location)
+    if is_uri(location):
+        write_text(location, text)
+        return
+    folder, name = os.path.split(location)
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, location)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
 def read_text(location: str) -> str:
     fs, path = filesystem(location)
     try:

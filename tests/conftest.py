@@ -412,3 +412,11 @@ def last_json(text: str) -> dict:
     import json
 
     return json.loads(next(line for line in reversed(text.strip().splitlines()) if line.startswith("{")))
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A git checkout of raymcn with an uncommitted change (``tests/git_checkout.py``)."""
+    from git_checkout import make_checkout
+
+    return make_checkout(tmp_path / "checkout")

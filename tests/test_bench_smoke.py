@@ -38,6 +38,7 @@ from bench import (
     loader,
     memory,
     overhead,
+    provenance,
     scale,
     shard_dtype,
     step,
@@ -165,6 +166,17 @@ def sweep_help() -> list[str]:
                           capture_output=True, text=True, timeout=120, check=True,
                           env={**os.environ, "RAY_ADDRESS": "local"})
     return proc.stdout.splitlines()
+
+
+def test_provenance(tmp_path):
+    figures = smoke(provenance, tmp_path)
+    parts = ("code_s", "environment_s", "host_s", "data_s", "entry_and_append_s", "node_part_s")
+    assert positive(*(figures["driver"][k] for k in parts), figures["data"]["manifest_digest_s"],
+                    figures["data"]["word_vectors_digest_s"])
+    assert figures["data"]["manifest_mb"] == pytest.approx(provenance.SMOKE["manifest_mb"] * (1 << 20) / 1e6)
+    assert figures["data"]["word_vectors_gb"] == pytest.approx(provenance.SMOKE["word_vectors_gb"])
+    assert figures["lab_run_start_s"] == pytest.approx(figures["driver"]["entry_and_append_s"] + sum(
+        figures["data"][k] for k in ("manifest_digest_s", "word_vectors_digest_s")))
 
 
 def test_compression(tmp_path):

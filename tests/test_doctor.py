@@ -206,3 +206,25 @@ def test_a_failed_trial_for_a_cause_the_doctor_checks_points_back_to_it():
     assert "raymcn doctor" in doctor_hint(FileNotFoundError("/data/howto100m/shards/shard-000001.tar"))
     assert "raymcn doctor" in doctor_hint(EvalSetError("youcook_val_audio.pkl: entry 3 lacks 'audio'"))
     assert doctor_hint(ZeroDivisionError()) == ""
+
+
+def test_the_versions_row_names_the_commit_and_tells_a_stale_copy_by_its_sources(cfg, tmp_path):
+    """The lab's servers get the checkout without .git: a node is judged by its sources' digest, which a
+    stale copy fails; the commit is shown, and compared where both sides know theirs."""
+    from raymcn.provenance import collect
+    from raymcn.provenance.describe import NO_GIT
+
+    req, _ = request(cfg, tmp_path)
+    facts = probe(req)
+    code = collect.code_identity()
+    assert facts["versions"]["raymcn sources"] == code["source_digest"][:12]
+    assert facts["versions"]["commit"] == (code["commit"][:7] + (" with uncommitted changes" if code["dirty"] else "")
+                                           if code["commit"] else NO_GIT)
+    synced = dataclasses.replace(req, versions={**req.versions, "commit": NO_GIT})  # the head has no .git
+    assert rows_of(facts, synced)["versions as on the head"].ok is True
+    stale = dataclasses.replace(req, versions={**req.versions, "commit": NO_GIT, "raymcn sources": "0123456789ab"})
+    row = rows_of(facts, stale)["versions as on the head"]
+    assert row.ok is False and f"raymcn sources {code['source_digest'][:12]} (head: 0123456789ab)" in row.fix
+    other = dataclasses.replace(req, versions={**req.versions, "commit": "1234567"})
+    assert rows_of({**facts, "versions": {**facts["versions"], "commit": "7654321"}}, other)[
+        "versions as on the head"].ok is False

@@ -1,9 +1,10 @@
 """The package layering, checked over every module of raymcn: what each may import, and no
 import cycles. Every import counts, also those inside functions (a lazy import still couples).
 
-Layers, left to right: environment (the process's RAYMCN_* variables) -> config, storage -> data -> model -> losses -> train -> sweep -> results;
+Layers, left to right: environment (the process's RAYMCN_* variables) -> config, storage -> provenance (a run's
+record: stdlib, the config's names and storage) -> data -> model -> losses -> train -> sweep -> results;
 collectives (the ranks' collectives, torch only) sits under the losses and serves them and train/;
-cli, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
+cli, reproduce, doctor, servers and phases (a sweep's search, then its confirmation) on top; bench/ imports raymcn,
 never the reverse. The rules are per folder (a file
 moved within its folder keeps its rules): inside data/, formats/ comes first, write/ and read/ use
 it, and the corpora (synthetic, evalsets) sit on top; inside train/, the run itself (the modules
@@ -80,7 +81,10 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return {"raymcn.config"}, set(), {"pyarrow"}
     if module == "raymcn.reference":  # config's own documentation, generated from its source
         return {"raymcn.config"}, set(), set()
-    if module in ("raymcn.cli", "raymcn.__main__", "raymcn", "raymcn.phases") or module.startswith("raymcn.doctor"):
+    if where == "raymcn.provenance":  # a run's record: stdlib, the config's names and storage
+        return {"raymcn.config", "raymcn.storage", "raymcn.provenance"}, set(), set()
+    if module in ("raymcn.cli", "raymcn.__main__", "raymcn", "raymcn.phases", "raymcn.reproduce") or \
+            module.startswith("raymcn.doctor"):
         return {"raymcn"}, set(), {"*"}
     if where == "raymcn.servers":  # on top, beside cli; runs sweeps as `raymcn sweep` processes, imports none
         # ... but connects to Ray as every command does (the connection's module imports no torch)
@@ -100,23 +104,23 @@ def allowed(module: str) -> tuple[set[str], set[str], set[str]]:
         return {"raymcn.config.LossConfig", "raymcn.config.MODALITIES", "raymcn.collectives", "raymcn.losses"}, set(), {
             "torch"}
     if where == "raymcn.train.on_ray":
-        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.provenance", "raymcn.data", "raymcn.model",
                  "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 {"raymcn.data.write.ray_writers"}, {"torch", "numpy", "yaml", "ray"} | (
                     {"grpc", "psutil"} if module == "raymcn.train.on_ray.cluster" else set()))
     if where == "raymcn.train" or where in TRAIN_ROOMS:
-        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.model",
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.provenance", "raymcn.data", "raymcn.model",
                  "raymcn.collectives", "raymcn.losses", "raymcn.train"},
                 NOT_ON_RAY, {"torch", "numpy", "yaml"} | (
                     {"mlflow", "wandb", "tensorboardX"} if module == "raymcn.train.monitor.trackers" else set()) | (
                     {"pynvml"} if module == "raymcn.train.preflight.gpus" else set()))
     if where == "raymcn.sweep":
-        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.data", "raymcn.train",
-                 "raymcn.sweep"},
+        return ({"raymcn.config", "raymcn.environment", "raymcn.storage", "raymcn.provenance", "raymcn.data",
+                 "raymcn.train", "raymcn.sweep"},
                 {"raymcn.data.write.ray_writers"}, {"ray", "numpy", "optuna"})
     if where == "raymcn.results":
-        return {"raymcn.config", "raymcn.results"}, set(), {"pandas", "matplotlib", "numpy", "scipy", "statsmodels",
-                                                             "yaml"}
+        return {"raymcn.config", "raymcn.provenance", "raymcn.results"}, set(), {
+            "pandas", "matplotlib", "numpy", "scipy", "statsmodels", "yaml"}
     raise AssertionError(f"{module}: no layer")
 
 

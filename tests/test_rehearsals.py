@@ -131,12 +131,13 @@ def epoch_lines(lines: list[str]) -> list[tuple[str, int, int]]:
     return [(m["trial"], int(m["epoch"]), int(m["epochs"])) for m in map(EPOCH_LINE.match, lines) if m]
 
 
-def rehearse(args: list[str], results: Path, kill_when=None, timeout: float = 900) -> tuple[int, str, dict]:
-    """``raymcn sweep ARGS`` as the lab runs it; once ``kill_when(exp, lines)`` (the sweep's folder
-    and its terminal lines so far) is true, its process group (the driver and its Ray: the head's
-    reboot) is SIGKILLed, and the result rows in its folder then are returned. Returns (exit
-    status or -9, stdout, result rows at the kill)."""
-    proc = subprocess.Popen([sys.executable, "-m", "raymcn.cli", "sweep", *args], env=lab_env(results), cwd=REPO,
+def rehearse(args: list[str], results: Path, kill_when=None, timeout: float = 900,
+             cwd: Path = REPO) -> tuple[int, str, dict]:
+    """``raymcn sweep ARGS`` as the lab runs it, from the checkout ``cwd``; once ``kill_when(exp, lines)``
+    (the sweep's folder and its terminal lines so far) is true, its process group (the driver and its
+    Ray: the head's reboot) is SIGKILLed, and the result rows in its folder then are returned.
+    Returns (exit status or -9, stdout, result rows at the kill)."""
+    proc = subprocess.Popen([sys.executable, "-m", "raymcn.cli", "sweep", *args], env=lab_env(results), cwd=cwd,
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
@@ -214,27 +215,29 @@ REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resum
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name, settings, kill_when", REHEARSALS)
 def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when,
-                                                                  capsys):
+                                                                  capsys, checkout):
     """``ray_local``: a second Ray instance on the machine for the whole test (the sweep starts its
     own), as a colleague's run or a ``make test`` on the lab's head would be; pinned to its own
     instance, the sweep's placement groups are still freed for the trials that wait for them. Tune's
     results report each trial's best so far over the kill (tests/test_ray_results.py); of the grid,
     whose trials all finish, Ray's API finds the best trial by ``sweep.metric`` and its checkpoint,
-    which ``raymcn eval`` scores as the trial did."""
+    which ``raymcn eval`` scores as the trial did. The sweep runs from a git checkout with an
+    uncommitted change (tests/git_checkout.py): its folder and every trial's keep what made them."""
     results = tmp_path / "results"
-    args = ["--config", str(REPO / name), "--rehearse", *[a for s in settings for a in ("--set", s)]]
-    status, out, before = rehearse(args, results, kill_when=kill_when)
+    args = ["--config", str(checkout.root / name), "--rehearse", *[a for s in settings for a in ("--set", s)]]
+    status, out, before = rehearse(args, results, kill_when=kill_when, cwd=checkout.root)
     assert status == -9, f"the sweep ended before it could be killed:\n{out[-3000:]}"
     exp = sweep_folder(results)
     finished = {t for t, s in trial_statuses(exp).items() if s == "TERMINATED"}
     # a rehearsal is never what `--resume latest` (or a boot) continues: it is named by its folder
     skipped = subprocess.run([sys.executable, "-m", "raymcn.cli", "sweep", "--resume", "latest"], env=lab_env(results),
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+                             cwd=checkout.root, capture_output=True, text=True, timeout=120)
     assert skipped.returncode == 2 and f"{exp.name} (a rehearsal: `--resume EXP` continues it)" in skipped.stderr
 
-    status, out, _ = rehearse(["--resume", str(exp)], results)
+    status, out, _ = rehearse(["--resume", str(exp)], results, cwd=checkout.root)
     assert status == 0, out[-3000:]
     assert f"resuming sweep {exp}" in out
+    recorded_as_set_up_in_every_trial(exp, checkout, out)
     after = result_rows(exp)
     for trial in finished:  # a trial finished before the reboot is kept, not trained again
         assert after[trial] == before[trial], trial
@@ -246,6 +249,25 @@ def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, t
     reported_best_is_the_best_of_every_epoch(exp)
     if cfg.sweep.algorithm == "grid":
         best_trial_and_checkpoint_by_rays_api(exp, cfg.sweep.metric, capsys)
+
+
+def recorded_as_set_up_in_every_trial(exp: Path, checkout, out: str) -> None:
+    """The sweep's record: its start and its resume, each from the checkout's commit with its change;
+    every trial's: the same, its versions, host and data (``test_train_ray.recorded_as_set_up``). The
+    sweep's end names the commit once, with its uncommitted changes."""
+    from test_train_ray import recorded_as_set_up
+
+    from raymcn.provenance import record
+
+    sweep = record.drivers(record.read(str(exp)))
+    assert [e["entry"] for e in sweep] == ["start", "resume"]
+    assert {(e["code"]["commit"], e["code"]["dirty"]) for e in sweep} == {(checkout.commit, True)}
+    runs = sorted((exp / "train").glob("train-*")) + sorted((exp / "confirm" / "train").glob("train-*"))
+    assert runs
+    for run in runs:
+        recorded_as_set_up(run, checkout, out, trial=run.name.removeprefix("train-"))
+    assert out.count(f"commit {checkout.commit[:7]}") == 1 and f"code: commit {checkout.commit[:7]} with uncommitted " \
+        "changes" in out
 
 
 def mid_epoch_checkpoints_stay_trains(exp: Path) -> None:

@@ -227,3 +227,122 @@ def test_a_sweeps_trials_reach_mlflow_and_tensorboard_under_a_runs_names_one_poi
 def test_unknown_trackers_are_refused_naming_the_allowed_ones():
     with pytest.raises(ConfigError, match="run.trackers=mlflow,neptune: a comma-separated subset of mlflow, wandb"):
         load_config(None, ["run.trackers=mlflow,neptune"])
+
+
+# --- what made the numbers (raymcn/provenance/): the same record, each tracker's own way --------------------------
+def recorded_entry(checkout, monkeypatch) -> dict:
+    """A driver's entry for the checkout fixture (its commit and its uncommitted change), as a run writes one."""
+    from raymcn.provenance import collect
+
+    monkeypatch.setattr(collect, "PACKAGE_DIR", checkout.package)
+    return {"command": ["raymcn", "train"], "code": collect.code_identity(), "environment": collect.environment(),
+            "host": collect.host(), "data": {}, "seeds": {"run.seed": 1}}
+
+
+def tensorboard_texts(folder: Path) -> dict[str, list[str]]:
+    """Every text of TensorBoard's text plugin in ``folder``'s event files, tag -> texts by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [e.tensor_proto.string_val[0].decode() for e in sorted(events.Tensors(tag), key=lambda e: e.step)]
+            for tag in events.Tags()["tensors"]}
+
+
+class FakeWandb:
+    """What a run's trackers call of ``wandb`` (not installed here): ``init``'s arguments kept."""
+
+    def __init__(self):
+        self.inits: list[dict] = []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def finish(self):
+        pass
+
+
+def test_a_runs_record_reaches_mlflows_own_tags_wandbs_config_and_tensorboards_text(tmp_path, checkout, monkeypatch):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from raymcn.provenance import record
+    from raymcn.provenance.describe import changes_text
+
+    entry = recorded_entry(checkout, monkeypatch)
+    run_dir = tmp_path / "r"
+    record.append(str(run_dir), entry)
+    wandb = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    cfg = load_config(None, ["run.trackers=mlflow,wandb,tensorboard", "run.name=r"])
+    trackers = Trackers(cfg, str(run_dir), say=pytest.fail)
+    trackers.log(1, epoch_metrics(1))
+    trackers.close()
+    run_id = (run_dir / "mlflow_run_id.txt").read_text()
+    tags = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == checkout.commit and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["raymcn.uncommitted_changes"] == changes_text(entry["code"]) != "none"
+    (init,) = wandb.inits
+    assert init["config"]["provenance/commit"] == checkout.commit and init["config"]["optim.lr"] == cfg.optim.lr
+    (text,) = tensorboard_texts(run_dir / "tensorboard")["raymcn/provenance/text_summary"]
+    assert f"commit {checkout.commit[:7]} with uncommitted changes" in text and "raymcn_provenance.jsonl" in text
+    # resumed on a new commit: the MLflow run's tag follows, the record keeps both
+    record.append(str(run_dir), {**entry, "code": {**entry["code"], "commit": "f" * 40}})
+    resumed = Trackers(cfg, str(run_dir), say=pytest.fail)
+    resumed.log(2, epoch_metrics(2))
+    resumed.close()
+    tags = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == "f" * 40
+    assert len(tensorboard_texts(run_dir / "tensorboard")["raymcn/provenance/text_summary"]) == 2
+
+
+def test_a_sweeps_record_reaches_each_trials_mlflow_run_wandb_config_and_tensorboard_text(tmp_path, checkout,
+                                                                                       monkeypatch):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from ray.air.integrations import wandb as rays_wandb
+
+    from raymcn.provenance import record
+    from raymcn.sweep.trackers import mlflow_uri, sweep_callbacks
+
+    exp = tmp_path / "EXP"
+    record.append(str(exp), recorded_entry(checkout, monkeypatch))
+
+    class Trial:  # what Tune's loggers read of a trial
+        config = evaluated_params = {"optim.lr": 0.001}
+        local_path = str(exp / "joint-lr1e-3-abc_00000")
+        trial_id, experiment_dir_name = "abc_00000", "EXP"
+
+        def init_local_path(self):
+            Path(self.local_path).mkdir(parents=True, exist_ok=True)
+
+        def __str__(self):
+            return "trial_fn_abc_00000"
+
+    trial = Trial()
+    for c in sweep_callbacks(load_config(None, ["run.trackers=mlflow,tensorboard"]), str(exp)):
+        c.setup()
+        c.on_trial_start(1, [trial], trial)
+        c.on_trial_result(1, [trial], trial, {**epoch_metrics(1), "training_iteration": 1, "config": Trial.config})
+        c.on_trial_complete(1, [trial], trial)
+    client = MlflowClient(tracking_uri=mlflow_uri(str(exp)))
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.tags["mlflow.source.git.commit"] == checkout.commit
+    (text,) = tensorboard_texts(Path(Trial.local_path))["raymcn/provenance/text_summary"]
+    assert f"commit {checkout.commit[:7]}" in text
+    monkeypatch.setattr(rays_wandb, "wandb", FakeWandb())  # Ray's callback needs wandb importable
+    (_, logger) = sweep_callbacks(load_config(None, ["run.trackers=wandb"]), str(exp))
+    started: list[dict] = []
+    monkeypatch.setattr(logger, "_start_logging_actor", lambda trial, excluded, **init: started.append(init))
+    logger.log_trial_start(trial)
+    (init,) = started
+    assert init["config"]["provenance/commit"] == checkout.commit and init["config"]["optim.lr"] == 0.001
+    assert init["group"] == "EXP" and logger.kwargs.get("config") is None  # the next trial gets its own

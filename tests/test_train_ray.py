@@ -3,32 +3,37 @@
 (Crashes and resumes: tests/test_resume.py.)"""
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 import torch
 
 from raymcn.cli import main
-from raymcn.config import metric_names
+from raymcn.config import load_config, metric_names
 
 pytestmark = pytest.mark.ray
 
 
-def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
+def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch, checkout):
     # Every rank records what it computes with (train/probes.py; the workers get RAYMCN_* variables)
     monkeypatch.setenv("RAYMCN_TIMELINE", str(tmp_path / "timeline.jsonl"))
+    # The driver runs from a git checkout with an uncommitted change (its package's sources are the
+    # ranks', tests/git_checkout.py): its record must say so
+    from raymcn.provenance import collect
+
+    monkeypatch.setattr(collect, "PACKAGE_DIR", checkout.package)
     code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
                  "--set", f"run.storage_path={tmp_path}", "--set", "run.trackers=mlflow,tensorboard"])
     assert code == 0
     # the thread setting reaches every rank: torch's count and OMP_NUM_THREADS, as the config says
-    from raymcn.config import load_config
-
     threads = load_config("sweeps/smoke.yaml", []).scale.torch_threads
     events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     ranks = {e["rank"]: e for e in events if e["event"] == "worker: function entered"}
     assert sorted(ranks) == [0, 1]
     assert all(e["threads"] == threads and e["omp"] == str(threads) for e in ranks.values()), ranks
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
     chance = 100 * 10 / summary["eval_size"]
     assert summary["eval_size"] == 256 and summary["epochs"] == 4
     # Well above chance, not a figure measured on one machine: R@10 moves with the kernels and the
@@ -71,6 +76,51 @@ def test_cli_smoke_run_learns(ray_local, capsys, tmp_path, monkeypatch):
         torch.set_num_threads(previous)
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {k: evaluated[k] for k in metric_names()} == {k: summary[k] for k in metric_names()}
+    recorded_as_set_up(run_dir, checkout, out)
+    # its MLflow run carries the commit under MLflow's own tag; `raymcn reproduce` recreates its settings
+    from mlflow.tracking import MlflowClient
+
+    run_id = (run_dir / "mlflow_run_id.txt").read_text()
+    tags = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}").get_run(run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == checkout.commit
+    assert main(["reproduce", str(run_dir)]) == 0
+    (command,) = [shlex.split(line) for line in capsys.readouterr().out.splitlines()
+                  if line.startswith(".venv/bin/raymcn train")]
+    assert load_config(command[command.index("--config") + 1], []) == load_config(run_dir / "raymcn_config.yaml", [])
+
+
+def recorded_as_set_up(run_dir: Path, checkout, out: str, trial: str | None = None) -> None:
+    """The run's record (raymcn_provenance.jsonl) holds what made it: the checkout's commit, its dirty
+    flag and the patch of its uncommitted change; the driver's Python, torch, its CUDA build, Ray
+    and numpy; every rank on this host, with the driver's sources; the data by its manifest's digest
+    and shard count. The nodes agreed, so the run named none as differing."""
+    import hashlib
+    import platform
+    import socket
+
+    import ray
+    from git_checkout import CHANGE, CHANGED
+
+    from raymcn.provenance import record
+
+    entries = record.read(str(run_dir))
+    starts = record.drivers(entries)  # its start, and a resume of a sweep's trial killed with the driver
+    assert starts and [e["entry"] for e in starts] == ["start"] + ["resume"] * (len(starts) - 1)
+    for start in starts:
+        code, env, data = start["code"], start["environment"], start["data"]
+        assert (code["commit"], code["dirty"], code["patch_files"]) == (checkout.commit, True, [CHANGED])
+        assert CHANGE in code["patch"] and start.get("trial") == trial
+        assert (env["python"], env["torch"], env["cuda"], env["ray"]) == (
+            platform.python_version(), torch.__version__, torch.version.cuda, ray.__version__)
+        assert env["packages"]["numpy"] == env["numpy"] == __import__("numpy").__version__
+        assert start["host"]["name"] == socket.gethostname()
+        manifest = Path(data["shards"]["dir"]) / "manifest.json"
+        assert data["shards"]["manifest"]["sha256"] == hashlib.sha256(manifest.read_bytes()).hexdigest()
+        assert data["shards"]["shards"] == len(json.loads(manifest.read_text())["shards"])
+    nodes = record.nodes_since_driver(entries)
+    assert [n["host"] for n in nodes] == [socket.gethostname()] and nodes[0]["source_digest"] == code["source_digest"]
+    assert nodes[0]["ranks"] == list(range(len(nodes[0]["ranks"]))) and nodes[0]["devices"][0] == "cpu"
+    assert "nodes of this run differ" not in out
 
 
 @pytest.mark.slow  # a second Ray Train run (the one-minute run is the fast tier's): the full tier
@@ -81,7 +131,8 @@ def test_ring_contrastive_trains_on_ray_train_workers(ray_local, capsys, tmp_pat
     code = main(["train", "--config", "sweeps/smoke.yaml", "--num-workers", "2", "--json",
                  "--set", "scale.ring_contrastive=true", "--set", f"run.storage_path={tmp_path}"])
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["epochs"] == 4
     assert summary["text_to_video_R@10"] > 3 * 100 * 10 / summary["eval_size"]
     assert "ring_contrastive: true" in (Path(summary["run_dir"]) / "raymcn_config.yaml").read_text()
@@ -95,5 +146,6 @@ def test_a_group_reserving_every_cpu_still_reads(ray_local, capsys, tmp_path):
     code = main(["train", "--config", "sweeps/smoke.yaml", "--set", "scale.num_workers=1-4", "--set",
                  "schedule.epochs=1", "--json", "--set", f"run.storage_path={tmp_path}"])
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["epochs"] == 1 and summary["global_step"] == 16

@@ -836,7 +836,9 @@ HELD: dict[str, Held] = {
     "scale": Held(MAIN, "files renamed, benchmark-only code moved out"),
     "shard_dtype": Held(MAIN, "the format is unchanged; both dtypes trained by one code"),
     "sweep_efficiency": Held(MAIN, "all three searches ran one code; the R@10 levels are 18e8d4e's"),
-    "sweep_time": Held(MAIN, "measured at a647186; since, the connection's wait takes its address as a list"),
+    "sweep_time": Held("65b04ba", "measured at a647186; since, the connection's wait takes its address as a list, "
+                                  "and the end of a sweep names its code, environment and data (lines the README's "
+                                  "capture lacks)"),
     "test_durations": Held("b66f9ee", "fast, slow, compat: CI at d36dbaa; soak at b66f9ee, which moved a test "
                                       "fixture"),
     "trial_cost": Held(MAIN, "how Ray Train starts a trial is unchanged; the code between steps moved"),

@@ -28,6 +28,9 @@ DECISIONS_FILE = "raymcn_decisions.jsonl"  # what an early-stopping scheduler de
 # Every trial's status as a Tune run of the sweep ended: Tune's own saved state still calls a trial
 # that HyperBand stopped while it was paused PAUSED.
 TRIAL_STATUS_FILE = "raymcn_trial_status.jsonl"
+# In a run's or sweep's folder: what made its numbers (code, environment, data, seeds), an entry a line,
+# appended at each start and resume and by each worker group, never rewritten (raymcn/provenance/)
+RECORD_FILE = "raymcn_provenance.jsonl"
 # In a run's or sweep's folder: it was rehearsed (`--rehearse`, `raymcn doctor --rehearse`), so neither
 # `--resume latest` nor a boot continues it (`--resume DIR` does). The doctor's rehearsals are named
 # REHEARSAL_PREFIX-<date> too, marked or not.

@@ -20,6 +20,8 @@ from typing import Any
 from raymcn import storage
 from raymcn.config import reason
 from raymcn.doctor.driver import read_driver
+from raymcn.provenance import collect
+from raymcn.provenance.describe import NO_GIT
 
 SPILL_MIN_BYTES = 10 * 10**9  # Ray spills objects to its temp folder when the object store fills
 
@@ -49,11 +51,17 @@ class Request:
 
 
 def versions() -> dict[str, str]:
+    """What this node runs: raymcn (its version, the commit of its checkout and the digest of its
+    sources, ``provenance.collect``: a server whose copy of the checkout is stale differs there),
+    Ray, torch and its CUDA build, Python."""
     import ray
     import torch
 
-    return {"raymcn": _own_version(), "ray": ray.__version__, "torch": torch.__version__,
-            "torch's CUDA": torch.version.cuda or "none", "python": platform.python_version()}
+    code = collect.code_identity()
+    commit = code["commit"][:7] + (" with uncommitted changes" if code["dirty"] else "") if code["commit"] else NO_GIT
+    return {"raymcn": _own_version(), "commit": commit, "raymcn sources": code["source_digest"][:12],
+            "ray": ray.__version__, "torch": torch.__version__, "torch's CUDA": torch.version.cuda or "none",
+            "python": platform.python_version()}
 
 
 def _own_version() -> str:

@@ -68,12 +68,15 @@ def rehearse(mini: Config, where: str, console) -> list[Row]:
     """Rehearse the miniature ``mini`` in ``where`` on the connected cluster (module doc); its rows."""
     from raymcn.results.rehearsal import rehearsal_checks
     from raymcn.sweep.tuner import search_trials
+    from raymcn.train import run_record
     from raymcn.train.inputs import resolve_inputs
 
     kill = KillOneTrialDriver(mini.schedule.epochs)
     marks.mark_rehearsal(where)  # neither a boot nor `--resume latest` continues it, even if this process dies
+    inputs = resolve_inputs(mini)
+    run_record.sweep_recorded(where, mini, inputs, "start")  # a new folder: nothing to say
     try:
-        phases.search_then_confirm(mini, where, console, resolve_inputs(mini), callbacks=(kill,))
+        phases.search_then_confirm(mini, where, console, inputs, callbacks=(kill,))
     except Exception as e:  # noqa: BLE001 - a sweep that crashes is the finding
         why = _cause(e)
         return [Row("rehearsal ran to its end", False, why[:300], f"the sweep file fails in miniature: {why}"[:400])]

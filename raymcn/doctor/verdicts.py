@@ -12,6 +12,7 @@ from typing import Any
 
 from raymcn.doctor.driver import Driver, torch_can_use
 from raymcn.doctor.probe import SPILL_MIN_BYTES, Request
+from raymcn.provenance.describe import NO_GIT
 
 OK, FAIL, NA = "✔", "✘", "–"
 
@@ -83,7 +84,9 @@ def _storage_rows(facts: dict, req: Request, host: str) -> list[Row]:
 
 
 def _software_rows(facts: dict, req: Request, host: str) -> list[Row]:
-    differ = {k: (v, facts["versions"].get(k)) for k, v in req.versions.items() if facts["versions"].get(k) != v}
+    # a node without .git (the cluster's rsync leaves it out) is judged by its sources' digest alone
+    differ = {k: (v, facts["versions"].get(k)) for k, v in req.versions.items() if facts["versions"].get(k) != v
+              and not (k == "commit" and NO_GIT in (v, facts["versions"].get(k)))}
     rows = [Row("versions as on the head", not differ, " ".join(f"{k} {v}" for k, v in facts["versions"].items()),
                 "" if not differ else f"{host}: " + ", ".join(f"{k} {got} (head: {want})"
                                                               for k, (want, got) in differ.items())

@@ -23,7 +23,7 @@ statistics pair on ``run.seed`` alone (each group runs its own configuration).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import yaml
 from raymcn.config import CONFIRM_DIR, CONFIRM_PLAN_FILE, SWEEP_CONFIG_FILE, Config, Objective
 from raymcn.results.columns import SEED_KEY, STAGE_KEY, is_config_key
 from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
+from raymcn.results.origins import RunOrigin, run_origins
 
 CANDIDATE = "candidate"  # the confirmation table's group column when top > 1
 DEFAULT_REPEATS = 5
@@ -201,6 +202,7 @@ class Confirmation:
     trials: pd.DataFrame
     curves: pd.DataFrame
     objective: Objective
+    origins: dict[str, RunOrigin | None] = field(default_factory=dict)  # trial -> its run's (``origins``)
 
     @property
     def planned(self) -> int:
@@ -223,4 +225,5 @@ def load_confirmation(experiment_dir: str | Path) -> Confirmation | None:
     except ExperimentError:  # planned, no trial started yet
         trials = pd.DataFrame(columns=["trial", "status", "epochs", s.per, SEED_KEY, target.column])
         curves = pd.DataFrame(columns=["trial", "epoch"])
-    return Confirmation(s, candidates, seeds, label_trials(trials, candidates), curves, target)
+    return Confirmation(s, candidates, seeds, label_trials(trials, candidates), curves, target,
+                        run_origins(where, trials["trial"]))

@@ -3,7 +3,8 @@
 The per-trial tables and the mean ± std of every metric run to 20 columns, more than 400
 characters a line: a terminal wraps them into noise. So a finished sweep prints
 
-* one line per phase: its trials, the errored ones, its folder;
+* one line per phase: its trials, the errored ones, its folder; then the code, environment, data
+  and hosts its runs had, named once (``origins.made_by``: each value with its runs where they differ);
 * the table the answer rests on, at most :data:`MAX_WIDTH` characters wide: the confirmation's
   statistics per group (or, without a confirmation, the search's), the columns a reader needs
   to judge the answer (the rule and the notes stay in ``raymcn table``);
@@ -23,14 +24,17 @@ import pandas as pd
 from raymcn.results.columns import SEED_KEY, cell_spec
 from raymcn.results.confirmation import load_confirmation
 from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
+from raymcn.results.origins import made_by, run_origins
 from raymcn.results.render import format_cell, render_table
 from raymcn.results.table import (
     _ci,
     answer_line,
     compact,
+    confirmation_caution,
     confirmation_grouped,
     group_key,
     group_table,
+    search_caution,
     without_timing,
     write_tables,
 )
@@ -90,10 +94,11 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         return f"no results yet: {e}\n"
     conf = load_confirmation(exp_dir)
     by = group_key(trials, None)
+    origins = run_origins(exp_dir, trials["trial"])
     lines = [phase_line("search", trials, exp_dir)]
     if conf is not None:
         lines.append(phase_line("confirmation", conf.trials, exp_dir / "confirm"))
-    lines.append("")
+    lines += [*made_by({"search": origins, **({"confirmation": conf.origins} if conf is not None else {})}), ""]
     if conf is not None and len(conf.trials):
         s = conf.settings
         grouped = confirmation_grouped(conf)
@@ -102,12 +107,15 @@ def sweep_summary(exp_dir: str | Path, plots: bool = True) -> str:
         lines += [f"{metric} by {s.group_column}, confirmation over {seed_list(conf.seeds)}: "
                   f"{done} of {conf.planned} runs done", "",
                   answer_table(grouped, s.group_column, True, metric).rstrip("\n"), "",
-                  answer_line(grouped, s.group_column, done, conf.planned, metric).rstrip("\n")]
+                  answer_line(grouped, s.group_column, done, conf.planned, metric,
+                              caution=confirmation_caution(conf)).rstrip("\n")]
     elif by is not None:
         metric = target.column
         grouped = group_table(trials, by, metric)
         if f"{metric}_mean" in grouped and not grouped[f"{metric}_mean"].isna().all():
             lines += [f"{metric} by {by}, search:", "", answer_table(grouped, by, False, metric).rstrip("\n")]
+            if said := search_caution(trials, by, origins):
+                lines += ["", *_wrapped(said)]
     else:
         view = without_timing(compact(trials, target))
         if target.column in view:

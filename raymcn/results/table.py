@@ -30,6 +30,7 @@ from raymcn.results.columns import (
 )
 from raymcn.results.confirmation import CANDIDATE, Confirmation, load_confirmation
 from raymcn.results.experiment import ExperimentError, load_experiment, sweep_objective
+from raymcn.results.origins import confound, made_by, run_origins
 from raymcn.results.render import format_cell, render_table
 from raymcn.results.stats import counted, group_statistics, pairing_keys
 
@@ -308,16 +309,34 @@ def confirmation_report(conf: Confirmation) -> str:
         by = s.group_column
         parts.append(format_statistics(grouped, by, [SEED_KEY], target.column,
                                        heading=f"{target.column} by {by}, confirmation:", confirmation=True))
-        parts.append(answer_line(grouped, by, done, conf.planned, target.column))
+        parts.append(answer_line(grouped, by, done, conf.planned, target.column, caution=confirmation_caution(conf)))
     return "\n".join(parts)
 
 
+def confirmation_caution(conf: Confirmation) -> str:
+    """What the confirmation's runs differ in (code, environment, data), by group (``origins.confound``)."""
+    if not len(conf.trials):
+        return ""
+    column = conf.settings.group_column
+    return confound({str(t): conf.origins.get(str(t)) for t in conf.trials["trial"]},
+                   {str(t): str(g) for t, g in zip(conf.trials["trial"], conf.trials[column])})
+
+
+def search_caution(trials: pd.DataFrame, by: str | None, origins: dict) -> str:
+    """What the search's runs differ in (code, environment, data), by ``by``'s group ("" without one)."""
+    if by is None or by not in trials:
+        return ""
+    return confound({str(t): origins.get(str(t)) for t in trials["trial"]},
+                   {str(t): str(g) for t, g in zip(trials["trial"], trials[by])})
+
+
 def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric: str,
-                alpha: float = 0.05) -> str:
+                alpha: float = 0.05, caution: str = "") -> str:
     """The research question's answer in one paragraph, from the confirmation's group table of
     ``metric`` (the sweep's, best group first by its direction): the best group with its mean,
     interval and seeds; the groups it beats (Holm-adjusted p below ``alpha``); the ones it cannot
-    be told from, with the difference this many seeds could detect."""
+    be told from, with the difference this many seeds could detect; ``caution``: what the runs
+    compared differ in (:func:`confirmation_caution`), said beside the statistics."""
     g = grouped[grouped["n_finished"] > 0]
     if g.empty:
         return "Answer: none yet (no confirmation run has finished).\n"
@@ -341,7 +360,7 @@ def answer_line(grouped: pd.DataFrame, by: str, done: int, planned: int, metric:
                  "detectable Δ would likely go unseen")
     if done < planned:
         text = f"(provisional: {done} of {planned} confirmation runs done) " + text
-    return "\n".join(textwrap.wrap(text + ".", 100)) + "\n"
+    return "\n".join(textwrap.wrap(text + "." + (f" {caution}" if caution else ""), 100)) + "\n"
 
 
 def write_tables(out: str | Path, trials: pd.DataFrame, by: str | None, conf: Confirmation | None,
@@ -375,6 +394,7 @@ def run_table(args: argparse.Namespace) -> int:
         print(f"raymcn table: {e}", file=sys.stderr)
         return 2
     conf = load_confirmation(args.experiment_dir)
+    origins = run_origins(args.experiment_dir, trials["trial"])
     by = group_key(trials, args.group_by) if args.format == "md" else args.group_by
     try:
         if args.format == "csv" and getattr(args, "out", None):
@@ -387,8 +407,13 @@ def run_table(args: argparse.Namespace) -> int:
             # csv goes to a file or a pipe: exactly one table on stdout, notes on stderr
             print(format_table(group_table(trials, by, target.column) if by else trials, "csv"), end="")
         else:
+            phases = {"search": origins, **({"confirmation": conf.origins} if conf is not None else {})}
+            print("Where these numbers come from (each run's record: docs/sweeps.md, \"Where the numbers come from\"):\n"
+                  + "\n".join(made_by(phases)) + "\n")
             print(report(trials, by, target, timing=getattr(args, "timing", False),
                          heading=search_heading(trials, by, conf)))
+            if conf is None and (said := search_caution(trials, by, origins)):
+                print("\n".join(textwrap.wrap(said, 100)) + "\n")
             if conf is not None:
                 print(confirmation_report(conf))
     except GroupKeyError as e:

@@ -10,6 +10,11 @@ not Tune's ``training_iteration``, which starts again after a BOHB pause or a re
   ``run.trackers`` leaves tensorboard out.
 * ``mlflow``: one MLflow run per trial in the sweep's SQLite store (:func:`mlflow_uri`).
 * ``wandb``: Ray's W&B callback, one W&B run per trial, grouped by the sweep.
+
+Each trial also gets what made the sweep's numbers, from the sweep's provenance record (written by
+its driver before the trials start): MLflow's own tags (``mlflow.source.git.commit`` ...), W&B's
+config (``provenance/...``), TensorBoard's text (``raymcn/provenance``). Each trial's own record
+(beside its checkpoints) adds the nodes it ran on.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from ray.air.constants import TRAINING_ITERATION
 from ray.tune.logger import TBXLoggerCallback
 
 from raymcn import storage
-from raymcn.config import Config, tracker_name
-from raymcn.train.monitor.trackers import event_file_suffix, local_folder
+from raymcn.config import CONFIRM_DIR, Config, tracker_name
+from raymcn.provenance import record
+from raymcn.provenance.describe import flat, markdown, mlflow_tags
+from raymcn.train.monitor.trackers import PROVENANCE_TAG, event_file_suffix, local_folder
 
 # Tune's own bookkeeping in every result, not an epoch's value (Tune's TensorBoard logger leaves them out too)
 NOT_LOGGED = frozenset({"config", "pid", "timestamp", "time_total_s", TRAINING_ITERATION})
@@ -45,7 +52,12 @@ def epoch_step(result: dict[str, Any]) -> int:
 class TensorBoardCallback(TBXLoggerCallback):
     """Tune's TensorBoard logger (tensorboardX, one writer per trial in the trial's folder, the
     trial's settings as hparams at its end), each result written as a run writes its epochs:
-    :func:`epoch_values` at :func:`epoch_step`. NaN values are left out, as Tune leaves them out."""
+    :func:`epoch_values` at :func:`epoch_step`. NaN values are left out, as Tune leaves them out.
+    ``provenance``: what made the sweep's numbers (Markdown), each trial's text (``PROVENANCE_TAG``)."""
+
+    def __init__(self, provenance: str = ""):
+        super().__init__()
+        self.provenance = provenance
 
     def log_trial_start(self, trial) -> None:  # Tune's, its event file named apart (event_file_suffix)
         if trial in self._trial_writer:
@@ -53,6 +65,8 @@ class TensorBoardCallback(TBXLoggerCallback):
         trial.init_local_path()
         self._trial_writer[trial] = self._summary_writer_cls(trial.local_path, flush_secs=30,
                                                              filename_suffix=event_file_suffix())
+        if self.provenance:
+            self._trial_writer[trial].add_text(PROVENANCE_TAG, self.provenance, global_step=0)
         self._trial_result[trial] = {}
 
     def log_trial_result(self, iteration: int, trial, result: dict) -> None:
@@ -83,21 +97,58 @@ class NoTensorBoard(TBXLoggerCallback):
         pass
 
 
+def sweep_record(experiment_dir: str) -> tuple[list[dict[str, Any]], str]:
+    """(the entries, the path) of the provenance record of the sweep in ``experiment_dir`` (its
+    confirmation's folder: the sweep's), as its driver wrote it before the trials started."""
+    where = experiment_dir
+    if not record.drivers(record.read(where)) and storage.basename(where) == CONFIRM_DIR:
+        where = storage.parent(where)
+    return record.read(where), record.path_of(where)
+
+
 def sweep_callbacks(cfg: Config, experiment_dir: str) -> list:
-    """Tune's callbacks for ``cfg.run.trackers`` of the sweep in ``experiment_dir``."""
+    """Tune's callbacks for ``cfg.run.trackers`` of the sweep in ``experiment_dir``; each trial gets
+    what made the sweep's numbers (its record) as MLflow's tags, W&B's config and TensorBoard's text."""
     trackers = cfg.run.trackers.split(",")
-    callbacks: list = [TensorBoardCallback() if "tensorboard" in trackers else NoTensorBoard()]
+    entries, where = sweep_record(experiment_dir)
+    text = markdown(entries, where) if entries else ""
+    callbacks: list = [TensorBoardCallback(text) if "tensorboard" in trackers else NoTensorBoard()]
     if "mlflow" in trackers:
         callbacks.append(_mlflow_callback_class()(tracking_uri=mlflow_uri(experiment_dir, cfg),
                                                   experiment_name=storage.basename(experiment_dir),
-                                                  save_artifact=False))
+                                                  save_artifact=False, tags=mlflow_tags(entries, where)))
     if "wandb" in trackers:
-        from ray.air.integrations.wandb import WandbLoggerCallback
-
         r = cfg.run
-        callbacks.append(WandbLoggerCallback(project=r.wandb_project, entity=r.wandb_entity or None,
-                                             group=storage.basename(experiment_dir), mode=r.wandb_mode))
+        callbacks.append(_wandb_callback_class()(flat(entries), project=r.wandb_project,
+                                                 entity=r.wandb_entity or None, group=storage.basename(experiment_dir),
+                                                 mode=r.wandb_mode))
     return callbacks
+
+
+@functools.cache
+def _wandb_callback_class():
+    """Built on first use: Ray's W&B integration needs wandb (an optional extra)."""
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    class WandbCallback(WandbLoggerCallback):
+        """Ray's W&B logger, each trial's config with the sweep's provenance (``provenance/...`` keys)
+        beside its settings: Ray passes its ``kwargs`` to ``wandb.init`` over the trial's own config,
+        so the config given there is the trial's plus the provenance."""
+
+        def __init__(self, provenance: dict[str, str], **kwargs):
+            super().__init__(**kwargs)
+            self.provenance = provenance
+
+        def log_trial_start(self, trial) -> None:
+            given = self.kwargs
+            settings = {k: v for k, v in trial.config.items() if k != "callbacks"}
+            self.kwargs = {**given, "config": {**settings, **self.provenance}}
+            try:
+                super().log_trial_start(trial)
+            finally:
+                self.kwargs = given
+
+    return WandbCallback
 
 
 @functools.cache

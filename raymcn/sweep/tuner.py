@@ -47,6 +47,7 @@ from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.search_space import param_space, plain
 from raymcn.sweep.trackers import sweep_callbacks
+from raymcn.train import run_record
 from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
 from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
@@ -111,8 +112,10 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
             tune.report({**done, CHECKPOINT_PATH_KEY: newest_checkpoint(run_dir)})  # as its Train run told it
             return
         timeline.mark("trial: fit started")
+        # its record: the commit and patch the sweep's driver recorded, where this node has no checkout
+        entry = run_record.driver_entry(cfg, inputs, carried=run_record.carried_from(experiment_dir), trial=trial_id)
         fit(cfg, run_dir, plan=plan, callbacks=[_epoch_report_callback()()], label=trial_dirname(plain(config), trial_id),
-            env=env)
+            env=env, entry=entry)
         timeline.mark("trial: fit done")
     except Exception as e:
         cause = permanent_cause(e)

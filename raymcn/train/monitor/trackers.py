@@ -18,7 +18,9 @@ into ``_``, so ``text_to_video_R@10`` is ``text_to_video_R_at_10`` there, in run
 (``sweep/trackers.py``).
 
 Written after every epoch from rank 0's report (:class:`EpochReports`) by Ray Train's controller, on
-the driver's node; the config goes in as parameters. For a run stored in a bucket the files go to
+the driver's node; the config goes in as parameters, and what made the run's numbers (its provenance
+record, ``raymcn.provenance``) as MLflow's own tags (``mlflow.source.git.commit`` and the like, the
+rest as ``raymcn.*``), W&B's config (``provenance/...``) and TensorBoard's text (``raymcn/provenance``). For a run stored in a bucket the files go to
 the driver's local cache (``<cache>/trackers/<run name>``) instead: SQLite and event files need a
 local file. A tracker that fails (not installed, a full disk) prints a
 warning once and is dropped: a convenience is never worth ending a week-long run for.
@@ -34,8 +36,11 @@ from typing import Any, Callable
 
 from raymcn import storage
 from raymcn.config import MID_EPOCH_KEY, TRACKERS, Config, default_cache_dir, reason, tracker_name
+from raymcn.provenance import record
+from raymcn.provenance.describe import flat, markdown, mlflow_tags
 
 EXTRAS = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}  # pip install "raymcn[...]"
+PROVENANCE_TAG = "raymcn/provenance"  # TensorBoard's text: what made the run's numbers
 
 
 def local_folder(cfg: Config, run_dir: str) -> Path:
@@ -61,6 +66,7 @@ class Trackers:
         self.names = [t for t in cfg.run.trackers.split(",") if t]
         self.folder = local_folder(cfg, run_dir)
         self._open: dict[str, Any] = {}
+        self._entries: list[dict] | None = None  # the run's record, read when a tracker first opens
 
     def log(self, epoch: int, metrics: dict[str, float]) -> None:
         """Log one epoch's ``metrics`` (scalars) to every tracker, opening each on first use."""
@@ -82,20 +88,35 @@ class Trackers:
                 self.say(f"warning: run.trackers: {name} did not close cleanly ({reason(e)})")
         self._open.clear()
 
+    def _record(self) -> list[dict]:
+        """The run's provenance record (``raymcn.provenance``), as its driver and ranks wrote it so far
+        ([] when it cannot be read, said once: the trackers go on without it; the record stays the run's)."""
+        if self._entries is None:
+            try:
+                self._entries = record.read(self.run_dir)
+            except OSError as e:
+                self.say(f"warning: run.trackers: the run's record ({record.path_of(self.run_dir)}) could not be "
+                         f"read ({reason(e)}); the trackers go on without it")
+                self._entries = []
+        return self._entries
+
     # --- mlflow ------------------------------------------------------------------------------------
     def _open_mlflow(self):
-        from mlflow.entities import Param
+        from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 
         self.folder.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=f"sqlite:///{self.folder / 'mlflow.db'}")
         id_file = self.folder / "mlflow_run_id.txt"
-        if id_file.exists():
-            return client, id_file.read_text().strip()
+        tags = [RunTag(k, v) for k, v in mlflow_tags(self._record(), record.path_of(self.run_dir)).items()]
+        if id_file.exists():  # a resumed run: its tags say what it runs with now (the record keeps each)
+            run_id = id_file.read_text().strip()
+            client.log_batch(run_id, tags=tags)
+            return client, run_id
         found = client.get_experiment_by_name("raymcn")
         experiment = found.experiment_id if found else client.create_experiment("raymcn")
         run = client.create_run(experiment, run_name=storage.basename(self.run_dir))
-        client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in self.cfg.to_flat().items()])
+        client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in self.cfg.to_flat().items()], tags=tags)
         id_file.write_text(run.info.run_id)
         return client, run.info.run_id
 
@@ -120,7 +141,7 @@ class Trackers:
         r = self.cfg.run
         return wandb.init(project=r.wandb_project, entity=r.wandb_entity or None, mode=r.wandb_mode,
                           name=storage.basename(self.run_dir), id=storage.basename(self.run_dir), resume="allow",
-                          dir=str(self.folder), config=self.cfg.to_flat())
+                          dir=str(self.folder), config={**self.cfg.to_flat(), **flat(self._record())})
 
     @staticmethod
     def _log_wandb(run, epoch: int, metrics: dict[str, float]) -> None:
@@ -134,7 +155,11 @@ class Trackers:
     def _open_tensorboard(self):
         from tensorboardX import SummaryWriter
 
-        return SummaryWriter(str(self.folder / "tensorboard"), filename_suffix=event_file_suffix())
+        writer = SummaryWriter(str(self.folder / "tensorboard"), filename_suffix=event_file_suffix())
+        entries = self._record()  # the text plugin's tab: one text per start and resume
+        writer.add_text(PROVENANCE_TAG, markdown(entries, record.path_of(self.run_dir)),
+                        global_step=len(record.drivers(entries)))
+        return writer
 
     @staticmethod
     def _log_tensorboard(writer, epoch: int, metrics: dict[str, float]) -> None:

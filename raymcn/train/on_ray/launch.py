@@ -2,7 +2,8 @@
 
 A fresh run gets a unique name: Ray Train resumes silently from the latest checkpoint of an
 existing (storage_path, name), so reusing a name is how ``--resume`` works and must never
-happen by accident. The resolved config is written next to the run's checkpoints. The storage
+happen by accident. The resolved config is written next to the run's checkpoints, and the
+driver's provenance entry is added to the run's record (``train/run_record.py``). The storage
 may be a local/NFS folder or a bucket URI (``storage.py``); run locations are strings.
 """
 
@@ -35,6 +36,8 @@ from raymcn.config import (
     permanent_cause,
 )
 from raymcn.environment import Environment
+from raymcn.provenance import record
+from raymcn.train import run_record
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import history, trackers, watchdog
@@ -199,17 +202,20 @@ def build_trainer(cfg: Config, plan: RunPlan, run_dir: str, callbacks: list | No
 
 
 def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan | None = None,
-        callbacks: list | None = None, label: str = "", env: Environment | None = None) -> RunResult:
+        callbacks: list | None = None, label: str = "", env: Environment | None = None,
+        entry: dict | None = None) -> RunResult:
     """Run training to completion in ``run_dir`` (default: :func:`new_run_dir`), or resume it if
     it already has checkpoints. ``plan``: the run's plan when the caller made it (its preflight
     did); otherwise it is made here, once. ``env``: the driver's settings, read at its start (the
     command line's), handed to the workers; None: a program calling this as its entry, whose
-    variables are read here."""
+    variables are read here. ``entry``: the driver's provenance entry, added to the run's record
+    (``run_record.driver_entry``; made here when not given)."""
     env = Environment.read() if env is None else env
     run_dir = storage.normalize(str(run_dir)) if run_dir is not None else new_run_dir(cfg)
     if plan is None:
         plan = plan_of(cfg, resolve_inputs(cfg))
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
+    record.append(run_dir, entry or run_record.driver_entry(cfg, plan.inputs))
     trainer = build_trainer(cfg, plan, run_dir, callbacks, label, env=env)
     with scoped_env(controller_env(cfg)):
         result = trainer.fit()

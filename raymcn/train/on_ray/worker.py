@@ -31,7 +31,7 @@ from raymcn.data.formats.words import load_vocab
 from raymcn.data.read import datasource
 from raymcn.environment import Environment
 from raymcn.model.parts import text_in_bf16
-from raymcn.train import faults, probes
+from raymcn.train import faults, probes, run_record
 from raymcn.train.build import assemble
 from raymcn.train.checkpoints import init_from
 from raymcn.train.checkpoints import payload as checkpoint
@@ -121,6 +121,7 @@ def _start(cfg: Config, plan: RunPlan, run_dir: str, out: Printer, device: torch
     # [4] Epochs: train, evaluate, checkpoint and report at their ends and when the policy asks
     # inside them (every rank reports every time; Ray keeps rank 0's).
     reports = Reports(run, run_dir, out)
+    _record_nodes(run_dir, comm, device, out)
     run.hooks = Hooks(batches=lambda r, epoch, start: stream.epoch(epoch, start),
                       evaluate=lambda r: evaluate(r.model, eval_set, r.device, comm=r.comm), save=reports.save,
                       after_epoch=[reports.after_epoch], after_step=[reports.after_step], log=out.log, watch=dog.at)
@@ -130,6 +131,21 @@ def _start(cfg: Config, plan: RunPlan, run_dir: str, out: Printer, device: torch
                                        drain_every=cfg.run.drain_check_every, ask=preemption.drain_question(),
                                        say=out.say)
     return run, reports
+
+
+def _record_nodes(run_dir: str, comm: Collectives, device: torch.device, out: Printer) -> None:
+    """Every rank says what its node runs (``run_record.node_part``); rank 0 adds the nodes to the run's
+    record and names those that differ. A record that cannot be written is said, never worth ending
+    the run for (the driver's entry, written before, holds the code and the data)."""
+    parts = comm.all_gather_object(run_record.node_part(comm.rank, device))
+    if comm.rank != 0:
+        return
+    try:
+        lines = run_record.record_nodes(run_dir, parts)
+    except OSError as e:
+        lines = [f"warning: could not add the nodes to the run's record in {run_dir} ({reason(e)})"]
+    for line in lines:
+        out.say(line)
 
 
 def group_attempt() -> str:
