@@ -760,7 +760,7 @@ def _runs_side_by_side(commands: dict[str, list[str]], env: dict[str, str]):
         r.start()
 
     def ended(timeout_s: float) -> dict[str, tuple]:
-        for name, proc in procs.items():
+        for proc in procs.values():
             try:
                 proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:
