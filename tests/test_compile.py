@@ -5,7 +5,9 @@ Each lever changes which kernels run, not the arithmetic, so each is compared wi
 step of the same weights and batch to fp32's tolerance, on one step: the loss terms and every
 parameter's gradient (tolerances relative to each tensor's largest value, as two summation orders
 differ). Checkpoints stay the bare model's, so a run resumes across either setting. Compiling
-takes tens of seconds on a CPU (Inductor's C++), so the compiled cases are in the slow tier.
+takes tens of seconds on a CPU (Inductor's C++), so the compiled cases are in the soak tier (by hand
+before a release, beside the compiled Ray runs of tests/test_compile_runs.py): CI's time does not
+hold their minutes.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def test_the_compile_clock_counts_nothing_where_nothing_compiles():
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_compiled_step_equals_the_eager_step_and_compiles_again_only_at_the_stage_switch():
     """``scale.compile``: the compiled model's loss terms and gradients are the eager step's to fp32
     tolerance; further steps of the same stage reuse the graph, the stage switch (text joins)
@@ -140,6 +143,7 @@ def _train(run, steps: range, seed: int = 0) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("first, then", [(False, True), (True, False)], ids=["eager-then-compiled",
                                                                             "compiled-then-eager"])
 def test_a_run_resumes_across_the_compile_setting(tmp_path, first, then):
@@ -160,6 +164,7 @@ def test_a_run_resumes_across_the_compile_setting(tmp_path, first, then):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_compiled_gradient_cached_step_equals_the_eager_one():
     """Gradient caching runs the compiled model twice a chunk, without autograd and then with it,
     BatchNorm's statistics held: the terms and every gradient are the eager cached step's."""

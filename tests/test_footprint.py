@@ -475,7 +475,8 @@ def test_estimate_bounds_a_measured_tiny_cached_step(chunk):
     _assert_bounds(_measured_tiny_step(chunk), conv_within=4)
 
 
-@pytest.mark.slow  # Inductor compiles the tiny model's C++ first: tens of seconds
+@pytest.mark.slow  # Inductor compiles the tiny model's C++ first: tens of seconds, the soak tier's (test_compile.py)
+@pytest.mark.soak
 def test_estimate_bounds_a_measured_tiny_compiled_step():
     """With ``scale.compile`` the step's kernels are Inductor's (fused, other temporaries), its saved
     activations chosen by its partitioner: the same estimate stays at or above the allocator's peak."""

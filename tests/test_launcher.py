@@ -282,6 +282,7 @@ def _exec_start(config: Path) -> list[str]:
     return shlex.split(line.split("=", 1)[1])
 
 
+@pytest.mark.soak  # minutes past CI's time; a killed sweep resumed by its folder: the rehearsals (slow tier)
 def test_the_boot_service_continues_the_unfinished_sweep_after_the_head_reboots(cluster):
     """The head reboots mid-sweep: every Ray process and the sweep's driver die. At boot the service's
     command (the service file's ExecStart, run as systemd runs it: a bare environment, the home folder)

@@ -1,7 +1,9 @@
 """The lab's guide's practice route on one CPU machine, its commands as the guide prints them (a
 toy corpus, its shards, step 7's run and step 12's smoke sweep, both rehearsed on those shards),
 each ending as the guide says. The guide's lines are these calls' words: ``tests/test_docs.py``
-checks it, in the fast tier, through ``tools/doc_commands.py``.
+checks it, in the fast tier, through ``tools/doc_commands.py``. Step 7 is also the suite's
+rehearsal of ``sweeps/paper.yaml`` (tests/test_rehearsals.py's ``SHIPPED``): every epoch and step of
+its miniature trained.
 
 As a newcomer runs them: ``bash`` in the checkout, ``raymcn`` on the path, a home folder of the
 test's own (the corpus under ``$HOME/raymcn-practice``, the results in ``~/raymcn_results``, Ray's
@@ -17,6 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from raymcn.config import load_config
+from raymcn.sweep.rehearsal import shrink
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,6 +67,8 @@ def test_the_practice_route_runs_as_the_guide_prints_it(newcomer):
               "--set data.eval_set=youcook:$HOME/raymcn-practice/youcook_val_audio.pkl")
     final = dict(re.findall(r"^  (epochs|global_step|eval_size) +(\d+)$", out, flags=re.M))
     assert final == {"epochs": "2", "global_step": "4", "eval_size": "256"}, out[-3000:]  # the corpus's own eval set
+    mini = shrink(load_config(REPO / "sweeps/paper.yaml"))  # the paper file's rehearsal: trained to its end
+    assert (mini.schedule.epochs, mini.schedule.epochs * mini.schedule.steps_per_epoch) == (2, 4)
     run_dir = Path(re.search(r"^run (\S+) \(Ray's output", out, flags=re.M).group(1))
     assert run_dir.parent == home / "raymcn_results"
     # step 12: the smoke sweep rehearsed on those shards passes as the cluster's does

@@ -7,8 +7,9 @@ trial did; ``raymcn.sweep.result_grid`` gives Tune's ResultGrid with those check
 TensorBoard's ``EventAccumulator`` and MLflow's client read every metric of the table from every
 trial (a single run's: tests/test_train_ray.py, tests/test_trackers.py).
 
-One rehearsed smoke sweep with a confirmation (2 + 4 trials) for all of them: the slow tier. The fast
-tier's part is the grid rehearsal killed and resumed (tests/test_rehearsals.py, with
+One rehearsed smoke sweep with a confirmation (2 + 4 trials) for all of them: the soak tier (by
+hand before a release). The fast tier's part is the grid rehearsal killed and resumed
+(tests/test_rehearsals.py, with :func:`reported_best_is_the_best_of_every_epoch` and
 :func:`best_trial_and_checkpoint_by_rays_api`) and the Ray-free checks below.
 """
 
@@ -139,6 +140,7 @@ def confirmed_sweep(tmp_path_factory) -> Path:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak  # a sweep of its own, minutes past CI's time (CI's part: the grid rehearsal's, fast tier)
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("metric", [f"{BEST}{R10}", f"{BEST}{MEDR}", R10])
 def test_ray_finds_the_best_trial_by_the_sweeps_metric_and_its_checkpoint_which_eval_scores_as_the_trial_did(
@@ -161,6 +163,7 @@ def test_ray_finds_the_best_trial_by_the_sweeps_metric_and_its_checkpoint_which_
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak  # a sweep of its own, minutes past CI's time (CI's part: the grid rehearsal's, fast tier)
 @pytest.mark.timeout(900)
 def test_result_grid_gives_tunes_results_holding_the_train_checkpoints(confirmed_sweep, capsys):
     """``result_grid(EXP)`` and ``result_grid(EXP/confirm)``: Tune's ResultGrid, its default metric the
@@ -201,6 +204,7 @@ def test_result_grid_gives_tunes_results_holding_the_train_checkpoints(confirmed
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak  # a sweep of its own, minutes past CI's time (CI's part: the grid rehearsal's, fast tier)
 @pytest.mark.timeout(900)
 def test_tensorboard_and_mlflow_read_every_metric_of_the_table_from_every_trial(confirmed_sweep):
     """Each trial's event files in its folder (``tensorboard --logdir EXP``) and its MLflow run in
@@ -232,6 +236,7 @@ def test_tensorboard_and_mlflow_read_every_metric_of_the_table_from_every_trial(
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.soak  # a sweep of its own, minutes past CI's time (CI's part: the grid rehearsal's, fast tier)
 @pytest.mark.timeout(900)
 def test_the_pages_python_session_runs_on_a_confirmed_sweep(confirmed_sweep):
     """``tools.ray_results`` (what docs/sweeps.md shows) on this sweep: every statement runs, and the

@@ -9,6 +9,7 @@ Ray instance that does not answer. One static check keeps every broad ``except``
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import socket
@@ -699,7 +700,14 @@ def test_the_main_command_beside_a_ray_instance_that_does_not_answer(silent_gcs,
 
 @pytest.fixture
 def own_ray_instance():
-    """A `ray start --head` of this test's own (its port, its temp folder): yields (GCS address, its
+    """A `ray start --head` of this test's own (:func:`ray_instance_of_our_own`)."""
+    with ray_instance_of_our_own() as instance:
+        yield instance
+
+
+@contextlib.contextmanager
+def ray_instance_of_our_own():
+    """A `ray start --head` of our own (its port, its temp folder): yields (GCS address, its
     processes by name), and at the end stops only those processes (and what they started; never
     `ray stop`, which would end every Ray instance of the machine), resumed first if stopped."""
     import shutil
@@ -773,32 +781,46 @@ except boot.BootError as e:
 """
 
 
-def _timed_runs(commands: dict[str, list[str]], env: dict[str, str], timeout_s: float) -> dict[str, tuple]:
-    """Each command run at once beside the others: {name: (returncode, [(seconds since the start,
-    line)], seconds it took)}, stdout and stderr merged."""
+@contextlib.contextmanager
+def _runs_side_by_side(commands: dict[str, list[str]], env: dict[str, str]):
+    """Each command started at once beside the others; yields the wait for them, ``ended(timeout_s)``
+    (``timeout_s`` from their start): {name: (returncode, [(seconds since the start, line)], seconds
+    it took)}, stdout and stderr merged. A command still running on leaving is killed."""
     start = time.monotonic()
     procs = {name: subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True) for name, argv in commands.items()}
     lines: dict[str, list] = {name: [] for name in commands}
+    took: dict[str, float] = {}
 
-    def read(name: str) -> None:
+    def read(name: str) -> None:  # its lines as they come, then when it exited (not when it was asked)
         for line in procs[name].stdout:
             lines[name].append((time.monotonic() - start, line.rstrip()))
+        procs[name].wait()
+        took[name] = time.monotonic() - start
 
     readers = [threading.Thread(target=read, args=(name,), daemon=True) for name in commands]
     for r in readers:
         r.start()
-    results = {}
-    for name, proc in procs.items():
-        try:
-            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        results[name] = (proc.returncode, time.monotonic() - start)
-    for r in readers:
-        r.join(timeout=10)
-    return {name: (results[name][0], lines[name], results[name][1]) for name in commands}
+
+    def ended(timeout_s: float) -> dict[str, tuple]:
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for r in readers:
+            r.join(timeout=10)
+        return {name: (procs[name].returncode, lines[name], took.get(name, time.monotonic() - start))
+                for name in commands}
+
+    try:
+        yield ended
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _bounded_as_documented(name: str, run: tuple, address: str, silent: str, error: str,
@@ -825,7 +847,9 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
     stopped, `raymcn drain`, `raymcn boot`'s wait for the nodes and `python sweep.py` each name the
     instance and why at once, the silence within 60 s with advice, and end non-zero within 90 s; with
     its raylet stopped instead (the GCS answers), each ends non-zero within 90 s naming Ray's error.
-    Nothing of them is left running (each is its own process, and it exited)."""
+    Nothing of them is left running (each is its own process, and it exited). The two cases wait
+    side by side, on two instances of the test's own (a second `ray start --head` for the stopped
+    raylet): each command's minute of waiting runs once, not twice."""
     import signal
 
     from raymcn.train.on_ray.cluster import running_instances
@@ -837,10 +861,19 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
     commands = {"drain": [sys.executable, "-m", "raymcn.cli", "drain"],
                 "boot": [sys.executable, "-c", BOOT_WAIT, port],
                 "sweep": [sys.executable, "sweep.py"]}
-    gcs, raylet = processes["gcs_server"], processes["raylet"]
+    gcs = processes["gcs_server"]
     stop(gcs)
     try:
-        runs = _timed_runs(commands, env, timeout_s=200)
+        with _runs_side_by_side(commands, env) as gcs_stopped, ray_instance_of_our_own() as (second, beside):
+            raylet = beside["raylet"]  # the second instance: its GCS answers, this machine's raylet does not
+            stop(raylet)
+            try:
+                with _runs_side_by_side({"drain": commands["drain"], "sweep": commands["sweep"]},
+                                        {**env, "RAY_ADDRESS": second}) as raylet_stopped:
+                    raylet_runs = raylet_stopped(timeout_s=200)
+            finally:
+                raylet.send_signal(signal.SIGCONT)
+            runs = gcs_stopped(timeout_s=200)
     finally:
         gcs.send_signal(signal.SIGCONT)
     gave_up = f"the Ray instance at {address} (given by RAY_ADDRESS) did not answer within 60 s"
@@ -854,12 +887,7 @@ def test_drain_boot_and_the_main_command_beside_a_ray_instance_stopped_with_sigs
     assert f"raymcn drain: {gave_up}" in "\n".join(line for _, line in runs["drain"][1])
     assert f"raymcn sweep: nothing ran: {gave_up}" in "\n".join(line for _, line in runs["sweep"][1])
 
-    stop(raylet)  # the GCS answers, this machine's raylet does not
-    try:
-        runs = _timed_runs({"drain": commands["drain"], "sweep": commands["sweep"]}, env, timeout_s=200)
-    finally:
-        raylet.send_signal(signal.SIGCONT)
-    for name, run in runs.items():
-        _bounded_as_documented(name, run, address, f"this machine's raylet (pid {raylet.pid}) of the instance at "
-                               f"{address}", f"this machine's raylet (pid {raylet.pid}) of the Ray instance at "
-                               f"{address} (given by RAY_ADDRESS) did not answer within 60 s")
+    for name, run in raylet_runs.items():
+        _bounded_as_documented(name, run, second, f"this machine's raylet (pid {raylet.pid}) of the instance at "
+                               f"{second}", f"this machine's raylet (pid {raylet.pid}) of the Ray instance at "
+                               f"{second} (given by RAY_ADDRESS) did not answer within 60 s")

@@ -7,8 +7,10 @@ the driver and its Ray are SIGKILLed during the search (a reboot of the head) an
 continued with ``raymcn sweep --resume EXP`` (a rehearsal is never what ``--resume latest``
 continues: a real sweep's is), once per search algorithm a shipped file uses
 (random and optuna on stand-in trials: tests/test_sweep_restore.py); it must end with its answer,
-the trials finished before the kill untouched. The verdict is ``results/rehearsal.py``'s,
-the one ``raymcn doctor --rehearse`` gives.
+the trials finished before the kill untouched. The lab's BOHB file, resumed, is killed twice more in
+its confirmation, which must keep its finished runs and end with the answer too (the embedded
+default, ``make sweep``, is killed the same way in the soak tier). The verdict is
+``results/rehearsal.py``'s, the one ``raymcn doctor --rehearse`` gives.
 
 What each algorithm loses on restore (Ray 2.60), and what that changes in the answer. Tune saves
 the searcher's state, not the scheduler's: the scheduler comes back as ``tuner.pkl`` holds it,
@@ -55,7 +57,7 @@ SHIPPED = {
     "sweeps/cluster_smoke.yaml": "sweep",
     "sweeps/lr_bs_asha.yaml": "sweep",
     "sweeps/stage_order_bohb.yaml": "sweep",
-    "sweeps/paper.yaml": "train",
+    "sweeps/paper.yaml": "train",  # on the practice shards: tests/test_practice_route.py (step 7)
     # a Ray cluster launcher file, not a raymcn config: checked against Ray's own schema and its
     # commands by tests/test_cluster_yaml.py
     "sweeps/clusters/gcp-a2-highgpu-4g.yaml": "cluster",
@@ -200,29 +202,33 @@ def paused_and_resumed_or_every_trial_started(exp: Path, lines: list[str]) -> bo
     return resumed_after_a_pause(exp, lines) or (every and "confirmation:" not in "".join(lines))
 
 
-REHEARSALS = [  # (sweep file, extra settings, when to kill): one kill-and-resume per shipped algorithm
+REHEARSALS = [  # (sweep file, extra settings, when to kill, then its confirmation killed twice too)
     # grid: the fast tier's one real kill-and-resume of a shipped file
-    pytest.param("sweeps/smoke.yaml", [], in_the_search, id="grid"),
+    pytest.param("sweeps/smoke.yaml", [], in_the_search, False, id="grid"),
     # asha with Optuna's suggestions, 4 trials side by side; 6 of them, so that two start on what
     # finished or stopped trials freed while the suite's own Ray instance runs beside the sweep's
-    pytest.param("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1, marks=[pytest.mark.slow, pytest.mark.soak], id="asha"),
-    pytest.param("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started,  # the lab's own
+    pytest.param("sweeps/lr_bs_asha.yaml", ["sweep.num_samples=6"], past_stage_1, False,
+                 marks=[pytest.mark.slow, pytest.mark.soak], id="asha"),
+    # the lab's own: the slow tier's kills in a confirmation too (the embedded default's, by hand)
+    pytest.param("sweeps/stage_order_bohb.yaml", [], paused_and_resumed_or_every_trial_started, True,
                  marks=pytest.mark.slow, id="bohb"),
 ]  # random and optuna, which no shipped file uses: on stand-in trials (tests/test_sweep_restore.py)
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize("name, settings, kill_when", REHEARSALS)
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name, settings, kill_when, confirmation_killed", REHEARSALS)
 def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, tmp_path, name, settings, kill_when,
-                                                                  capsys, checkout):
+                                                                  confirmation_killed, capsys, checkout):
     """``ray_local``: a second Ray instance on the machine for the whole test (the sweep starts its
     own), as a colleague's run or a ``make test`` on the lab's head would be; pinned to its own
     instance, the sweep's placement groups are still freed for the trials that wait for them. Tune's
     results report each trial's best so far over the kill (tests/test_ray_results.py); of the grid,
     whose trials all finish, Ray's API finds the best trial by ``sweep.metric`` and its checkpoint,
-    which ``raymcn eval`` scores as the trial did. The sweep runs from a git checkout with an
-    uncommitted change (tests/git_checkout.py): its folder and every trial's keep what made them."""
+    which ``raymcn eval`` scores as the trial did. ``confirmation_killed``: the resume is killed
+    twice more in the confirmation (:func:`confirmation_killed_twice`), then runs to its end. The
+    sweep runs from a git checkout with an uncommitted change (tests/git_checkout.py): its folder
+    and every trial's keep what made them."""
     results = tmp_path / "results"
     args = ["--config", str(checkout.root / name), "--rehearse", *[a for s in settings for a in ("--set", s)]]
     status, out, before = rehearse(args, results, kill_when=kill_when, cwd=checkout.root)
@@ -234,10 +240,13 @@ def test_a_shipped_sweep_killed_in_its_search_resumes_to_its_answer(ray_local, t
                              cwd=checkout.root, capture_output=True, text=True, timeout=120)
     assert skipped.returncode == 2 and f"{exp.name} (a rehearsal: `--resume EXP` continues it)" in skipped.stderr
 
-    status, out, _ = rehearse(["--resume", str(exp)], results, cwd=checkout.root)
-    assert status == 0, out[-3000:]
-    assert f"resuming sweep {exp}" in out
-    recorded_as_set_up_in_every_trial(exp, checkout, out)
+    if confirmation_killed:
+        out = confirmation_killed_twice(results, ["--resume", str(exp)], cwd=checkout.root)[0]
+    else:
+        status, out, _ = rehearse(["--resume", str(exp)], results, cwd=checkout.root)
+        assert status == 0, out[-3000:]
+        assert f"resuming sweep {exp}" in out
+        recorded_as_set_up_in_every_trial(exp, checkout, out)  # a start and one resume
     after = result_rows(exp)
     for trial in finished:  # a trial finished before the reboot is kept, not trained again
         assert after[trial] == before[trial], trial
@@ -330,19 +339,16 @@ def test_the_cluster_smoke_sweep_runs_to_its_end_and_its_terminal_reads_well(tmp
     assert (exp / "tables" / "search_trials.csv").exists()
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
-    """The embedded default (``make sweep``), its driver and Ray killed twice in its confirmation:
-    as it prints its first line (so far always before Tune had saved the confirmation's state: Ray's
-    restore of such a folder ran one of the runs and ended as if done), then once a confirmation
-    run has finished. The resumes keep the search and the finished runs, train the rest, and each
-    group's runs train the configuration the search chose for it over the same fresh seeds."""
+def confirmation_killed_twice(results: Path, args: list[str], cwd: Path = REPO) -> tuple[str, dict, dict]:
+    """``raymcn sweep ARGS`` (a rehearsal, or ``--resume EXP`` of one) with its driver and Ray killed
+    twice in its confirmation: as it prints its first line (so far always before Tune had saved the
+    confirmation's state: Ray's restore of such a folder ran one of the runs and ended as if done),
+    then once a confirmation run has finished; then resumed to its end. The resumes keep the search
+    and the finished runs, train the rest, and each group's runs train the configuration the search
+    chose for it (one of the group's search trials) over the same fresh seeds. Returns the last
+    resume's output, and the search's and the confirmation's result rows (trial -> epochs)."""
     from raymcn.results.confirmation import read_plan
     from raymcn.results.experiment import load_experiment
-
-    results = tmp_path / "results"
 
     def confirmation_begins(exp: Path, lines: list[str]) -> bool:
         return "confirmation:" in "".join(lines)
@@ -354,39 +360,60 @@ def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
         confirming = "".join(lines).split("confirmation:", 1)[-1]
         return any(e == epochs for _, e, _ in epoch_lines(confirming.splitlines()))
 
-    status, out, _ = rehearse(["--rehearse"], results, kill_when=confirmation_begins)
+    status, out, _ = rehearse(args, results, kill_when=confirmation_begins, cwd=cwd)
     assert status == -9, f"the sweep ended before its confirmation could be interrupted:\n{out[-3000:]}"
     exp = sweep_folder(results)
-    status, out, _ = rehearse(["--resume", str(exp)], results, kill_when=a_confirmation_run_ended)
+    assert args[0] != "--resume" or f"resuming sweep {exp}" in out, out[-3000:]
+    status, out, _ = rehearse(["--resume", str(exp)], results, kill_when=a_confirmation_run_ended, cwd=cwd)
     assert status == -9, f"the resumed sweep ended before its confirmation could be interrupted:\n{out[-3000:]}"
     confirm = exp / "confirm"
     finished = [t for t, s in trial_statuses(confirm).items() if s == "TERMINATED"]
     search_before, confirm_before = result_rows(exp), result_rows(confirm)
     cfg = load_config(exp / "raymcn_sweep.yaml")
     epochs = list(range(1, cfg.schedule.epochs + 1))
-    assert len(search_before) == 4 and all(rows == epochs for rows in search_before.values())
+    assert set(trial_statuses(exp).values()) == {"TERMINATED"}  # the search had ended
 
-    status, out, _ = rehearse(["--resume", str(exp)], results)
+    status, out, _ = rehearse(["--resume", str(exp)], results, cwd=cwd)
     assert status == 0, out[-3000:]
     assert result_rows(exp) == search_before  # the finished search was not touched
     after = result_rows(confirm)
     _, candidates, seeds = read_plan(exp)
-    assert set(trial_statuses(confirm).values()) == {"TERMINATED"} and len(after) == len(candidates) * len(seeds) == 8
+    assert set(trial_statuses(confirm).values()) == {"TERMINATED"} and len(after) == len(candidates) * len(seeds)
     for t in finished:
         assert after[t] == confirm_before[t] == epochs  # kept, not rerun
     assert seeds == [cfg.run.seed + 1, cfg.run.seed + 2]  # fresh: the search ran run.seed
+    per = cfg.sweep.confirm["per"]
     search, _ = load_experiment(exp)
     runs = [json.loads((d / "params.json").read_text()) for d in confirm.iterdir() if (d / "params.json").exists()]
-    for c in candidates:  # each group's runs: its search trial's configuration, over the same seeds
-        (chosen,) = search.loc[search["schedule.stage_order"] == c.group, "optim.lr"]
-        assert c.config == {"schedule.stage_order": c.group, "optim.lr": chosen}
-        mine = [r for r in runs if r["schedule.stage_order"] == c.group]
-        assert sorted(r["run.seed"] for r in mine) == seeds and all(r["optim.lr"] == chosen for r in mine)
+    for c in candidates:  # each group's runs: one of its search trials' configurations, over the same seeds
+        assert set(c.config) == set(cfg.sweep.space) and c.config[per] == c.group
+        chosen = search[search[per] == c.group].to_dict("records")
+        assert any(all(row[k] == v for k, v in c.config.items()) for row in chosen), (c, chosen)
+        mine = [r for r in runs if r[per] == c.group]
+        assert sorted(r["run.seed"] for r in mine) == seeds
+        assert all(r[k] == v for r in mine for k, v in c.config.items()), (c, mine)
     # the closing heading: its seeds apart from its count of runs ("seeds 2, 3, 8 of 8" read as three seeds)
-    assert f"by schedule.stage_order, confirmation over seeds {seeds[0]} and {seeds[1]}: 8 of 8 runs done" in out
+    n = len(after)
+    assert f"by {per}, confirmation over seeds {seeds[0]} and {seeds[1]}: {n} of {n} runs done" in out
     assert "\nAnswer: " in out
     assert (exp / "best_by_stage_order.png").exists() and (exp / "search_best_by_stage_order.png").exists()
     verdict_ok(exp)
+    return out, search_before, after
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.soak  # the slow tier kills the lab's BOHB file in its confirmation the same way (REHEARSALS)
+@pytest.mark.timeout(1200)
+def test_make_sweep_killed_in_its_confirmation_resumes_it(tmp_path):
+    """The embedded default (``make sweep``), its driver and Ray killed twice in its confirmation
+    (:func:`confirmation_killed_twice`): its grid's 4 search trials, each to its last epoch, and
+    its 8 confirmation runs (4 orders over 2 seeds), each the search's learning rate for its order."""
+    cfg = shrink(load_config(preset_path()))
+    _, search, confirmed = confirmation_killed_twice(tmp_path / "results", ["--rehearse"])
+    epochs = list(range(1, cfg.schedule.epochs + 1))
+    assert len(search) == 4 and all(rows == epochs for rows in search.values())
+    assert len(confirmed) == 8
 
 
 @pytest.mark.ray
@@ -424,23 +451,6 @@ def test_a_shipped_sweep_by_the_median_rank_answers_by_the_lowest(tmp_path):
     mine = confirmed[(confirmed["schedule.stage_order"] == best["schedule.stage_order"])
                      & (confirmed["run.seed"] == best["run.seed"])]
     assert mine[f"best_{medr}"].tolist() == [confirmed[f"best_{medr}"].min()]
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_the_paper_run_trains_to_its_end(tmp_path):
-    """``raymcn train --config sweeps/paper.yaml``, rehearsed: every epoch reported, a
-    mid-epoch checkpoint taken (the file's 30 minutes become one step)."""
-    results = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "-m", "raymcn.cli", "train", "--config", str(REPO / "sweeps/paper.yaml"),
-                           "--rehearse", "--json"], env=lab_env(results), cwd=REPO, capture_output=True, text=True,
-                          timeout=500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    mini = shrink(load_config(REPO / "sweeps/paper.yaml"))
-    assert summary["epochs"] == mini.schedule.epochs
-    assert summary["global_step"] == mini.schedule.epochs * mini.schedule.steps_per_epoch
 
 
 def test_the_default_preset_is_what_make_sweep_runs():

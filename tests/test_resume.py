@@ -195,6 +195,7 @@ def test_a_run_resumed_on_another_number_of_workers_continues_with_the_same_step
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # CI keeps its parts: the mid-epoch resume bitwise (above), `--resume latest` (test_storage_s3.py)
 @pytest.mark.timeout(900)
 def test_a_reboot_mid_epoch_then_resume_latest(reference, tmp_path):
     """The lab's case: the whole machine goes down (the driver and every Ray process SIGKILLed) while

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
+# the soak tier: two stalls' limits and three group starts, minutes past CI's time (the watchdog's
+# rules, without Ray: tests/test_watchdog.py)
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.soak, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -1,8 +1,8 @@
 """Start from the released weights: import -> eval -> train/sweep --init-from.
 
 The default tier needs no Ray: the importer, `raymcn eval`, the weight loading the workers call,
-and every refusal of `--init-from` (they happen before Ray starts). The end-to-end training and
-sweep tests at the bottom are marked `ray` (and `slow` for the sweep).
+and every refusal of `--init-from` (they happen before Ray starts). The end-to-end test at the
+bottom (import, eval, a sweep's trials trained from the weights) is marked `ray` and `slow`.
 """
 
 from __future__ import annotations
@@ -180,41 +180,32 @@ def test_compatible_run_and_sweep_pass_the_preflight(imported, tmp_path, monkeyp
 # --- end to end with Ray (the full tier) ----------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow
-def test_import_eval_then_train_from_the_weights(ray_local, original, tmp_path, capsys):
+def test_import_eval_then_every_sweep_trial_trains_from_the_same_weights(ray_local, original, tmp_path, capsys):
+    """`raymcn import-original`, `raymcn eval` of what it wrote, then `raymcn sweep --init-from` (a
+    run's `--init-from` is the same setting, ``run.init_from``, which every trial's workers load):
+    each trial's lr so small that the weights cannot move measurably, so what it saved is what it
+    started from, with a fresh step count, LR schedule and Adam moments."""
     out = tmp_path / "released"
     assert main(["import-original", str(original[1]), "--out", str(out), "--config", str(preset_path()),
                  *sum((["--set", s] for s in RUN), [])]) == 0
     assert main(["eval", "--checkpoint", str(out), "--device", "cpu", "--json"]) == 0  # the synthetic eval split
     assert last_json(capsys.readouterr().out)["eval_size"] == 64
-    # An lr so small that the weights cannot move measurably: what the run saved is what it started from.
-    assert main(["train", "--config", str(out / RUN_CONFIG_FILE), "--init-from", str(out), "--json",
-                 "--set", "optim.lr=1e-12", "--set", f"run.storage_path={tmp_path / 'runs'}"]) == 0
-    summary = last_json(capsys.readouterr().out)
-    payload = checkpoint.load(checkpoint.list_checkpoints(summary["run_dir"])[-1])
-    imported = checkpoint.load(out)["model"]
-    for key, value in weights(imported).items():
-        assert torch.allclose(payload["model"][key], value, atol=1e-8), key
-    steps = payload["loop"]["step"]
-    assert steps == 4 and payload["loop"]["epoch"] == 1  # a fresh run: 64 videos / 16 per step, from step 0
-    assert payload["scheduler"]["last_epoch"] == steps  # a fresh LR schedule
-    assert all(int(s["step"]) == steps for s in payload["optimizer"]["state"].values())  # fresh Adam moments
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_every_sweep_trial_starts_from_the_same_weights(ray_local, imported, tmp_path, capsys):
-    assert main(["sweep", "--config", str(imported / RUN_CONFIG_FILE), "--init-from", str(imported), "--json",
+    assert main(["sweep", "--config", str(out / RUN_CONFIG_FILE), "--init-from", str(out), "--json",
                  "--set", "sweep.algorithm=grid", "--set", "sweep.num_samples=1", "--set", "sweep.repeats=1",
                  "--set", "sweep.space={optim.lr: {grid: [1.0e-12, 2.0e-12]}}", "--set", "sweep.confirm={}",
-                 "--set", f"run.storage_path={tmp_path}"]) == 0
+                 "--set", f"run.storage_path={tmp_path / 'runs'}"]) == 0
     experiment = Path(last_json(capsys.readouterr().out)["experiment_dir"])
     trials = sorted((experiment / "train").glob("train-*"))
     assert len(trials) == 2
-    start = weights(checkpoint.load(imported)["model"])
+    start = weights(checkpoint.load(out)["model"])
     for trial in trials:
-        saved = checkpoint.load(checkpoint.list_checkpoints(trial)[-1])["model"]
+        payload = checkpoint.load(checkpoint.list_checkpoints(trial)[-1])
         for key, value in start.items():
-            assert torch.allclose(saved[key], value, atol=1e-8), (trial.name, key)
+            assert torch.allclose(payload["model"][key], value, atol=1e-8), (trial.name, key)
+        steps = payload["loop"]["step"]
+        assert steps == 4 and payload["loop"]["epoch"] == 1, trial.name  # a fresh run: 64 videos / 16 per step
+        assert payload["scheduler"]["last_epoch"] == steps  # a fresh LR schedule
+        assert all(int(s["step"]) == steps for s in payload["optimizer"]["state"].values())  # fresh Adam moments
 
 
 def test_init_from_refuses_a_checkpoint_holding_another_pickled_object(tmp_path):

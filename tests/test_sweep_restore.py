@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from tune_dirs import result_rows, saved_checkpoint_epochs, trial_statuses
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# the soak tier: four Ray starts and the stand-ins' epochs, minutes past CI's time (CI kills and
+# resumes the grid and BOHB files: tests/test_rehearsals.py)
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.soak]
 
 TESTS = Path(__file__).resolve().parent
 SAMPLES, EPOCHS = 4, 4

@@ -103,7 +103,6 @@ COMMANDS: dict[str, Shown] = {
     "raymcn train --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn train ... --rehearse ...`"),
     "raymcn sweep --config --rehearse --set": Shown(RUN, (ROUTE,), label="`raymcn sweep ... --rehearse ...`"),
     "raymcn train --config --set": Shown(
-        CHANGED, (f"{R}::test_the_paper_run_trains_to_its_end",),
-        "`--rehearse` in place of the `--set`s",
+        CHANGED, (ROUTE,), "`--rehearse`, on the practice route's shards",
         "`raymcn train --config sweeps/paper.yaml --set ...`"),
 }
