@@ -213,7 +213,7 @@ def size_text(n: float) -> str:
         if abs(n) >= scale:
             value = n / scale
             return f"{value:.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f} {unit}"
-    return f"{int(n)} bytes"
+    return f"{int(n)} byte{'s' * (int(n) != 1)}"
 
 
 def newest_first(location: str, marker: str) -> list[str]:
