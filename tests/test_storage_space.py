@@ -204,6 +204,13 @@ def test_a_storage_error_reaches_the_driver_through_rays_wrappers():
     raw = pickle.loads(pickle.dumps(ControllerError(PermanentRunError("rank 0", OSError(errno.EDQUOT, "quota")))))
     assert storage_cause(raw).errno == errno.EDQUOT
     assert permanent_cause(OSError(errno.EIO, "io")) is None  # a transient error stays Ray Train's to retry
+    # Tune's error of a trial whose function raised one: Ray's task error, also an instance of its cause's class
+    from ray.exceptions import RayTaskError
+
+    from ray import cloudpickle  # (Tune pickles it so: its class is made at run time)
+
+    trial = cloudpickle.loads(cloudpickle.dumps(RayTaskError("train", "Traceback ...", worker).as_instanceof_cause()))
+    assert isinstance(trial, StorageError) and str(storage_cause(trial)) == str(worker)
 
 
 def test_a_raw_storage_error_is_explained_with_the_runs_figures(tmp_path):

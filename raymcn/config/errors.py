@@ -70,6 +70,9 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        if type(e).__name__.startswith("RayTaskError") and isinstance(getattr(e, "cause", None), BaseException):
+            stack.append(e.cause)  # Ray's task error is also an instance of its cause's class: the cause itself
+            continue
         if isinstance(e, (PermanentError, FileNotFoundError)) or is_storage_error(e):
             return e
         stack += [getattr(e, "controller_failure", None), getattr(e, "cause", None), e.__cause__, e.__context__]
