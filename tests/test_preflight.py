@@ -197,7 +197,8 @@ def test_the_preflight_refuses_checkpoints_that_cannot_fit(inputs, capsys, monke
     free = {"bytes": need - 1}
 
     def usage(where):
-        return shutil._ntuple_diskusage(10 * need, 0, free["bytes"]) if str(where).startswith(str(inputs)) else real(where)
+        mine = str(where).startswith(str(inputs))
+        return shutil._ntuple_diskusage(10 * need, 0, free["bytes"]) if mine else real(where)
 
     monkeypatch.setattr(storage.shutil, "disk_usage", usage)
     assert cli.main([command, *argv]) == 2

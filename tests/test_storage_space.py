@@ -77,7 +77,8 @@ def test_the_space_check_refuses_what_does_not_fit_naming_the_figures(tmp_path, 
     assert notes == [] and len(problems) == 1, problems
     said = problems[0]
     assert f"run.storage_path='{results}'" in said
-    assert f"at most {space.held_at_once(cfg)} x {storage.size_text(need.checkpoint)} = {storage.size_text(need.total)}" in said
+    one, total = storage.size_text(need.checkpoint), storage.size_text(need.total)
+    assert f"at most {space.held_at_once(cfg)} x {one} = {total}" in said
     assert f"{storage.size_text(need.total - 1)} are free at {results}" in said and "short by 1 byte." in said
     assert "lower run.checkpoints_to_keep" in said and "RAYMCN_RESULTS" in said
     monkeypatch.setattr(storage.shutil, "disk_usage", lambda where: Usage(10 * need.total, 0, need.total))

@@ -105,9 +105,9 @@ __all__ = [
     "SEARCH_ALGORITHMS", "SEARCH_DOMAINS", "SECTIONS", "STAGE_ORDERS", "SWEEP_CONFIG_FILE", "TRACKERS",
     "TRACKER_AT", "TRIAL_ERRORS_DIR", "TRIAL_STATUS_FILE", "Config", "ConfigError", "DataConfig", "LossConfig", "Metric",
     "ModelConfig", "NodeInputError", "Objective", "OptimConfig", "PermanentError", "RayUnavailable", "RunSection",
-    "ScaleConfig", "ScheduleConfig", "StorageError", "SweepConfig", "Workers", "all_keys", "best_values", "default_cache_dir", "default_storage_path",
-    "doctor_hint", "drain_marks_dir", "field_problems", "is_storage_error", "load_config", "load_config_lenient", "load_config_text", "metric", "metric_names",
+    "ScaleConfig", "ScheduleConfig", "SweepConfig", "Workers", "all_keys", "best_values", "default_cache_dir", "default_storage_path",
+    "doctor_hint", "drain_marks_dir", "field_problems", "load_config", "load_config_text", "metric", "metric_names",
     "metric_of_column", "metric_table", "objective", "objective_choices", "parse_interval", "parse_override",
-    "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "storage_cause", "tracker_name", "validate",
-    "validate_sweep",
+    "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "tracker_name", "validate",
+    "validate_sweep", "StorageError", "is_storage_error", "load_config_lenient", "storage_cause",
 ]

@@ -440,7 +440,8 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
 
     stop = _storage_stop(experiment_dir, console)
     run_config = tuner._local_tuner.get_run_config()
-    run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, (SweepProgress, StopWhenStorageFull))]
+    restored = run_config.callbacks or []
+    run_config.callbacks = [c for c in restored if not isinstance(c, (SweepProgress, StopWhenStorageFull))]
     run_config.callbacks.append(stop)
     if console is not None:
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
@@ -491,7 +492,8 @@ def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, A
                                     max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
                                     trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
         run_config=tune.RunConfig(name=CONFIRM_DIR, storage_path=experiment_dir,
-                                  callbacks=_callbacks(base, where, console, stop), failure_config=_failure_config(cfg)))
+                                  callbacks=_callbacks(base, where, console, stop),
+                                  failure_config=_failure_config(cfg)))
     return _summarise(tuner.fit(), where, target, stop)
 
 

@@ -55,9 +55,9 @@ def persist(source: str, fs, run_path: str, name: str, cfg: Config, *, shown: st
     except Exception as e:
         _remove(fs, target)
         if is_storage_error(e):
-            raise space.storage_error(e, shown, cfg, size=space.folder_bytes(source),
-                                      what=f"copying checkpoint {name} ({storage.size_text(space.folder_bytes(source))}) "
-                                           "into the run's storage") from e
+            size = space.folder_bytes(source)
+            raise space.storage_error(e, shown, cfg, size=size, what=f"copying checkpoint {name} "
+                                      f"({storage.size_text(size)}) into the run's storage") from e
         raise
     return final
 
