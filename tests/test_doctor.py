@@ -21,6 +21,7 @@ from raymcn.doctor.checkup import as_json, failed, render, request_of
 from raymcn.doctor.estimate import estimate, rung_epochs
 from raymcn.doctor.probe import probe
 from raymcn.doctor.verdicts import judge
+from raymcn.storage import size_text
 from raymcn.train.inputs import shard_folder
 
 GIB = 1 << 30
@@ -206,3 +207,19 @@ def test_a_failed_trial_for_a_cause_the_doctor_checks_points_back_to_it():
     assert "raymcn doctor" in doctor_hint(FileNotFoundError("/data/howto100m/shards/shard-000001.tar"))
     assert "raymcn doctor" in doctor_hint(EvalSetError("youcook_val_audio.pkl: entry 3 lacks 'audio'"))
     assert doctor_hint(ZeroDivisionError()) == ""
+
+
+def test_a_storage_without_room_for_the_sweeps_checkpoints_is_named_and_a_bucket_is_not_checked(cfg, tmp_path,
+                                                                                               monkeypatch):
+    """Injected through the request: the sweep's trials at once need one byte more than the node's
+    storage has free."""
+    req, _ = request(cfg, tmp_path)
+    facts = probe(req)
+    assert rows_of(facts, req)["storage has room for the checkpoints"].ok is True
+    assert req.checkpoints_text.endswith(f"= {size_text(req.checkpoints_bytes)}")
+    short = dataclasses.replace(req, checkpoints_bytes=facts["storage"]["free"] + 1)
+    row = rows_of(facts, short)["storage has room for the checkpoints"]
+    assert row.ok is False and f"{facts['storage']['free'] / 1e9:.1f} GB free at {tmp_path / 'results'}" in row.fix
+    assert "lower run.checkpoints_to_keep or sweep.max_concurrent" in row.fix
+    bucket = {**facts, "storage": {k: v for k, v in facts["storage"].items() if k not in ("free", "filesystem")}}
+    assert rows_of(bucket, req)["storage has room for the checkpoints"].ok is None

@@ -68,7 +68,7 @@ def remove_partials(fs, run_path: str) -> list[str]:
     found = storage.subfolders(fs, run_path, prefix=PARTIAL_PREFIX)
     for path in found:
         _remove(fs, path)
-    return [posixpath.basename(p) for p in found]
+    return [posixpath.basename(p) for p in found if p not in storage.subfolders(fs, run_path, prefix=PARTIAL_PREFIX)]
 
 
 def unregistered_after(fs, latest: str) -> list[str]:
