@@ -220,3 +220,27 @@ def test_a_raw_storage_error_is_explained_with_the_runs_figures(tmp_path):
     assert said.startswith("a write failed: No space left on device, at ") and str(tmp_path) in said
     assert f"One checkpoint is {storage.size_text(space.checkpoint_bytes(cfg))}" in said
     assert space.explained(ValueError("other"), str(tmp_path), cfg) == "other"
+
+
+def test_a_worker_whose_temp_folder_is_full_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """The rank's own copy (``worker.Reports.serialised``) into its temp folder fails as a full disk
+    does: the error names that folder and the way out (TMPDIR), and the folder is gone."""
+    import tempfile
+
+    from raymcn.train.on_ray.worker import Reports
+
+    cfg = load_config("sweeps/smoke.yaml")
+    run = assemble(cfg, make_plan(cfg, 256))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def full(directory, **parts):
+        (Path(directory) / payload.STATE_FILE).write_bytes(b"part of it")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(payload, "save", full)
+    with pytest.raises(StorageError) as info:
+        Reports.serialised(None, run, {})
+    said = str(info.value)
+    assert said.startswith(f"serialising a checkpoint into this worker's temp folder failed: No space left on device, "
+                           f"at {tmp_path}/raymcn-checkpoint-")
+    assert "point TMPDIR" in said and list(tmp_path.iterdir()) == []

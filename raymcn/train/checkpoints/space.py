@@ -109,11 +109,12 @@ REMEDY = ("Free space there, lower run.checkpoints_to_keep, or point RAYMCN_RESU
 
 
 def storage_error(error: OSError | StorageError, where: str, cfg: Config, *, size: int | None = None,
-                  what: str = "a write") -> StorageError:
+                  what: str = "a write", fix: str = "") -> StorageError:
     """The :class:`StorageError` of ``error`` (a storage ``OSError``, or already one: returned as
     it is) at ``where`` (a path or URI): what failed and why, the filesystem and its free bytes, one
     checkpoint's size (``size``, else :func:`checkpoint_bytes`) and how many the run keeps, and
-    what to do. Resuming is the caller's line (it knows the command)."""
+    what to do (``fix``, else the storage's remedies). Resuming is the caller's line (it knows the
+    command)."""
     if isinstance(error, StorageError):
         return error
     code = error.errno or errno.ENOSPC
@@ -121,8 +122,8 @@ def storage_error(error: OSError | StorageError, where: str, cfg: Config, *, siz
     at = (f"{space.named()}: {size_text(space.free)} free of {size_text(space.total)}" if space is not None
           else f"{where} (an object store)")
     size = checkpoint_bytes(cfg) if size is None else size
-    fix = {errno.EROFS: "Make it writable, or point RAYMCN_RESULTS (run.storage_path) at a writable disk",
-           errno.EDQUOT: "Ask for a larger quota, " + REMEDY[0].lower() + REMEDY[1:]}.get(code, REMEDY)
+    fix = fix or {errno.EROFS: "Make it writable, or point RAYMCN_RESULTS (run.storage_path) at a writable disk",
+                  errno.EDQUOT: "Ask for a larger quota, " + REMEDY[0].lower() + REMEDY[1:]}.get(code, REMEDY)
     return StorageError(f"{what} failed: {os.strerror(code)}, at {at}. One checkpoint is {size_text(size)}; "
                         f"{_kept(cfg)}: {size_text(size * held_at_once(cfg))} at most. Nothing partial is left "
                         f"under a checkpoint's name. {fix}", code)

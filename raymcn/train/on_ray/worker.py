@@ -302,7 +302,8 @@ class Reports:
             shutil.rmtree(directory, ignore_errors=True)
             if is_storage_error(e):
                 raise space.storage_error(e, directory, run.cfg, what="serialising a checkpoint into this "
-                                          "worker's temp folder") from e
+                                          "worker's temp folder", fix="Free space there, or point TMPDIR (in "
+                                          "the environment Ray starts with) at a larger disk") from e
             raise
         return directory
 
