@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 
 from raymcn.config import Config, ConfigError, default_storage_path, reason
-from raymcn.train.inputs import RunInputs, resolve_inputs, shard_folder, shard_manifest
+from raymcn.train import inputs as run_inputs
+from raymcn.train.inputs import RunInputs, shard_folder, shard_manifest
 from raymcn.train.run_plan import RunPlan, make_plan, plan_of
 
 
@@ -96,7 +97,7 @@ def resolved_inputs(cfg: Config, settings: list[str] | tuple = (), *, trials: in
     if settings:
         raise ConfigError([*settings, *input_problems(cfg)])
     try:
-        return resolve_inputs(cfg)
+        return run_inputs.resolve_inputs(cfg)
     except ConfigError as e:
         found = input_problems(cfg) or list(e.problems)
         raise ConfigError([*found, *_settings_problems(cfg, [], trials, held),
