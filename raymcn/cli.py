@@ -20,11 +20,11 @@ from raymcn.config import (
     Config,
     ConfigError,
     RayUnavailable,
-    load_config,
+    load_config_lenient,
     preset_path,
 )
 from raymcn.environment import Environment
-from raymcn.train.monitor.console import Console, final_summary
+from raymcn.train.monitor.console import Console, console_log, final_summary
 from raymcn.train.preflight import checks as preflight
 
 LATEST = "latest"  # --resume latest
@@ -55,12 +55,22 @@ def _add_rehearse_arg(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
+    cfg, problems = loaded_config(args)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def loaded_config(args: argparse.Namespace) -> tuple[Config, list[str]]:
+    """The command line's config and its problems (``load_config_lenient``), for the preflight to add its own."""
     overrides = list(args.overrides)
     if args.num_workers is not None:
         overrides.append(f"scale.num_workers={args.num_workers}")
     if args.init_from:
         overrides.append(f"run.init_from={args.init_from}")
-    cfg = load_config(args.config or preset_path(), overrides)
+    cfg, problems = load_config_lenient(args.config or preset_path(), overrides)
+    if problems:
+        return cfg, problems
     if getattr(args, "rehearse", False):  # the command line's own inputs kept (a practice run on one's shards)
         from raymcn.config import parse_override
         from raymcn.sweep.rehearsal import shrink
@@ -68,7 +78,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
         cfg = shrink(cfg, cpus=os.cpu_count() or 1, inputs=dict(parse_override(o) for o in args.overrides))
     if cfg.run.init_from:  # workers may run elsewhere: give them this shell's meaning of a relative path
         cfg = cfg.replace({"run.init_from": str(Path(cfg.run.init_from).expanduser().resolve())})
-    return cfg
+    return cfg, []
 
 
 def _has_sweep_section(path: str | None) -> bool:
@@ -94,17 +104,6 @@ def _resource_waits_named(cfg: Config, console):
     from raymcn.train.on_ray import waits
 
     return waits.watched(waits.naming_limit_s(cfg.run.stall_timeout_s, cfg.scale.worker_start_timeout_s), console.say)
-
-
-def console_log(where: str, cfg: Config | None = None) -> Path:
-    """Where the console log of the run or sweep folder ``where`` goes: inside it, or for a bucket
-    URI in the local cache (a log is appended line by line, which an object store cannot do)."""
-    from raymcn import storage
-    from raymcn.config import default_cache_dir
-
-    if storage.is_uri(where):
-        return default_cache_dir(cfg or Config()) / "logs" / storage.basename(where) / CONSOLE_LOG_FILE
-    return Path(where).expanduser() / CONSOLE_LOG_FILE
 
 
 def _say_capped_steps(cfg: Config, plan) -> None:
@@ -136,13 +135,17 @@ def _resume_target(args: argparse.Namespace, latest) -> str | None:
     return found
 
 
-def _failed(command: str, error: BaseException, resume_hint: str) -> int:
-    """A run that failed: what happened, and (unless a restart cannot cure it) how to resume; status 1."""
-    from raymcn.config import doctor_hint, permanent_cause
+def _failed(command: str, error: BaseException, resume_hint: str, explain=str) -> int:
+    """A run that failed: what happened, and (unless a restart cannot cure it) how to resume; status 1.
+    ``explain``: a storage error's message for a person (``space.explained``)."""
+    from raymcn.config import doctor_hint, is_storage_error, permanent_cause
 
     cause = permanent_cause(error)
     if isinstance(error, RayUnavailable):
         print(f"raymcn {command}: nothing ran: {error}", file=sys.stderr)
+    elif is_storage_error(cause):  # no restart makes room; once there is room, it resumes
+        print(f"raymcn {command}: stopped at once, not retried (its storage cannot take what it writes): "
+              f"{explain(cause)}\n{resume_hint}", file=sys.stderr)
     elif cause is not None:
         hint = doctor_hint(cause)
         print(f"raymcn {command}: the run failed and was not retried (a restart cannot cure this): "
@@ -158,24 +161,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     """One run: its folder decided and its inputs resolved here, once; the preflight and the
     trainer receive its one plan."""
     from raymcn.train import run_record
-    from raymcn.train.inputs import resolve_inputs
     from raymcn.train.on_ray import launch
 
     if args.resume:
         run_dir = _resume_target(args, launch.latest_run_dir)
-        cfg = launch.saved_config(run_dir, args.overrides)
+        cfg, problems = launch.saved_config(run_dir, args.overrides), []
     else:
-        cfg = resolve_config(args)
+        cfg, problems = loaded_config(args)
         if _has_sweep_section(args.config):
             print(f"note: {args.config} has a sweep section; `train` uses only the run keys and ignores it")
         run_dir = launch.new_run_dir(cfg)  # named here so an interruption can say where it is
     # The embedded default is generated here, once; everything that can be checked before Ray
     # starts is reported at once, and the plan the preflight made is the trainer's.
-    inputs = resolve_inputs(cfg)
+    held = launch.checkpoints_held(run_dir) if args.resume else 0
+    inputs = preflight.resolved_inputs(cfg, problems, held=held)
     entry = run_record.driver_entry(cfg, inputs)  # a resume on other code, environment or data says so first
     for line in run_record.notes(run_dir, entry, "run"):
         print(line)
-    plan = preflight.checked_plan(cfg, inputs, log=print)
+    plan = preflight.checked_plan(cfg, inputs, log=print, held=held)
     _say_capped_steps(cfg, plan)
     if args.rehearse and not args.resume:
         from raymcn.servers import sweeps as marks
@@ -196,9 +199,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - reported, with how to go on
+    except Exception as e:
+        from raymcn.train.checkpoints import space
+
         return _failed("train", e, f"checkpoints up to the last finished epoch are kept in {run_dir}\n"
-                                   f"resume with: raymcn train --resume {run_dir}\nRay's output: {log}")
+                                   f"resume with: raymcn train --resume {run_dir}\nRay's output: {log}",
+                       explain=lambda cause: space.explained(cause, run_dir, cfg))
     summary = final_summary(result.metrics, result.run_dir)
     print("\nfinal metrics (" + str(result.run_dir) + "):")
     for k, v in summary.items():
@@ -218,7 +224,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from raymcn.servers import sweeps as marks
     from raymcn.sweep import tuner
     from raymcn.train import run_record
-    from raymcn.train.inputs import resolve_inputs
 
     if args.stop:
         return _stop_sweep(args)
@@ -226,15 +231,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(["--resume and --confirm: give one (--resume also continues a confirmation)"])
     resume = _resume_target(args, lambda c: marks.latest_sweep(default_storage_path(c))) if args.resume else None
     existing = resume or (storage.normalize(args.confirm) if args.confirm else None)
-    cfg = (tuner.sweep_config(resume, "--resume") if resume else _confirm_config(args, existing) if existing
-           else resolve_config(args))
+    cfg, problems = ((tuner.sweep_config(resume, "--resume"), []) if resume else
+                     (_confirm_config(args, existing), []) if existing else loaded_config(args))
     if resume and (note := resume_differences(args, cfg, resume)):
         print(note, file=sys.stderr)
     if not cfg.sweep.space and not existing:
-        raise ConfigError([f"{args.config or preset_path()}: the sweep section has an empty space"])
-    inputs = resolve_inputs(cfg)  # once, for every trial of the search and the confirmation
-    if not resume:
-        _say_capped_steps(cfg, preflight.checked_plan(cfg, inputs, log=print))  # each trial plans from the inputs
+        problems = [*problems, f"{args.config or preset_path()}: the sweep section has an empty space"]
+    trials = cfg.sweep.max_concurrent  # each with its checkpoints on the storage
+    inputs = preflight.resolved_inputs(cfg, problems, trials=trials)  # once, for every trial of both phases
+    if not resume:  # each trial plans from the inputs
+        _say_capped_steps(cfg, preflight.checked_plan(cfg, inputs, log=print, trials=trials))
     exp_dir = existing or tuner.default_experiment_dir(cfg)
     entry = run_record.driver_entry(cfg, inputs)  # a resume on other code, environment or data says so first
     for line in run_record.notes(exp_dir, entry, "sweep"):
@@ -255,18 +261,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 # in the sweep's record before its trials start: each carries the commit and patch from it
                 record.append(exp_dir, entry, "resume" if resume else "confirm" if existing else "start")
                 if resume:
-                    result = phases.resume(resume, console, inputs)
+                    result = phases.resume(resume, console, inputs, env=args.env)
                 elif existing:
-                    result = phases.confirm(cfg, existing, console, inputs)
+                    result = phases.confirm(cfg, existing, console, inputs, env=args.env)
                 else:
-                    result = phases.search_then_confirm(cfg, exp_dir, console, inputs)
+                    result = phases.search_then_confirm(cfg, exp_dir, console, inputs, env=args.env)
     except KeyboardInterrupt:
         result = None
+    except Exception as e:
+        from raymcn.config import storage_cause
+        from raymcn.train.checkpoints import space
+
+        if storage_cause(e) is None:
+            raise
+        return _failed("sweep", e, f"resume with: raymcn sweep --resume {exp_dir}",
+                       explain=lambda cause: space.explained(cause, exp_dir, cfg))
     if result is None or result.num_unfinished:
         # Tune saves the experiment state on Ctrl-C; finished trials are kept, the others resume.
-        print(f"\nsweep interrupted; resume with: raymcn sweep --resume {exp_dir}", file=sys.stderr)
-        if result is None:
-            return 130
+        print(f"\nsweep {'stopped' if result and result.stopped else 'interrupted'}; resume with: "
+              f"raymcn sweep --resume {exp_dir}", file=sys.stderr)
+        if result is None or result.stopped:
+            return 130 if result is None else 1
     print()
     print(phases.summary(exp_dir), end="")
     if not result.num_unfinished:
@@ -335,41 +350,6 @@ def _confirm_config(args: argparse.Namespace, experiment_dir: str) -> Config:
 
     cfg = tuner.sweep_config(experiment_dir, "--confirm")
     return cfg.replace(dict(parse_override(o) for o in args.overrides)) if args.overrides else cfg
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    """``raymcn doctor``: every node checked for the config (``doctor/checkup.py``); status 1 when a check fails."""
-    from raymcn.doctor import checkup as doctor
-
-    cfg = load_config(args.config or preset_path(), args.overrides)
-    problems = preflight.model_part_problems(cfg)  # before Ray: the model itself is built on every node
-    if problems:
-        raise ConfigError(problems)
-    with ray_session(args.address, args.env):
-        report = doctor.diagnose(cfg, step=args.step, step_time=args.step_time, step_timeout=args.step_timeout,
-                                 trial_overhead_s=args.trial_overhead, venv=args.env.venv)
-        if args.rehearse:
-            _rehearse(cfg, report, args.verbose)
-    print(doctor.render(report, cfg.scale.use_gpu))
-    if args.json:
-        print(json.dumps(doctor.as_json(report)), flush=True)
-    return 1 if doctor.failed(report) else 0
-
-
-def _rehearse(cfg: Config, report: dict, verbose: bool) -> None:
-    """``doctor --rehearse``: the sweep file in miniature on the connected cluster, its lines on
-    the console as a sweep's, its rows into the report's head column (``doctor/rehearse.py``)."""
-    import ray
-
-    from raymcn import phases
-    from raymcn.doctor import rehearse
-
-    mini, where = rehearse.miniature(cfg, cpus=ray.cluster_resources().get("CPU", 1.0))
-    log = console_log(where, mini)
-    with Console(log, verbose=verbose) as console:
-        console.say(f"rehearsal {where}:\n  {phases.describe(mini)}\nRay's output: {log}")
-        rows = rehearse.rehearse(mini, where, console)
-    rehearse.rows_in_head_column(report, rows)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -444,11 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "a rehearsal")
     p.set_defaults(func=cmd_sweep)
     from raymcn.doctor import checkup as doctor
+    from raymcn.doctor import command
 
     p = sub.add_parser("doctor", help="check every node of the Ray cluster for a config before a sweep, and "
                        "estimate the sweep's duration")
     doctor.add_arguments(p)
-    p.set_defaults(func=cmd_doctor)
+    p.set_defaults(func=command.run)
     p = sub.add_parser("config", help="print the resolved configuration of a run, or every setting (--reference)")
     p.add_argument("--config", help="run or sweep YAML (default: the embedded tiny synthetic preset)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from raymcn import storage
 from raymcn.config import Config, ConfigError, default_cache_dir, objective
+from raymcn.environment import Environment
 from raymcn.results import confirmation
 from raymcn.results.experiment import load_experiment
 from raymcn.sweep import tuner
@@ -18,23 +19,26 @@ from raymcn.train.monitor.console import Console
 
 
 def search_then_confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInputs,
-                        callbacks: tuple = ()) -> SweepResult:
+                        callbacks: tuple = (), env: Environment | None = None) -> SweepResult:
     """The search of ``cfg`` in ``experiment_dir``, then its confirmation when it asks for one and
-    the search ended with every trial finished. ``callbacks``: more Tune callbacks for the search."""
-    result = tuner.run_sweep(cfg, experiment_dir, console=console, inputs=inputs, callbacks=callbacks)
-    return confirm(cfg, experiment_dir, console, inputs, after=result)
+    the search ended with every trial finished. ``callbacks``: more Tune callbacks for the search;
+    ``env``: the driver's settings, for every trial (``tuner.run_sweep``)."""
+    result = tuner.run_sweep(cfg, experiment_dir, console=console, inputs=inputs, callbacks=callbacks, env=env)
+    return confirm(cfg, experiment_dir, console, inputs, after=result, env=env)
 
 
-def resume(experiment_dir: str, console: Console, inputs: RunInputs):
+def resume(experiment_dir: str, console: Console, inputs: RunInputs, env: Environment | None = None):
     """Continue whichever phase was interrupted: the confirmation once it has started, else the
     search, then its confirmation (when the sweep has one)."""
     if tuner.confirmation_started(experiment_dir):
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
-    result = tuner.resume_sweep(experiment_dir, console=console, inputs=inputs)
-    return confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, inputs, after=result)
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs, env=env)
+    result = tuner.resume_sweep(experiment_dir, console=console, inputs=inputs, env=env)
+    return confirm(tuner.sweep_config(experiment_dir, "--resume"), experiment_dir, console, inputs, after=result,
+                   env=env)
 
 
-def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInputs, after=None):
+def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInputs, after=None,
+            env: Environment | None = None):
     """The confirmation phase of ``experiment_dir`` (``results.confirmation``). ``after``: the
     search's result; the phase starts only when the search ended with no trial unfinished (and
     then only when ``sweep.confirm`` asks for it), else ``after`` is returned as it is. Without
@@ -42,7 +46,7 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
     if after is not None and (after.num_unfinished or not cfg.sweep.confirm):
         return after
     if tuner.confirmation_started(experiment_dir):  # --confirm on a sweep whose confirmation began
-        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs)
+        return tuner.resume_sweep(tuner.confirm_dir(experiment_dir), console=console, inputs=inputs, env=env)
     local = storage.local_copy(experiment_dir, default_cache_dir(cfg) / "experiments", skip=storage.CHECKPOINTS)
     trials, _ = load_experiment(local)
     unfinished = int((trials["status"] == "running").sum())
@@ -66,7 +70,7 @@ def confirm(cfg: Config, experiment_dir: str, console: Console, inputs: RunInput
         console.say(f"  {c.label}: {keys or 'the base config'} (search: {c.score:{target.metric.spec}} over "
                     f"{c.trials} trial(s) at the {c.basis})")
     return tuner.run_confirmation(cfg, experiment_dir, confirmation.trial_configs(candidates, seeds),
-                                  confirmation.plan_text(settings, candidates, seeds), console, inputs)
+                                  confirmation.plan_text(settings, candidates, seeds), console, inputs, env=env)
 
 
 def describe(cfg: Config) -> str:

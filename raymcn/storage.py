@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -109,6 +111,35 @@ def subfolders(fs: pafs.FileSystem, path: str, prefix: str = "") -> list[str]:
                   if i.type == pafs.FileType.Directory and posixpath.basename(i.path).startswith(prefix))
 
 
+COPY_CHUNK_BYTES = 64 * 2**20  # as Ray's own copy: large chunks for a checkpoint of gigabytes
+
+
+def copy_folder(source: str | os.PathLike, fs: pafs.FileSystem, target: str, first: str = "") -> None:
+    """The files of the local folder ``source`` into the folder ``target`` of ``fs``, the one named
+    ``first`` before the others (on an object store, where each file appears once whole, the others
+    then appear only beside it)."""
+    local = pafs.LocalFileSystem()
+    names = sorted((i.base_name for i in local.get_file_info(pafs.FileSelector(str(source)))),
+                   key=lambda name: (name != first, name))
+    fs.create_dir(target)
+    for name in names:
+        pafs.copy_files(posixpath.join(str(source), name), posixpath.join(target, name), source_filesystem=local,
+                        destination_filesystem=fs, chunk_size=COPY_CHUNK_BYTES,
+                        use_threads=is_local(fs))  # (S3 uploads in one thread, as Ray copies)
+
+
+def is_local(fs: pafs.FileSystem) -> bool:
+    """Whether ``fs`` is a filesystem of this machine's (a local folder or a mount: NFS), where a
+    folder renamed appears at once and whole; not an object store."""
+    return fs.type_name == "local"
+
+
+def remove_folder(fs: pafs.FileSystem, path: str) -> None:
+    """Delete the folder ``path`` of ``fs`` and what it holds, if it exists (OSError: it could not)."""
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
 def fetch(fs: pafs.FileSystem, path: str, local_dir: str | os.PathLike) -> Path:
     """The folder ``path`` of ``fs`` as a local folder: itself on the local filesystem, else a copy
     of it in ``local_dir``."""
@@ -140,6 +171,68 @@ def local_copy(location: str, cache_dir: str | os.PathLike, skip: tuple[str, ...
 
 
 CHECKPOINTS = ("checkpoint_",)  # the folders Ray Train names each checkpoint: local_copy(skip=CHECKPOINTS)
+
+
+@dataclass(frozen=True)
+class Space:
+    """The filesystem a local path is (or will be) on: ``mount`` (its mount point) and ``kind``
+    (its type, e.g. ext4, nfs4, tmpfs; "" where the mount table cannot be read), and its ``free``
+    and ``total`` bytes (``free``: what this user may still write)."""
+
+    path: str
+    mount: str
+    kind: str
+    free: int
+    total: int
+
+    def named(self) -> str:
+        """``/shared/results (nfs4 at /shared)``: the path and its filesystem, for a message."""
+        kind = self.kind or "a filesystem"
+        return f"{self.path} ({kind})" if self.path == self.mount else f"{self.path} ({kind} at {self.mount})"
+
+
+def space_at(location: str | os.PathLike) -> Space | None:
+    """The :class:`Space` of a local ``location`` (its nearest existing folder's); None for a
+    bucket URI, whose free space an object store does not say."""
+    if is_uri(location):
+        return None
+    path = Path(normalize(location))
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    usage = shutil.disk_usage(where)
+    mount, kind = _mount_of(where)
+    return Space(str(path), mount, kind, usage.free, usage.total)
+
+
+MOUNTS = Path("/proc/self/mounts")  # Linux's table of this process's mounts
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(mount point, filesystem type) of the existing ``path``: the longest mount point that holds
+    it in :data:`MOUNTS`; (its mount point as ``os.path.ismount`` finds it, "") without the table."""
+    real = os.path.realpath(path)
+    try:
+        rows = [line.split()[1:3] for line in MOUNTS.read_text().splitlines() if len(line.split()) >= 3]
+    except OSError:
+        rows = []
+    # spaces and tabs in a mount point are written as octal escapes (\040)
+    holding = [(point.encode().decode("unicode_escape"), kind) for point, kind in rows]
+    holding = [(point, kind) for point, kind in holding if real == point or real.startswith(point.rstrip("/") + "/")]
+    if holding:
+        return max(holding, key=lambda row: len(row[0]))
+    while not os.path.ismount(real):
+        real = os.path.dirname(real)
+    return real, ""
+
+
+def size_text(n: float) -> str:
+    """Bytes for a person, in decimal units as ``df -H`` shows them: ``3.65 GB``, ``14.0 MB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.{2 if abs(value) < 10 else 1 if abs(value) < 100 else 0}f} {unit}"
+    return f"{int(n)} byte{'s' * (int(n) != 1)}"
 
 
 def newest_first(location: str, marker: str) -> list[str]:

@@ -243,3 +243,77 @@ def test_the_cluster_smoke_sweep_reads_what_the_real_sweep_reads():
                          ("sweep", "max_concurrent")]:
         assert smoke[section][key] == real[section][key], f"{section}.{key}"
     assert not (smoke.get("run") or {}).get("storage_path")
+
+
+# --- the setup commands, run as Ray's updater runs them ----------------------------------------------------
+STAND_IN_PYTHON = """#!/bin/sh
+# python, as the setup commands call it: the install steps pass; the check (tools.install_torch --check)
+# compares the GPUs torch sees (TORCH_SEES) with those nvidia-smi lists, as the real check does
+case "$*" in
+  *"tools.install_torch --check"*)
+    shown=$(nvidia-smi -L | grep -c '^GPU')
+    if [ "$TORCH_SEES" -lt "$shown" ]; then
+      echo "torch installed: sees $TORCH_SEES of the $shown GPUs nvidia-smi shows [server $(hostname)]" >&2; exit 1
+    fi
+    echo "torch installed: sees $shown of the $shown GPUs nvidia-smi shows";;
+  *) echo "ray 2.60.0 torch 2.13.0";;
+esac
+"""
+
+
+def updater_home(home: Path) -> dict[str, str]:
+    """A home for the setup commands with stand-ins where they would install or touch the machine:
+    the venv they create (its ``python``: :data:`STAND_IN_PYTHON`; ``pip``), ``nvidia-smi`` listing
+    4 GPUs, and ``sudo``, ``gcloud``, ``blkid`` and ``mountpoint`` (the Google Cloud variant's disk
+    steps) that do nothing. The environment to run them in."""
+    bin_dir = home / "raymcn-venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (home / "raymcn-src").mkdir()
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+    scripts = {"python": STAND_IN_PYTHON, "pip": "#!/bin/sh\n", "sudo": "#!/bin/sh\n", "gcloud": "#!/bin/sh\n",
+               "blkid": "#!/bin/sh\n", "mountpoint": "#!/bin/sh\n",
+               "nvidia-smi": "#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA A100-SXM4-80GB'\n" for i in range(4))}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "TERM": "dumb"}
+
+
+def run_setup(name: str, home: Path, torch_sees: int) -> list[tuple[str, int, str]]:
+    """(command, status, output) of each of ``name``'s setup commands, in order, up to the first
+    that fails: Ray's updater runs each through its own login shell (its ``_with_interactive``:
+    ``bash --login -c -i 'source ~/.bashrc; ... && (COMMAND)'``, sent over SSH as one string) and
+    stops the server's setup at the first non-zero status."""
+    import subprocess
+
+    from ray.autoscaler._private.command_runner import _with_interactive  # noqa: PLC0415  (private API)
+
+    env = {**updater_home(home), "TORCH_SEES": str(torch_sees)}
+    ran = []
+    for command in load(name)["setup_commands"]:
+        done = subprocess.run(" ".join(_with_interactive(command)), shell=True, executable="/bin/bash", env=env,
+                              capture_output=True, text=True, timeout=60)
+        ran.append((command, done.returncode, done.stdout + done.stderr))
+        if done.returncode:
+            break
+    return ran
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_ray_up_stops_a_server_whose_torch_sees_fewer_gpus_and_only_warns_about_its_shards(name, tmp_path):
+    """Every setup command of the file, run as Ray's updater runs them, with stand-ins for the
+    installs, nvidia-smi (4 GPUs) and the check; the shards path is missing here. A torch that
+    sees all 4: every command exits 0 (the missing shards are a warning naming the server). One
+    that sees 2: the check's command exits non-zero, which fails `ray up` on that server."""
+    import socket as sockets
+
+    ran = run_setup(name, tmp_path / "sees-all", torch_sees=4)
+    assert [status for _, status, _ in ran] == [0] * len(load(name)["setup_commands"]), ran[-1]
+    said = "".join(out for _, _, out in ran)
+    assert f"WARNING: {sockets.gethostname()} cannot see RAYMCN_SHARDS=/data/howto100m/shards" in said
+    assert "sees 4 of the 4 GPUs" in said
+
+    ran = run_setup(name, tmp_path / "sees-fewer", torch_sees=2)
+    command, status, out = ran[-1]
+    assert status != 0 and "install_torch --check" in command, ran[-1]
+    assert "sees 2 of the 4 GPUs nvidia-smi shows" in out

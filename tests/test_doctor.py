@@ -21,6 +21,7 @@ from raymcn.doctor.checkup import as_json, failed, render, request_of
 from raymcn.doctor.estimate import estimate, rung_epochs
 from raymcn.doctor.probe import probe
 from raymcn.doctor.verdicts import judge
+from raymcn.storage import size_text
 from raymcn.train.inputs import shard_folder
 
 GIB = 1 << 30
@@ -228,3 +229,19 @@ def test_the_versions_row_names_the_commit_and_tells_a_stale_copy_by_its_sources
     other = dataclasses.replace(req, versions={**req.versions, "commit": "1234567"})
     assert rows_of({**facts, "versions": {**facts["versions"], "commit": "7654321"}}, other)[
         "versions as on the head"].ok is False
+
+
+def test_a_storage_without_room_for_the_sweeps_checkpoints_is_named_and_a_bucket_is_not_checked(cfg, tmp_path,
+                                                                                               monkeypatch):
+    """Injected through the request: the sweep's trials at once need one byte more than the node's
+    storage has free."""
+    req, _ = request(cfg, tmp_path)
+    facts = probe(req)
+    assert rows_of(facts, req)["storage has room for the checkpoints"].ok is True
+    assert req.checkpoints_text.endswith(f"= {size_text(req.checkpoints_bytes)}")
+    short = dataclasses.replace(req, checkpoints_bytes=facts["storage"]["free"] + 1)
+    row = rows_of(facts, short)["storage has room for the checkpoints"]
+    assert row.ok is False and f"{facts['storage']['free'] / 1e9:.1f} GB free at {tmp_path / 'results'}" in row.fix
+    assert "lower run.checkpoints_to_keep or sweep.max_concurrent" in row.fix
+    bucket = {**facts, "storage": {k: v for k, v in facts["storage"].items() if k not in ("free", "filesystem")}}
+    assert rows_of(bucket, req)["storage has room for the checkpoints"].ok is None

@@ -82,7 +82,7 @@ def test_a_sweep_resolves_its_inputs_once_and_each_trial_plans_from_them(tmp_pat
     counts = Counter()
     count_calls(monkeypatch, tuner, "resolve_inputs", counts, after=lambda: forbid_generating(monkeypatch))
     handed = {}
-    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir, inputs: handed.update(inputs=inputs))
+    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir, inputs, env: handed.update(inputs=inputs))
 
     class Recorder:
         def __init__(self, trainable, **kwargs):
@@ -93,7 +93,7 @@ def test_a_sweep_resolves_its_inputs_once_and_each_trial_plans_from_them(tmp_pat
                                    _experiment_analysis=SimpleNamespace(trials=[]))
 
     monkeypatch.setattr(tuner.tune, "Tuner", Recorder)
-    monkeypatch.setattr(tuner, "_summarise", lambda grid, experiment_dir, target: None)
+    monkeypatch.setattr(tuner, "_summarise", lambda grid, experiment_dir, target, stop: None)
     cfg = load_config(cli.preset_path(), [*TINY, f"run.storage_path={tmp_path}"])
     tuner.run_sweep(cfg, str(tmp_path / "sweep"))
     assert counts["resolve_inputs"] == 1

@@ -142,7 +142,7 @@ def test_the_driver_of_a_gpu_sweep_and_its_trials_drivers_initialise_no_cuda(gpu
 
     trials: list = []
 
-    def sweep(cfg, experiment_dir=None, console=None, inputs=None, callbacks=()):
+    def sweep(cfg, experiment_dir=None, console=None, inputs=None, callbacks=(), env=None):
         from ray.train.v2.api.callback import UserCallback
 
         tuner.build_search(cfg)

@@ -134,7 +134,10 @@ def test_an_unreachable_cpu_index_falls_back_to_pips_indexes(on_path, capsys):
 
 def test_the_check_after_the_install_fails_when_torch_sees_fewer_gpus_than_nvidia_smi(on_path, capsys):
     """This machine's torch sees no GPU; with a stand-in that shows four, the install's last line
-    fails, naming the build and the count."""
+    fails, naming the build, the count, the server and its driver (`ray up`'s log holds every
+    server's)."""
+    import socket
+
     import torch
 
     on_path("12.2")
@@ -144,6 +147,7 @@ def test_the_check_after_the_install_fails_when_torch_sees_fewer_gpus_than_nvidi
     err = capsys.readouterr().err
     build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "the CPU build"
     assert f"torch {torch.__version__} installed: {build}, which sees 0 of the 4 GPUs nvidia-smi shows" in err
+    assert err.rstrip().endswith(f"[server {socket.gethostname()}, NVIDIA driver 535.104.05]"), err
 
 
 def test_a_driver_too_old_for_the_build_is_named_with_both_versions_and_the_remedy():
@@ -354,7 +358,7 @@ def test_ray_up_installs_the_makefiles_torch_the_same_way(on_path, capsys):
     the server's driver as `make install` chooses it, then the same check."""
     text = (ROOT / "cluster.yaml").read_text()
     assert "cd ~/raymcn-src && python -m tools.install_torch\n" in text
-    assert "(cd ~/raymcn-src && python -m tools.install_torch --check)" in text
+    assert "\n  - cd ~/raymcn-src && python -m tools.install_torch --check\n" in text  # a command of its own
     assert install_torch.makefile_torch() == "torch==2.13.0"
     on_path("12.2")
     assert install_torch.main(["--dry-run"]) == 0

@@ -1,5 +1,6 @@
 """Malformed configs and inputs fail before Ray starts, each with a message naming the problem."""
 
+import contextlib
 import json
 
 import pytest
@@ -148,3 +149,70 @@ def test_each_worker_checks_its_own_gpus_free_memory(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (78 * GIB, 80 * GIB))
     assert preflight.device_problems(_gpu_cfg(), torch.device("cuda", 2)) == []
     assert preflight.device_problems(_gpu_cfg(), torch.device("cpu")) == []
+
+
+def test_one_message_names_the_settings_problems_and_every_input_files(inputs, capsys):
+    """An unknown key does not hide a missing shard folder, eval file or word vectors (nor they it)."""
+    assert cli.main(["train", "--set", "optim.lrr=1", "--set", f"data.shards={inputs}/no-such-dir", "--set",
+                     f"data.eval_set=youcook:{inputs}/missing.pkl", "--set", f"data.word_vectors={inputs}/no.bin",
+                     "--set", f"run.storage_path={inputs}/results"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("invalid configuration") == 1, err
+    problems = [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+    assert problems[0] == "unknown key 'optim.lrr' (did you mean 'optim.lr'?)", problems
+    assert f"data.shards='{inputs}/no-such-dir': directory does not exist" in problems[1]
+    assert problems[2:] == [f"data.eval_set='youcook:{inputs}/missing.pkl': file {inputs}/missing.pkl does not exist",
+                            f"data.word_vectors='{inputs}/no.bin': file {inputs}/no.bin does not exist"]
+
+
+def test_with_valid_settings_a_missing_folder_is_named_with_what_the_run_would_lack(inputs, capsys, monkeypatch):
+    """Settings valid, the shard folder missing: the storage's room is in the same message (a
+    stand-in for the free-space call: 1 MB free)."""
+    import shutil
+
+    from raymcn import storage
+
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda where: shutil._ntuple_diskusage(10**9, 0, 10**6))
+    assert cli.main(["train", "--set", f"data.shards={inputs}/no-such-dir", "--set",
+                     f"run.storage_path={inputs}/results"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-dir': directory does not exist" in err and "the checkpoints do not fit" in err, err
+
+
+@pytest.mark.parametrize("command, trials", [("train", 1), ("sweep", 2)])
+def test_the_preflight_refuses_checkpoints_that_cannot_fit(inputs, capsys, monkeypatch, command, trials):
+    """A stand-in for the free-space call (shutil.disk_usage, which storage.space_at reads): one byte
+    less than the run's checkpoints take, for a sweep its trials at once."""
+    import shutil
+
+    from raymcn import storage
+    from raymcn.config import load_config
+    from raymcn.train.checkpoints import space
+
+    results = inputs / "results"
+    argv = ["--config", "sweeps/smoke.yaml", "--set", f"run.storage_path={results}", "--set",
+            f"sweep.max_concurrent={trials}"]
+    need = space.need_of(load_config("sweeps/smoke.yaml"), trials=trials).total
+    real = shutil.disk_usage
+    free = {"bytes": need - 1}
+
+    def usage(where):
+        mine = str(where).startswith(str(inputs))
+        return shutil._ntuple_diskusage(10 * need, 0, free["bytes"]) if mine else real(where)
+
+    monkeypatch.setattr(storage.shutil, "disk_usage", usage)
+    assert cli.main([command, *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"{storage.size_text(need)}, and {storage.size_text(need - 1)} are free at {results}" in err, err
+    assert (" x 2 trials at once (sweep.max_concurrent)" in err) == (trials == 2)
+    free["bytes"] = need  # it fits: the preflight says so, and the command goes on to start Ray
+    started = []
+
+    def ray_session(*_):
+        started.append(True)
+        raise RuntimeError("stopped where Ray would start")
+
+    monkeypatch.setattr(cli, "ray_session", ray_session)
+    with contextlib.suppress(RuntimeError):  # (train names the error and returns 1, sweep raises it)
+        cli.main([command, *argv])
+    assert started and "preflight: storage: the checkpoints take at most " in capsys.readouterr().out

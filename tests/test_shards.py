@@ -6,6 +6,8 @@ import argparse
 import hashlib
 import io
 import json
+import os
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -198,7 +200,7 @@ def test_resume_rewrites_only_missing_or_damaged_shards(corpus, written, tmp_pat
 
 
 def test_interrupted_write_leaves_no_partial_shard(corpus, tmp_path, monkeypatch):
-    """A crash mid-shard leaves only a hidden temp file; the rerun completes the set."""
+    """A crash mid-shard leaves no shard of its name, nor its temp file; the rerun completes the set."""
     calls = {"n": 0}
     real = writer.write_sample
 
@@ -213,9 +215,47 @@ def test_interrupted_write_leaves_no_partial_shard(corpus, tmp_path, monkeypatch
         write(corpus, tmp_path / "o")
     visible = sorted(p.name for p in (tmp_path / "o").glob("shard-*.tar"))
     assert visible == ["shard-000000.tar"] and not (tmp_path / "o" / shard_manifest.MANIFEST).exists()
+    assert not list((tmp_path / "o").glob(".shard-*"))  # the partial shard's temp file went with it
     monkeypatch.setattr(writer, "write_sample", real)
     manifest = write(corpus, tmp_path / "o")
     assert manifest["counts"]["videos"] == 12
+
+
+def test_a_disk_that_fills_mid_conversion_keeps_the_finished_shards_and_says_how_to_go_on(corpus, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """The 7th sample's write fails as a full disk does: the command names the file, the free space
+    where the shards go and what to do; the finished shard stays, the partial one goes; the same
+    command then finishes the set."""
+    import errno
+
+    from raymcn.cli import main
+
+    calls = {"n": 0}
+    real = writer.write_sample
+
+    def full_at_7th(out, key, members):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "o" / "the-shard"))
+        return real(out, key, members)
+
+    monkeypatch.setattr(writer, "write_sample", full_at_7th)
+    out = tmp_path / "o"
+    argv = ["shards", "--features", str(corpus.features_root), "--audio-features", str(corpus.audio_root),
+            "--captions", str(corpus.captions), "--video-list", str(corpus.video_csv), "--word-vectors",
+            str(corpus.word_vectors), "--out", str(out), "--workers", "1", "--dtype", "float32",
+            "--videos-per-shard", "5", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'the-shard'}: No space left on device; " in err
+    assert re.search(rf"; [\d.]+ GB free at {re.escape(str(out))}\. The shards finished so far are kept", err), err
+    assert "run the same command again: it goes on" in err
+    assert sorted(p.name for p in out.glob("*shard-*")) == ["shard-000000.tar"]
+    (out / ".shard-000002.tar.tmp-99999").write_bytes(b"a writer ended mid-shard")  # its pool stopped
+    monkeypatch.setattr(writer, "write_sample", real)
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.glob("*shard-*")) == ["shard-000000.tar", "shard-000001.tar",
+                                                              "shard-000002.tar"]
 
 
 def test_assignment_is_deterministic_from_the_seed(corpus, written, tmp_path):

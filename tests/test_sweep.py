@@ -1,6 +1,7 @@
 """Sweeps: fair early stopping across stage orders (the real smoke sweep: tests/test_sweep_console.py)."""
 
 import math
+import re
 
 import pytest
 
@@ -108,3 +109,33 @@ def test_bohb_lets_go_of_a_trial_it_completed_before_a_restore(tmp_path, toleran
     after.on_trial_complete("t1")  # ... and stops it again
     assert "t1" not in after.running and "t1" not in after.paused
     assert after.suggest("t2") is not None  # the search goes on
+
+
+def test_a_sweep_whose_storage_fills_stops_before_a_second_trial_starts(ray_local, tmp_path, monkeypatch):
+    """The smoke sweep (2 trials, one at a time): its first trial's copy of epoch 1's checkpoint
+    fails as a full disk does (``RAYMCN_FAULT=disk_full_at_epoch``, once). The sweep stops there:
+    no second trial starts and the first is not retried (``sweep.max_trial_failures`` would); the
+    console says why and how to resume; the command fails; Tune's saved state leaves the trial
+    unfinished, for ``raymcn sweep --resume`` once there is room."""
+    import json
+
+    from raymcn.cli import main
+    from raymcn.config import TRIAL_STATUS_FILE
+
+    monkeypatch.setenv("RAYMCN_FAULT", "disk_full_at_epoch=1")
+    monkeypatch.setenv("RAYMCN_FAULT_DIR", str(tmp_path / "faults"))
+    results = tmp_path / "results"
+    assert main(["sweep", "--config", "sweeps/smoke.yaml", "--set", f"run.storage_path={results}"]) == 1
+    (exp,) = results.glob("sweep-*")
+    lines = (exp / "raymcn_console.log").read_text().splitlines()
+    assert len([line for line in lines if line.startswith("trial ") and " started: " in line]) == 1, lines
+    assert not any(line.startswith("trial ") and " resumed: " in line for line in lines), lines
+    stop = next(i for i, line in enumerate(lines) if line.startswith("sweep stopped: trial "))
+    assert "could not write to the storage: copying checkpoint" in lines[stop]
+    assert "No space left on device" in lines[stop] and re.search(r"One checkpoint is [\d.]+ MB", lines[stop])
+    assert lines[stop + 1].endswith(f"resume from their checkpoints with: raymcn sweep --resume {exp}")
+    assert len(list((exp / "train").iterdir())) == 1  # the second trial's Train run never started
+    # the grid hands Tune a trial as a slot frees: Tune holds the first only, requeued by its failure
+    # policy for --resume, never restarted
+    statuses = [json.loads(line)["status"] for line in (exp / TRIAL_STATUS_FILE).read_text().splitlines()]
+    assert statuses == ["PENDING"], statuses

@@ -65,7 +65,7 @@ def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
         def fit(self):
             return Grid()
 
-    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir, inputs: (lambda config: None))
+    monkeypatch.setattr(tuner, "_trainable", lambda cfg, experiment_dir, inputs, env: (lambda config: None))
     monkeypatch.setattr(tuner.tune, "Tuner", Recorder)
     tuner.run_sweep(load_config(preset_path()), str(tmp_path / "named"))
     creator = seen["tune_config"].trial_dirname_creator

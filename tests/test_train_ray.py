@@ -3,6 +3,7 @@
 (Crashes and resumes: tests/test_resume.py.)"""
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -149,3 +150,50 @@ def test_a_group_reserving_every_cpu_still_reads(ray_local, capsys, tmp_path):
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["epochs"] == 1 and summary["global_step"] == 16
+
+
+def test_a_full_storage_ends_the_run_at_once_and_a_resume_finishes_it(ray_local, capsys, tmp_path, monkeypatch):
+    """The smoke run's copy of epoch 2's checkpoint into its storage fails as a full disk does, where
+    the copy writes (half of ``state.pt``, then ENOSPC: ``RAYMCN_FAULT=disk_full_at_epoch``). The
+    command ends at that first error: no upload retried (a retry would have written the checkpoint:
+    the fault fires once), no worker group restarted (each rank entered once). Its message names the
+    storage's path and filesystem, its free bytes and what the checkpoints need; no folder under a
+    checkpoint's name holds part of one, and Ray Train's bookkeeping points at epoch 1's. Once there
+    is room, ``--resume`` finishes with one metrics row per epoch."""
+    from raymcn import storage
+    from raymcn.config import load_config
+    from raymcn.train.checkpoints import payload, space
+
+    monkeypatch.setenv("RAYMCN_FAULT", "disk_full_at_epoch=2")
+    monkeypatch.setenv("RAYMCN_FAULT_DIR", str(tmp_path / "faults"))
+    monkeypatch.setenv("RAYMCN_TIMELINE", str(tmp_path / "timeline.jsonl"))
+    results = tmp_path / "results"
+    assert main(["train", "--config", "sweeps/smoke.yaml", "--set", f"run.storage_path={results}"]) == 1
+    err = capsys.readouterr().err
+    (run_dir,) = results.glob("mcn-*")
+    cfg = load_config("sweeps/smoke.yaml")
+    assert "stopped at once, not retried (its storage cannot take what it writes): copying checkpoint" in err, err
+    assert f"No space left on device, at {storage.space_at(run_dir).named()}: " in err
+    assert re.search(r": [\d.]+ [kMGT]?B free of [\d.]+ [kMGT]?B\. One checkpoint is 14\.\d MB; ", err), err
+    assert f"{space.held_at_once(cfg)} x" not in err and "at most" in err  # (the figure, not the formula)
+    assert f"resume with: raymcn train --resume {run_dir}" in err
+    entered = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert sorted(e["rank"] for e in entered if e["event"] == "worker: function entered") == [0, 1]
+    # nothing partial under a checkpoint's name; Ray Train registered epoch 1's, and only it
+    names = sorted(p.name for p in run_dir.iterdir() if p.is_dir() and p.name != "tensorboard")
+    assert len(names) == 1 and names[0].startswith("checkpoint_"), names
+    assert payload.load(run_dir / names[0])["loop"]["epoch"] == 1
+    snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    assert snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] == names[0]
+
+    import pandas as pd
+
+    before = pd.read_csv(run_dir / "metrics.csv")
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert re.search(r"\n  epochs +4\n", capsys.readouterr().out)
+    after = pd.read_csv(run_dir / "metrics.csv")
+    assert list(after["epoch"]) == [1.0, 2.0, 3.0, 4.0]
+    # resumed from epoch 1's checkpoint: its row (its timings too) is the first run's, not trained again
+    assert after.iloc[0].to_dict() == before.iloc[0].to_dict()
+    for folder in payload.list_checkpoints(run_dir):  # every checkpoint whole
+        payload.load(folder)

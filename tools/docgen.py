@@ -598,6 +598,15 @@ def _hours(seconds: float) -> str:
         f"{seconds:.0f} s"
 
 
+def paper_checkpoint() -> str:
+    """faults.md: one checkpoint of ``sweeps/paper.yaml`` as the preflight computes it (no measurement)."""
+    from raymcn.config import load_config
+    from raymcn.storage import size_text
+    from raymcn.train.checkpoints.space import checkpoint_bytes
+
+    return size_text(checkpoint_bytes(load_config(ROOT / "sweeps" / "paper.yaml")))
+
+
 def lab_sizes() -> str:
     """lab-guide.md's table: what the lab's data and runs take, each from the measurement it comes
     from, with that measurement's machine."""
@@ -607,13 +616,16 @@ def lab_sizes() -> str:
     whole = max(scales, key=lambda x: x["captions"])
     pickle_gb = whole["pickle_bytes"] * whole["fraction"] / 1e9
     bpp = max(x["bytes_per_pickle_byte"] for x in scales)
+    from raymcn.data.write.captions import UNPICKLE_BYTES_PER_FILE_BYTE as asked  # what the conversion checks
+
     bohb = _sweep_estimate("sweeps/stage_order_bohb.yaml")
     gpu, cpu = machine("gpu_smoke").split(",")[0], machine("loader")
     rows = [
         ["the shards, fp16 (the default)", f"{mb['float16'] * videos / 1e6:.1f} TB",
          f"bench.loader's {mb['float16']:.2f} MB a video × {videos / 1e6:.2f} M videos", cpu],
-        ["memory for the caption table while converting", f"{bpp * pickle_gb:.0f} GB",
-         f"bench.scale: {bpp:.2f} bytes per byte of a {pickle_gb:.1f} GB caption pickle", machine("scale")],
+        ["memory for the caption table while converting", f"{asked * pickle_gb:.1f} GB",
+         f"bench.scale: {bpp:.2f} bytes per byte of a {pickle_gb:.1f} GB caption pickle; the conversion asks for "
+         f"{asked:g}", machine("scale")],
         ["reading every npz file once (converting takes longer)", _hours(videos / _original()),
          f"bench.loader: {_original():.0f} videos/s, `np.load` in 4 processes", cpu],
         ["a paper epoch: the GPUs' compute alone", _hours(steps * _gpu_step()),
@@ -716,7 +728,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "gpu.train": gpu_train, "gpu.sweep": gpu_sweep, "gpu.doctor": gpu_doctor,
     "gpu.not-yet-run": gpu_not_yet_run, "gpu.data-phase": lambda: gpu_data_phase(), "grad-cache.bn": lambda: grad_cache_bn(),
     "gpu.cosine": lambda: f"{m('gpu_runs')['gpu_tier']['gradient_cosine_cached_vs_plain']:.6f}",
-    "commands": commands, "metrics": metrics, "lab.sizes": lab_sizes, "compile.cache": compile_cache,
+    "commands": commands, "metrics": metrics, "lab.sizes": lab_sizes, "checkpoint.paper": paper_checkpoint, "compile.cache": compile_cache,
     "measurements.ages": lambda: measurement_ages(),
     "tests.fast": lambda: tier("fast"), "tests.ci": lambda: tier("ci"), "tests.full": lambda: tier("full"), "tests.tiers": tiers,
     "tests.slowest": slowest_tests,

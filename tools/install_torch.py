@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -118,6 +119,8 @@ def check() -> int:
         sees = torch.cuda.device_count() if available else 0
     ok, sentence = torch_can_use(driver, torch.version.cuda or "", available, sees,
                                  os.environ.get("CUDA_VISIBLE_DEVICES"), " ".join(str(w.message) for w in said))
+    if not ok:  # in `ray up`'s log among every server's: which server, and its driver
+        sentence += f" [server {socket.gethostname()}, NVIDIA driver {driver.version or '?'}]"
     print(f"torch {torch.__version__} installed: {sentence}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

@@ -20,15 +20,19 @@ from raymcn.config.errors import (
     NodeInputError,
     PermanentError,
     RayUnavailable,
+    StorageError,
     doctor_hint,
+    is_storage_error,
     permanent_cause,
     reason,
+    storage_cause,
 )
 from raymcn.config.loading import (
     Config,
     default_cache_dir,
     default_storage_path,
     load_config,
+    load_config_lenient,
     load_config_text,
     parse_override,
     validate,
@@ -106,5 +110,5 @@ __all__ = [
     "doctor_hint", "drain_marks_dir", "field_problems", "load_config", "load_config_text", "metric", "metric_names",
     "metric_of_column", "metric_table", "objective", "objective_choices", "parse_interval", "parse_override",
     "permanent_cause", "preset_path", "reason", "retrieval_values", "setting", "tracker_name", "validate",
-    "validate_sweep",
+    "validate_sweep", "StorageError", "is_storage_error", "load_config_lenient", "storage_cause",
 ]

@@ -1,8 +1,11 @@
 """The errors raymcn names to its user, and what is shown of them: which a restart cannot cure
-(:class:`PermanentError`), which ``raymcn doctor`` checks before a sweep (:class:`NodeInputError`),
-a configuration's problems (:class:`ConfigError`), Ray out of reach (:class:`RayUnavailable`). Stdlib only."""
+(:class:`PermanentError`, among them a storage no retry makes room on, :class:`StorageError`), which
+``raymcn doctor`` checks before a sweep (:class:`NodeInputError`), a configuration's problems
+(:class:`ConfigError`), Ray out of reach (:class:`RayUnavailable`). Stdlib only."""
 
 from __future__ import annotations
+
+import errno
 
 
 def reason(error: BaseException) -> str:
@@ -17,16 +20,49 @@ def reason(error: BaseException) -> str:
 
 class PermanentError(Exception):
     """An error a restart from the last checkpoint cannot cure: a bad setting, a missing or damaged
-    input, a diverged loss. Such a run fails at once instead of being retried
-    ``scale.max_failures`` times (``launch.FailFastOnPermanentErrors``); a sweep trial that hits one
-    ends as errored without a retry. Lost processes and nodes are not permanent: they are retried."""
+    input, a diverged loss, a full or read-only storage. Such a run fails at once instead of being
+    retried ``scale.max_failures`` times (``launch.FailFastOnPermanentErrors``); a sweep trial that
+    hits one ends as errored without a retry (a full storage stops the whole sweep instead,
+    resumable). Lost processes and nodes are not permanent: they are retried."""
+
+
+# What a write fails with when its filesystem cannot take it, which no retry or restart changes:
+# full, over quota, mounted read-only, a file larger than the filesystem allows.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+class StorageError(PermanentError):
+    """A write to a run's storage (or a worker's temp folder) failed with one of
+    :data:`STORAGE_ERRNOS`; the message names the path, its filesystem, the free and needed bytes
+    and what to do (``train/checkpoints/space.py`` writes it). ``errno``: the failed write's."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message, code)
+        self.errno = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def storage_cause(error: BaseException | None) -> BaseException | None:
+    """The :class:`StorageError`, or the ``OSError`` of one of :data:`STORAGE_ERRNOS`, that caused
+    ``error`` (found as :func:`permanent_cause` finds one), if any."""
+    cause = permanent_cause(error)
+    return cause if is_storage_error(cause) else None
+
+
+def is_storage_error(error: BaseException | None) -> bool:
+    return isinstance(error, StorageError) or (isinstance(error, OSError) and error.errno in STORAGE_ERRNOS)
 
 
 def permanent_cause(error: BaseException | None) -> BaseException | None:
-    """The :class:`PermanentError` (or ``FileNotFoundError``) that caused ``error``, if any.
+    """The :class:`PermanentError` (or ``FileNotFoundError``, or a storage ``OSError``:
+    :data:`STORAGE_ERRNOS`) that caused ``error``, if any.
 
-    Follows ``__cause__``/``__context__`` and the ``cause`` Ray's task and Train errors carry, so it
-    finds a worker's error inside what the Train controller or Tune hands on.
+    Follows ``__cause__``/``__context__``, the ``cause`` Ray's task errors (and
+    ``launch.PermanentRunError``) carry and the ``controller_failure`` of Ray Train's
+    ``ControllerError``, so it finds a worker's error inside what the Train controller or Tune hands
+    on (their chains do not survive pickling; those attributes do).
     """
     stack, seen = [error], set()
     while stack:
@@ -34,9 +70,12 @@ def permanent_cause(error: BaseException | None) -> BaseException | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, (PermanentError, FileNotFoundError)):
+        if type(e).__name__.startswith("RayTaskError") and isinstance(getattr(e, "cause", None), BaseException):
+            stack.append(e.cause)  # Ray's task error is also an instance of its cause's class: the cause itself
+            continue
+        if isinstance(e, (PermanentError, FileNotFoundError)) or is_storage_error(e):
             return e
-        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+        stack += [getattr(e, "controller_failure", None), getattr(e, "cause", None), e.__cause__, e.__context__]
     return None
 
 
@@ -53,7 +92,7 @@ class NodeInputError(Exception):
 def doctor_hint(cause: BaseException) -> str:
     """A pointer to ``raymcn doctor`` when ``cause`` is one it checks on every node before a sweep
     (a missing or unreadable file or mount, another node's software); "" otherwise."""
-    if isinstance(cause, (OSError, ImportError, NodeInputError)):
+    if isinstance(cause, (OSError, ImportError, NodeInputError)) and not is_storage_error(cause):
         return ("`raymcn doctor --config ...` checks every node's shards, eval set, word vectors, storage and "
                 "versions before a sweep")
     return ""

@@ -147,7 +147,10 @@ def _apply_overrides(raw: dict[str, dict[str, Any]], overrides: dict[str, Any], 
         raw.setdefault(section, {})[name] = value
 
 
-def _build(raw: dict[str, Any], problems: list[str]) -> Config:
+def _build(raw: dict[str, Any], problems: list[str], lenient: bool = False) -> Config:
+    """The Config of ``raw``'s sections; ``problems`` gets every unknown key and wrong value, and
+    raises ConfigError listing them (``lenient``: returns the config, the bad keys at their
+    defaults, for the checks that follow to add their problems to the same message)."""
     sections = {}
     for section, values in raw.items():
         if section not in SECTIONS:
@@ -171,7 +174,7 @@ def _build(raw: dict[str, Any], problems: list[str]) -> Config:
         sections[section] = SECTIONS[section](**kwargs)
     cfg = Config(**sections)
     problems.extend(validate(cfg))
-    if problems:
+    if problems and not lenient:
         raise ConfigError(problems)
     return cfg
 
@@ -296,19 +299,42 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | di
     Raises:
         ConfigError: listing every unknown key, wrong type and impossible value, or an unreadable file.
     """
+    cfg, problems = load_config_lenient(path, overrides)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def load_config_lenient(path: str | os.PathLike | None = None,
+                        overrides: list[str] | dict[str, Any] | None = None) -> tuple[Config, list[str]]:
+    """:func:`load_config`'s config and its problems, without raising for them: every key that
+    loaded (an unknown key left out, a value of the wrong type at its default), so that the checks
+    after it (the input files it names) add theirs to one message.
+
+    Raises:
+        ConfigError: the file is missing or is not a YAML mapping (nothing to build).
+    """
     if path is None:
-        return load_config_text("", overrides)
-    try:
-        text = Path(path).expanduser().read_text()
-    except FileNotFoundError:
-        raise ConfigError([f"config file {path} does not exist"]) from None
-    return load_config_text(text, overrides, source=str(path))
+        text, source = "", "the config"
+    else:
+        try:
+            text, source = Path(path).expanduser().read_text(), str(path)
+        except FileNotFoundError:
+            raise ConfigError([f"config file {path} does not exist"]) from None
+    problems: list[str] = []
+    return _build(_raw(text, overrides, source, problems), problems, lenient=True), problems
 
 
 def load_config_text(text: str, overrides: list[str] | dict[str, Any] | None = None,
                      source: str = "the config") -> Config:
     """:func:`load_config` of YAML ``text`` (read from ``source``, named in error messages)."""
     problems: list[str] = []
+    return _build(_raw(text, overrides, source, problems), problems)
+
+
+def _raw(text: str, overrides: list[str] | dict[str, Any] | None, source: str, problems: list[str]) -> dict:
+    """The sections of YAML ``text`` with the dotted ``overrides`` applied; ``problems`` gets the
+    unknown keys and unreadable overrides. Raises ConfigError when ``text`` is no YAML mapping."""
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -329,7 +355,7 @@ def load_config_text(text: str, overrides: list[str] | dict[str, Any] | None = N
             except ConfigError as e:
                 problems.extend(e.problems)
     _apply_overrides(raw, pairs, problems)
-    return _build(raw, problems)
+    return raw
 
 
 def _sections(loaded: dict[str, Any], source: str, problems: list[str]) -> dict[str, dict[str, Any]]:

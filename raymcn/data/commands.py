@@ -23,6 +23,21 @@ from raymcn.data.formats.features import FeatureFileError
 SHARDS_HELP = "convert the original feature layout into shuffled tar shards + vocabulary + manifest"
 
 
+def _write_failure(error: OSError, out: Path) -> str:
+    """What ``raymcn shards`` says of an OSError: the file and why; for a disk that cannot take the
+    shards (full, over quota, read-only: a rerun would fail alike), also the free space where they
+    go and how to go on (the finished shards are kept; the part of a shard written is removed)."""
+    from raymcn.config import is_storage_error, storage_cause
+    from raymcn.data.write.disk_space import free_bytes
+
+    cause = storage_cause(error) or error  # (a Ray writer's error: Ray's task error around it)
+    said = f"{getattr(cause, 'filename', None) or out}: {getattr(cause, 'strerror', None) or cause}"
+    if not is_storage_error(cause):
+        return said
+    return (f"{said}; {free_bytes(out) / 1e9:.2f} GB free at {out}. The shards finished so far are kept: make room "
+            "(the dry run, --dry-run, says what the rest needs), then run the same command again: it goes on")
+
+
 def command_error(command: str, message: str) -> int:
     print(f"raymcn {command}: {message}", file=sys.stderr)
     return 2
@@ -165,7 +180,7 @@ def run_shards(args: argparse.Namespace, writer=None) -> int:
     except (ShardError, FeatureFileError) as e:
         return command_error("shards", str(e))
     except OSError as e:
-        return command_error("shards", f"{e.filename or args.out}: {e.strerror or e}")
+        return command_error("shards", _write_failure(e, Path(args.out)))
     c = manifest["counts"]
     print(f"{c['videos']} of {c['listed']} listed videos in {c['shards']} shard{'s' * (c['shards'] != 1)} "
           f"({c['bytes'] / 2**20:.1f} MiB), "

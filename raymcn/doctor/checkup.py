@@ -22,6 +22,7 @@ from raymcn.doctor.verdicts import FAIL, NA, OK, Row, judge, step_rows, workers_
 def request_of(cfg: Config, token: str, token_text: str, venv: str = "") -> tuple[Request, Any]:
     """The probes' request for ``cfg`` and the head's resolved inputs (None when the head cannot
     resolve them: its own column then shows why)."""
+    from raymcn.train.checkpoints.space import need_of
     from raymcn.train.inputs import eval_inputs, resolve_inputs, shard_folder
     from raymcn.train.preflight.footprint import estimate_worker_memory
 
@@ -40,6 +41,7 @@ def request_of(cfg: Config, token: str, token_text: str, venv: str = "") -> tupl
         picks = sorted({round(i * (inputs.videos - 1) / max(1, SAMPLED_VIDEOS - 1)) for i in range(SAMPLED_VIDEOS)})
         sample = step_jobs(inputs.index, [StepSlice(0, 0, 0, tuple(picks))])[0].videos
         digest = manifest_digest(inputs.index.shard_names, inputs.shard_bytes)
+    need = need_of(cfg, trials=cfg.sweep.max_concurrent)  # the sweep's trials at once, each with its checkpoints
     return Request(shards_dir=inputs.shards_dir if inputs else str(shard_folder(cfg)), manifest=digest,
                    sample=tuple(sample), eval_file=eval_file,
                    eval_bytes=Path(eval_file).stat().st_size if Path(eval_file).is_file() else -1,
@@ -47,7 +49,8 @@ def request_of(cfg: Config, token: str, token_text: str, venv: str = "") -> tupl
                    token_text=token_text, versions=versions(), interpreter=sys.executable,
                    venv=venv, use_gpu=cfg.scale.use_gpu,
                    estimate_bytes=estimate_worker_memory(cfg)["total"],
-                   cpus_per_worker=cfg.scale.cpus_per_worker), inputs
+                   cpus_per_worker=cfg.scale.cpus_per_worker, checkpoints_bytes=need.total,
+                   checkpoints_text=need.text()), inputs
 
 
 def step_probe(cfg_dict: dict, eval_spec: str, eval_frames: int, words: str, shards_dir: str) -> dict:

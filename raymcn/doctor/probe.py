@@ -48,6 +48,8 @@ class Request:
     use_gpu: bool = False
     estimate_bytes: int = 0  # the preflight's per-worker memory estimate
     cpus_per_worker: float = 1.0
+    checkpoints_bytes: int = 0  # what the sweep's trials at once keep in the storage (checkpoints/space.py)
+    checkpoints_text: str = ""  # how that figure is made, for the row
 
 
 def versions() -> dict[str, str]:
@@ -149,6 +151,9 @@ def _storage(req: Request) -> dict[str, str]:
         out["token"] = storage.read_text(req.token)
     except Exception as e:  # noqa: BLE001 - reported as the check's failure
         out["token_error"] = reason(e)
+    space = storage.space_at(req.storage)  # None: a bucket
+    if space is not None:
+        out["free"], out["filesystem"] = space.free, space.named()
     return out
 
 

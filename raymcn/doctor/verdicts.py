@@ -80,7 +80,19 @@ def _storage_rows(facts: dict, req: Request, host: str) -> list[Row]:
                     st.get("token_error", "reads another file"),
                     "" if same else f"{host}: {req.storage} is not the head's storage there: mount the same NFS "
                     "share at the same path on every node (or use a bucket)"))
-    return rows
+    return rows + [_room_row(st, req, host)]
+
+
+def _room_row(st: dict, req: Request, host: str) -> Row:
+    """The storage's free space there against what the sweep's trials at once keep in it."""
+    if "free" not in st:
+        return Row("storage has room for the checkpoints", None, "an object store: its free space is not checked")
+    fits = st["free"] >= req.checkpoints_bytes
+    free = f"{st['free'] / 1e9:.1f} GB free at {st['filesystem']}"
+    return Row("storage has room for the checkpoints", fits, f"{free}; needed {req.checkpoints_text}",
+               "" if fits else f"{host}: {req.storage} has {free}, the sweep's checkpoints need "
+               f"{req.checkpoints_bytes / 1e9:.1f} GB ({req.checkpoints_text}): free space there, lower "
+               "run.checkpoints_to_keep or sweep.max_concurrent, or point RAYMCN_RESULTS at a larger disk")
 
 
 def _software_rows(facts: dict, req: Request, host: str) -> list[Row]:

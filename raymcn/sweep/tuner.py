@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,17 +38,20 @@ from raymcn.config import (
     Objective,
     default_storage_path,
     doctor_hint,
+    is_storage_error,
     load_config_text,
     objective,
     permanent_cause,
 )
 from raymcn.environment import Environment
 from raymcn.sweep.confirm import FixedConfigs, confirm_config
+from raymcn.sweep.full_storage import StopWhenStorageFull
 from raymcn.sweep.names import trial_dirname, trial_dirname_creator
 from raymcn.sweep.repeats import SEED_KEY, RandomSearcher, SeedRepeater, seed_axis, seeds
 from raymcn.sweep.search_space import param_space, plain
 from raymcn.sweep.trackers import sweep_callbacks
 from raymcn.train import run_record
+from raymcn.train.checkpoints import space
 from raymcn.train.inputs import INPUT_KEYS, RunInputs, resolve_inputs
 from raymcn.train.monitor import timeline
 from raymcn.train.monitor.console import Console
@@ -79,9 +83,11 @@ class SweepResult:
     num_trials: int
     num_errors: int
     num_unfinished: int  # not terminated (e.g. after Ctrl-C): `raymcn sweep --resume` continues them
+    stopped: str = ""  # the storage error that stopped the sweep (full_storage.py); "" otherwise
 
 
-def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, inputs: RunInputs) -> None:
+def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, inputs: RunInputs,
+             variables: dict[str, str] | None = None) -> None:
     """One Tune trial = one Ray Train run. Its name is stable per trial, so a paused (BOHB) or
     restored trial resumes its Train run from the latest checkpoint instead of starting over.
 
@@ -93,13 +99,19 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
     A trial whose driver or node is lost raises, and Tune retries it (``tune.FailureConfig``). A
     trial whose run failed with a permanent error (non-finite loss past the limit, a bad input)
     would fail the same way again: it ends here, its error written to ``TRIAL_ERRORS_DIR``, which
-    the results table shows as its status, instead of being retried.
+    the results table shows as its status, instead of being retried. A storage that cannot take
+    what the run writes (``config.StorageError``) would fail every trial: it is raised, and the
+    sweep's driver stops the sweep, resumable (``full_storage.py``).
+
+    ``variables``: the sweep driver's ``RAYMCN_*`` settings, over this process's own (its job's
+    runtime environment holds them too, except where the sweep joined a Ray already connected).
     """
     # The sweep logs every trial to run.trackers through Tune's callbacks; the trial's Train run
     # does not log a second time.
     cfg = Config.from_dict(base).replace({**plain(config), "run.trackers": ""})
     trial_id = tune.get_context().get_trial_id()
-    env = Environment.read()  # this trial driver's start: its RAYMCN_* settings, handed on to its workers
+    # this trial driver's start: its RAYMCN_* settings, handed on to its workers
+    env = Environment.read({**os.environ, **(variables or {})})
     timeline.start(env.timeline)
     timeline.mark("trial: driver entered", trial=trial_id, process_started=timeline.process_started())
     try:
@@ -121,6 +133,8 @@ def trial_fn(config: dict[str, Any], base: dict[str, Any], experiment_dir: str, 
         cause = permanent_cause(e)
         if cause is None:
             raise
+        if is_storage_error(cause):  # every trial would fail so: the driver stops the sweep (full_storage.py)
+            raise space.storage_error(cause, train_run_dir(experiment_dir, trial_id), cfg) from None
         hint = doctor_hint(cause)
         storage.write_text(storage.join(experiment_dir, TRIAL_ERRORS_DIR, f"{trial_id}.txt"),
                            f"{type(cause).__name__}: {cause}\n" + (f"({hint})\n" if hint else ""))
@@ -318,8 +332,8 @@ def _optuna(seed: int):
     return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
 
 
-def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None) -> list:
-    callbacks = []
+def _callbacks(cfg: Config, experiment_dir: str, console: Console | None, stop: StopWhenStorageFull) -> list:
+    callbacks: list = [stop]
     if console is not None:
         from raymcn.sweep.trial_lines import SweepProgress
 
@@ -327,8 +341,13 @@ def _callbacks(cfg: Config, experiment_dir: str, console: Console | None = None)
     return callbacks + sweep_callbacks(cfg, experiment_dir)  # run.trackers (sweep/trackers.py)
 
 
-def _trainable(cfg: Config, experiment_dir: str, inputs: RunInputs):
-    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), experiment_dir=experiment_dir, inputs=inputs)
+def _storage_stop(experiment_dir: str, console: Console | None) -> StopWhenStorageFull:
+    return StopWhenStorageFull(experiment_dir, console.say if console is not None else None)
+
+
+def _trainable(cfg: Config, experiment_dir: str, inputs: RunInputs, env: Environment | None):
+    fn = tune.with_parameters(trial_fn, base=cfg.to_dict(), experiment_dir=experiment_dir, inputs=inputs,
+                              variables=env.variables() if env is not None else {})
     return tune.with_resources(fn, TRIAL_DRIVER_RESOURCES)
 
 
@@ -353,12 +372,13 @@ def swept_input_problems(cfg: Config) -> list[str]:
 
 
 def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console | None = None,
-              inputs: RunInputs | None = None, callbacks: tuple = ()) -> SweepResult:
+              inputs: RunInputs | None = None, callbacks: tuple = (), env: Environment | None = None) -> SweepResult:
     """Run ``cfg.sweep`` to completion in ``experiment_dir`` (default: :func:`default_experiment_dir`)
     and return the best trial (by ``sweep.metric``). ``console``: where the per-trial lines go
     (:class:`~raymcn.sweep.trial_lines.SweepProgress`); ``inputs``: the sweep's, when the caller resolved
     them (its preflight did), else resolved here, once for every trial; ``callbacks``: Tune
-    callbacks besides the console's and the trackers'."""
+    callbacks besides the console's and the trackers'; ``env``: the driver's settings, handed to
+    every trial driver (``trial_fn``)."""
     problems = swept_input_problems(cfg)
     if problems:
         raise ConfigError(problems)
@@ -373,8 +393,9 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
     # A variant generator carries its own concurrency limit; Searchers get it from TuneConfig.
     limit = None if isinstance(search_alg, BasicVariantGenerator) else cfg.sweep.max_concurrent
     target = objective(cfg.sweep.metric)
+    stop = _storage_stop(experiment_dir, console)
     tuner = tune.Tuner(
-        _trainable(cfg, experiment_dir, inputs),
+        _trainable(cfg, experiment_dir, inputs, env),
         param_space=search_space(cfg),
         tune_config=tune.TuneConfig(metric=target.reported, mode=target.mode, num_samples=num_samples(cfg),
                                     max_concurrent_trials=limit,
@@ -382,10 +403,10 @@ def run_sweep(cfg: Config, experiment_dir: str | None = None, console: Console |
                                     trial_dirname_creator=trial_dirname_creator,
                                     reuse_actors=reuse_trial_drivers(scheduler)),
         run_config=tune.RunConfig(name=storage.basename(experiment_dir), storage_path=storage.parent(experiment_dir),
-                                  callbacks=_callbacks(cfg, experiment_dir, console) + list(callbacks),
+                                  callbacks=_callbacks(cfg, experiment_dir, console, stop) + list(callbacks),
                                   failure_config=_failure_config(cfg)),
     )
-    return _summarise(tuner.fit(), experiment_dir, target)
+    return _summarise(tuner.fit(), experiment_dir, target, stop)
 
 
 def sweep_config(experiment_dir: str, option: str) -> Config:
@@ -398,11 +419,12 @@ def sweep_config(experiment_dir: str, option: str) -> Config:
         raise ConfigError([f"{option} {experiment_dir}: no {SWEEP_CONFIG_FILE} there; is it a raymcn sweep?"]) from None
 
 
-def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: RunInputs | None = None) -> SweepResult:
+def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: RunInputs | None = None,
+                 env: Environment | None = None) -> SweepResult:
     """Restore an interrupted sweep (a path or URI): finished trials are kept, unfinished ones resume
     from their Train checkpoints (in the stage they were in), errored ones are retried; a search
-    stopped before Tune saved its state starts again. ``inputs``:
-    as :func:`run_sweep`'s (resolved here from the sweep's config when not given)."""
+    stopped before Tune saved its state starts again. ``inputs``, ``env``:
+    as :func:`run_sweep`'s (the inputs resolved here from the sweep's config when not given)."""
     experiment_dir = storage.normalize(experiment_dir)
     cfg = sweep_config(experiment_dir, "--resume")
     if not tune_state_saved(experiment_dir):
@@ -410,20 +432,23 @@ def resume_sweep(experiment_dir: str, console: Console | None = None, inputs: Ru
             raise ConfigError([f"--resume {experiment_dir}: this confirmation was stopped before it saved its "
                                f"state; resume its sweep ({storage.parent(experiment_dir)}), which starts it again"])
         # stopped before Tune saved its first state: no trial has trained, so the search starts again
-        return run_sweep(cfg, experiment_dir, console=console, inputs=inputs)
+        return run_sweep(cfg, experiment_dir, console=console, inputs=inputs, env=env)
     inputs = inputs or resolve_inputs(cfg)
-    tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs),
+    tuner = tune.Tuner.restore(experiment_dir, trainable=_trainable(cfg, experiment_dir, inputs, env),
                                resume_unfinished=True, resume_errored=True)
-    if console is not None:
-        # The restored RunConfig holds the interrupted driver's progress callback, pickled without
-        # its console (a terminal is not picklable); Tuner.restore takes no callbacks, so the
-        # restored list gets this driver's one instead.
-        from raymcn.sweep.trial_lines import SweepProgress
+    # The restored RunConfig holds the interrupted driver's progress and storage callbacks, pickled
+    # without its console (a terminal is not picklable); Tuner.restore takes no callbacks, so the
+    # restored list gets this driver's instead.
+    from raymcn.sweep.trial_lines import SweepProgress
 
-        run_config = tuner._local_tuner.get_run_config()
-        run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepProgress)]
+    stop = _storage_stop(experiment_dir, console)
+    run_config = tuner._local_tuner.get_run_config()
+    restored = run_config.callbacks or []
+    run_config.callbacks = [c for c in restored if not isinstance(c, (SweepProgress, StopWhenStorageFull))]
+    run_config.callbacks.append(stop)
+    if console is not None:
         run_config.callbacks.append(SweepProgress(console, cfg, experiment_dir, cfg.sweep.status_every))
-    return _summarise(tuner.fit(), experiment_dir, objective(cfg.sweep.metric))
+    return _summarise(tuner.fit(), experiment_dir, objective(cfg.sweep.metric), stop)
 
 
 def confirm_dir(experiment_dir: str) -> str:
@@ -451,7 +476,8 @@ def confirmation_started(experiment_dir: str) -> bool:
 
 
 def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, Any]], plan: str,
-                     console: Console | None = None, inputs: RunInputs | None = None) -> SweepResult:
+                     console: Console | None = None, inputs: RunInputs | None = None,
+                     env: Environment | None = None) -> SweepResult:
     """The confirmation phase of the sweep in ``experiment_dir`` (module doc of
     ``results.confirmation``): writes ``plan``, then trains every config of ``configs`` (swept keys
     and ``run.seed``) once at the full budget, no early stopping, in ``EXP/confirm/``. An
@@ -462,14 +488,16 @@ def run_confirmation(cfg: Config, experiment_dir: str, configs: list[dict[str, A
     storage.write_text(storage.join(where, CONFIRM_PLAN_FILE), plan)
     storage.write_text(storage.join(where, SWEEP_CONFIG_FILE), base.dump_text())
     target = objective(base.sweep.metric)
+    stop = _storage_stop(experiment_dir, console)  # (a confirmation is resumed with its sweep's folder)
     tuner = tune.Tuner(
-        _trainable(base, where, inputs),
+        _trainable(base, where, inputs, env),
         tune_config=tune.TuneConfig(metric=target.reported, mode=target.mode, num_samples=len(configs),
                                     max_concurrent_trials=cfg.sweep.max_concurrent, search_alg=FixedConfigs(configs),
                                     trial_dirname_creator=trial_dirname_creator, reuse_actors=True),
         run_config=tune.RunConfig(name=CONFIRM_DIR, storage_path=experiment_dir,
-                                  callbacks=_callbacks(base, where, console), failure_config=_failure_config(cfg)))
-    return _summarise(tuner.fit(), where, target)
+                                  callbacks=_callbacks(base, where, console, stop),
+                                  failure_config=_failure_config(cfg)))
+    return _summarise(tuner.fit(), where, target, stop)
 
 
 def trial_errors(experiment_dir: str) -> dict[str, str]:
@@ -478,8 +506,9 @@ def trial_errors(experiment_dir: str) -> dict[str, str]:
     return {Path(name).stem: storage.read_text(storage.join(where, name)).strip() for name in storage.files(where)}
 
 
-def _summarise(grid, experiment_dir: str, target: Objective) -> SweepResult:
-    """The sweep's result; its best trial by ``target`` (the sweep's :class:`~raymcn.config.Objective`)."""
+def _summarise(grid, experiment_dir: str, target: Objective, stop: StopWhenStorageFull) -> SweepResult:
+    """The sweep's result; its best trial by ``target`` (the sweep's :class:`~raymcn.config.Objective`);
+    ``stop``: why it was stopped, if its storage could not take what it writes."""
     failed = trial_errors(experiment_dir)
     name, sign = target.reported, target.metric.sign
     ok = [r for r in grid if r.error is None and r.metrics and name in r.metrics
@@ -499,7 +528,7 @@ def _summarise(grid, experiment_dir: str, target: Objective) -> SweepResult:
     finished = sum(1 for t in trials if t.status in ("TERMINATED", "ERROR")) - len(grid.errors)
     return SweepResult(experiment_dir=experiment_dir, best_config=plain(best.config) if best else {},
                        best_metrics=best_metrics, num_trials=len(grid), num_errors=len(grid.errors) + len(failed),
-                       num_unfinished=len(grid) - finished - len(grid.errors))
+                       num_unfinished=len(grid) - finished - len(grid.errors), stopped=stop.reason)
 
 
 def _write_statuses(experiment_dir: str, statuses: dict[str, str]) -> None:

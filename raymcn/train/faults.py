@@ -11,8 +11,11 @@ has joined), ``hold_at_step=S`` (the same, every rank, before global step S: a t
 whole machine at a known step), ``stall_data_at_step=S`` (rank ``RAYMCN_FAULT_RANK``'s batch of
 global step S never arrives: a reader that hangs) and ``stall_at_step=S`` (that rank never reaches
 step S's collectives, in every attempt: the others wait in them, as with ranks that take different
-code paths). A fault fires once per run directory (except ``stall_at_step``): a marker file in
-``RAYMCN_FAULT_DIR`` stops a restarted worker from failing again.
+code paths), ``disk_full_at_epoch=N`` (the copy of epoch N's checkpoint into the run's storage
+writes half of its ``state.pt`` and then fails as a full disk does, ``ENOSPC``, where the real copy
+writes: ``checkpoints/persist.py``). A fault fires once per run directory (except
+``stall_at_step``): a marker file in ``RAYMCN_FAULT_DIR`` stops a restarted or resumed worker from
+failing again.
 
 The variables are read once, at the rank's start (``raymcn.environment``); a run started without
 them carries none of these hooks, and its step neither reads a variable nor checks for a fault.
@@ -21,7 +24,10 @@ them carries none of these hooks, and its step neither reads a variable nor chec
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import posixpath
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +37,8 @@ from typing import Any
 
 from raymcn.data.formats.batch import Batch
 from raymcn.environment import Environment
+from raymcn.train.checkpoints import persist
+from raymcn.train.checkpoints.payload import META_FILE, STATE_FILE
 from raymcn.train.run import Run
 
 AT_STEP = ("hold_at_step", "kill_at_step", "stall_at_step")
@@ -53,6 +61,8 @@ def install(run: Run, env: Environment) -> None:
         run.hooks.after_epoch.append(faults.after_epoch)
     if "stall_data_at_step" in faults.kinds and run.hooks.batches is not None:
         run.hooks.batches = faults.stalling(run.hooks.batches)
+    if "disk_full_at_epoch" in faults.kinds:
+        run.hooks.copy_checkpoint = faults.filling(run.hooks.copy_checkpoint or persist.copy_files)
 
 
 def parse(text: str) -> dict[str, int]:
@@ -113,6 +123,24 @@ class Faults:
             return self._stall_in(rows, epoch * run.plan.steps_per_epoch + start), stats
 
         return stalled
+
+    def filling(self, copy: persist.Copy) -> persist.Copy:
+        """``copy`` (a checkpoint's copy into the storage), except that epoch ``disk_full_at_epoch``'s
+        end checkpoint (its ``loop.json``: that epoch done, no step of the next) gets half of its
+        ``state.pt`` written and then ``OSError(ENOSPC)``, once per run."""
+        def until_full(source: str, fs, target: str) -> None:
+            with open(os.path.join(source, META_FILE)) as f:
+                loop = json.load(f)
+            if (loop["epoch"] != self.kinds["disk_full_at_epoch"] or loop.get("progress", {}).get("steps")
+                    or not self._first_time("disk_full_at_epoch")):
+                return copy(source, fs, target)
+            fs.create_dir(target)
+            with open(os.path.join(source, STATE_FILE), "rb") as f, \
+                    fs.open_output_stream(posixpath.join(target, STATE_FILE)) as out:
+                out.write(f.read(os.path.getsize(os.path.join(source, STATE_FILE)) // 2))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return until_full
 
     def _stall_in(self, batches: Iterable[Batch], first_step: int) -> Iterator[Batch]:
         for step, batch in enumerate(batches, start=first_step):

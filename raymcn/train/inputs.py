@@ -68,19 +68,28 @@ def resolve_inputs(cfg: Config) -> RunInputs:
             (naming the setting and the path).
     """
     folder = shard_folder(cfg)
+    manifest, dtype = shard_manifest(cfg, folder)
+    eval_set, frames, words = eval_inputs(cfg)
+    return RunInputs(shards_dir=str(folder), index=build_index(folder, manifest),
+                     shard_bytes=tuple(int(s["bytes"]) for s in manifest["shards"]), feature_dtype=dtype,
+                     eval_set=eval_set, eval_audio_frames=frames, word_vectors=words)
+
+
+def shard_manifest(cfg: Config, folder: Path) -> tuple[dict, str]:
+    """(the manifest, the features' one dtype) of the shard folder ``folder`` (``cfg``'s).
+
+    Raises:
+        ConfigError: the folder does not exist, or its manifest is missing, unreadable or mixes dtypes.
+    """
     where = f"data.shards={cfg.data.shards!r}"
     if not folder.is_dir():
         raise ConfigError([f"{where}: directory does not exist (write the shards there with "
                            f"`raymcn shards --out {cfg.data.shards} ...` from the feature folders or tars)"])
     try:
         manifest = load_manifest(folder)
-        dtype = feature_dtype(manifest, folder)  # one dtype in the folder, or the shards of each named
+        return manifest, feature_dtype(manifest, folder)  # one dtype in the folder, or the shards of each named
     except (OSError, ValueError) as e:
         raise ConfigError([f"{where}: {e}"]) from None
-    eval_set, frames, words = eval_inputs(cfg)
-    return RunInputs(shards_dir=str(folder), index=build_index(folder, manifest),
-                     shard_bytes=tuple(int(s["bytes"]) for s in manifest["shards"]), feature_dtype=dtype,
-                     eval_set=eval_set, eval_audio_frames=frames, word_vectors=words)
 
 
 def shard_folder(cfg: Config) -> Path:

@@ -81,6 +81,9 @@ class Hooks:
             the ``checkpoint`` phase.
         after_epoch: (run, the epoch's metrics) -> None after each epoch's checkpoint, in order
             (metrics.csv and the epoch line, a Tune report, fault injection).
+        copy_checkpoint: (local checkpoint folder, storage filesystem, folder there) -> None: how a
+            checkpoint's files go into the run's storage (``checkpoints/persist.py``); None: its
+            ``copy_files`` (fault injection stands in a full disk here).
         log: progress lines (rank 0 passes print).
         watch: (phase, global step) -> None as each phase starts: ``"data"`` (waiting for the
             batch), ``"step"`` (compute and collectives), ``"checkpoint"`` (the ``after_step``
@@ -95,6 +98,7 @@ class Hooks:
     after_backward: list[Callable[[Run, dict[str, torch.Tensor]], None]] = field(default_factory=list)
     after_step: list[Callable[[Run, dict[str, float], Batch], None]] = field(default_factory=list)
     after_epoch: list[Callable[[Run, dict[str, float]], None]] = field(default_factory=list)
+    copy_checkpoint: Callable[[str, Any, str], None] | None = None
     log: Callable[[str], None] | None = None
     watch: Callable[[str, int], None] = _no_watch
 

@@ -136,6 +136,8 @@ def convert(src: LayoutSources, out: Path, settings: ConversionSettings, writers
         return manifest
     store = caption_store.existing_store(out, src.captions)
     table = _caption_table(src) if store is None else None  # the pickle, unpickled at most once
+    for stale in (t for j in todo for t in out.glob(f".{j.name}.tmp-*")):
+        stale.unlink(missing_ok=True)  # a writer ended mid-shard (e.g. its pool stopped by another's error)
     _check_space(out, settings, feats, todo, store if store is not None else table)
     out.mkdir(parents=True, exist_ok=True)
     (out / DONE_DIR).mkdir(exist_ok=True)

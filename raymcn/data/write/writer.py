@@ -148,10 +148,27 @@ def write_shard(job: ShardJob) -> dict:
     videos, spans, skipped = [], [], []
     final = state.out / job.name
     tmp = state.out / f".{job.name}.tmp-{os.getpid()}"
+    try:
+        hf = _write_tar(job, tmp, state, word_to_id, videos, spans, skipped)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. a full disk: the part written goes, the space with it
+        raise
+    os.replace(tmp, final)
+    marker = {"name": job.name, "index": job.index, "plan": state.plan, "videos": videos, "spans": spans,
+              "skipped": skipped, "feature_dtype": state.feature_dtype, "bytes": hf.bytes,
+              "sha256": hf.sha.hexdigest(), "seconds": round(time.perf_counter() - t0, 3)}
+    write_text_atomic(state.out / DONE_DIR / f"{job.name}.json", json.dumps(marker))
+    return marker
+
+
+def _write_tar(job: ShardJob, tmp: Path, state: WriterState, word_to_id, videos: list, spans: list,
+               skipped: list) -> _HashingFile:
+    """The shard's tar into ``tmp``, flushed to disk; ``videos``, ``spans`` and ``skipped`` get what
+    it holds and what it left out. Returns its hashing file (bytes and sha256)."""
     with open(tmp, "wb") as f:
         hf = _HashingFile(f)
         # USTAR_FORMAT: a name that does not fit is an error, never a pax or GNU extension header.
-        # Leaving the block on an exception writes no end-of-archive: the temp file stays incomplete.
+        # Leaving the block on an exception writes no end-of-archive: the temp file is incomplete (and removed).
         with tarfile.open(fileobj=hf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for path in job.paths:
                 vid = video_id_of(path)
@@ -168,12 +185,7 @@ def write_shard(job: ShardJob) -> dict:
                 videos.append(vid)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, final)
-    marker = {"name": job.name, "index": job.index, "plan": state.plan, "videos": videos, "spans": spans,
-              "skipped": skipped, "feature_dtype": state.feature_dtype, "bytes": hf.bytes,
-              "sha256": hf.sha.hexdigest(), "seconds": round(time.perf_counter() - t0, 3)}
-    write_text_atomic(state.out / DONE_DIR / f"{job.name}.json", json.dumps(marker))
-    return marker
+    return hf
 
 
 def finished_marker(out: Path, name: str, plan_key: str, verify: str) -> dict | None:

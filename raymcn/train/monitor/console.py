@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from raymcn.config import Metric, metric_names, reason
+from raymcn.config import CONSOLE_LOG_FILE, Config, Metric, metric_names, reason
 
 _LOGGERS = ("", "ray", "ray.data")  # the root logger and Ray's loggers that do not propagate to it
 TAG = "[raymcn] "  # prefix of a worker line meant for the terminal; no Ray prefix contains it
@@ -216,6 +216,17 @@ class _TerminalErrors(logging.Handler):
         with self.console._lock:
             if self.console._tty_err is not None and not self.console.verbose:
                 self.console._write_tty(text + "\n", err=True)
+
+
+def console_log(where: str, cfg: Config | None = None) -> Path:
+    """Where the console log of the run or sweep folder ``where`` goes: inside it, or for a bucket
+    URI in the local cache (a log is appended line by line, which an object store cannot do)."""
+    from raymcn import storage  # pyarrow's filesystems: only where a command asks (not in every worker)
+    from raymcn.config import default_cache_dir
+
+    if storage.is_uri(where):
+        return default_cache_dir(cfg or Config()) / "logs" / storage.basename(where) / CONSOLE_LOG_FILE
+    return Path(where).expanduser() / CONSOLE_LOG_FILE
 
 
 def final_summary(metrics: dict[str, float], run_dir: str | Path) -> dict:

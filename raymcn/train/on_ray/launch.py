@@ -39,6 +39,7 @@ from raymcn.environment import Environment
 from raymcn.provenance import record
 from raymcn.train import run_record
 from raymcn.train.checkpoints import payload as checkpoint
+from raymcn.train.checkpoints import persist, space
 from raymcn.train.inputs import resolve_inputs
 from raymcn.train.monitor import history, trackers, watchdog
 from raymcn.train.monitor.console import tagged, write_line
@@ -99,7 +100,16 @@ def not_resumed_because(run_dir: str) -> str | None:
 
 
 class PermanentRunError(RuntimeError):
-    """A worker failed with an error a restart cannot cure; the run was not retried."""
+    """A worker failed with an error a restart cannot cure; the run was not retried. ``cause``: that
+    error (``config.permanent_cause`` finds it there: Ray hands this error to the driver pickled,
+    which keeps attributes, not ``__cause__``); None for a stall seen twice."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message, cause)
+        self.cause = cause
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class FailFastOnPermanentErrors(UserCallback):
@@ -118,7 +128,7 @@ class FailFastOnPermanentErrors(UserCallback):
             cause = permanent_cause(error)
             if cause is not None:
                 raise PermanentRunError(f"rank {rank} failed with {type(cause).__name__}: {cause} "
-                                        "(a restart from the last checkpoint cannot cure this; not retried)")
+                                        "(a restart from the last checkpoint cannot cure this; not retried)", cause)
         repeated = watchdog.repeated_stall(self.run_dir) if self.run_dir else None
         if repeated:
             raise PermanentRunError(repeated)
@@ -215,6 +225,9 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     if plan is None:
         plan = plan_of(cfg, resolve_inputs(cfg))
     storage.write_text(storage.join(run_dir, CONFIG_FILE), cfg.dump_text())
+    for name in persist.remove_partials(*storage.filesystem(run_dir)):
+        _to_terminal(f"removed {storage.join(run_dir, name)}: a checkpoint's copy that never finished (its process "
+                     "ended in the middle)")
     record.append(run_dir, entry or run_record.driver_entry(cfg, plan.inputs))
     trainer = build_trainer(cfg, plan, run_dir, callbacks, label, env=env)
     with scoped_env(controller_env(cfg)):
@@ -222,6 +235,14 @@ def fit(cfg: Config, run_dir: str | os.PathLike | None = None, *, plan: RunPlan 
     metrics = dict(result.return_value or result.metrics or {})
     ckpt = result.checkpoint.path if result.checkpoint else None
     return RunResult(metrics=metrics, run_dir=run_dir, checkpoint_path=ckpt)
+
+
+def checkpoints_held(run_dir: str) -> int:
+    """Bytes the checkpoints of the run in ``run_dir`` hold in its storage (0 in a bucket, whose
+    free space the preflight does not check)."""
+    if storage.is_uri(run_dir):
+        return 0
+    return sum(space.folder_bytes(p) for p in checkpoint.list_checkpoints(storage.normalize(run_dir)))
 
 
 def newest_checkpoint(run_dir: str) -> str | None:

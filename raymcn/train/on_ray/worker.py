@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,16 @@ import ray.train.torch
 import torch
 
 from raymcn.collectives import Collectives
-from raymcn.config import METRICS_FILE, MID_EPOCH_KEY, Config, ConfigError, objective, reason
+from raymcn.config import (
+    METRICS_FILE,
+    MID_EPOCH_KEY,
+    Config,
+    ConfigError,
+    StorageError,
+    is_storage_error,
+    objective,
+    reason,
+)
 from raymcn.data.evalsets import EvalSet, load_eval_set
 from raymcn.data.formats.batch import Batch
 from raymcn.data.formats.words import load_vocab
@@ -33,7 +43,7 @@ from raymcn.environment import Environment
 from raymcn.model.parts import text_in_bf16
 from raymcn.train import faults, probes, run_record
 from raymcn.train.build import assemble
-from raymcn.train.checkpoints import init_from
+from raymcn.train.checkpoints import init_from, persist, space
 from raymcn.train.checkpoints import payload as checkpoint
 from raymcn.train.checkpoints.policy import CheckpointPolicy, mark_registered
 from raymcn.train.evaluate import evaluate
@@ -253,6 +263,10 @@ def _resume(run: Run, ckpt, run_dir: str, out: Printer) -> None:
     payload, path = checkpoint.load_latest_good(ckpt.path, warn=out.log, filesystem=ckpt.filesystem)
     checkpoint.restore(payload, **run.parts())
     out.say(resume_line(path, run, read_mark(run_dir)))
+    skipped = persist.unregistered_after(ckpt.filesystem, ckpt.path)
+    if skipped:
+        out.say(f"skipped {', '.join(skipped)}: newer than the latest checkpoint Ray Train registered, which the "
+                "run ended before (never read; delete them to free their space)")
 
 
 class Reports:
@@ -283,17 +297,49 @@ class Reports:
                        ranked.name: ranked.worst}
         ck = None
         if self.rank == 0:  # one writer; the payload is identical on every rank
-            # Not a context manager: the upload runs in Ray's background thread (ASYNC), which
-            # deletes the folder once it is in the run's storage.
-            directory = tempfile.mkdtemp(prefix="raymcn-checkpoint-")
-            checkpoint.save(directory, **run.parts(), config=run.cfg.to_dict(), metrics=metrics)
-            ck = ray.train.Checkpoint.from_directory(directory)
+            ck = ray.train.Checkpoint.from_directory(self.serialised(run, metrics))
         # Serialising stays on the step's path (measured: bench/checkpoint.py); the copy into the
-        # run's storage (a local folder, NFS or a bucket) does not.
-        ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+        # run's storage (a local folder, NFS or a bucket) does not: Ray's background thread runs
+        # it (ASYNC), whole or not at all (checkpoints/persist.py), and deletes the local folder
+        # once it is there.
+        ray.train.report(metrics, checkpoint=ck, checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+                         checkpoint_upload_fn=self.uploader(run) if ck is not None else None)
         if run.checkpoints.pending:  # the checkpoint a drain asked for (every rank alike)
             self.mark_drain_checkpoint(run)
         self.progress.write(run.state.step)
+
+    def serialised(self, run: Run, metrics: dict[str, float]) -> str:
+        """The run's checkpoint in a new local temp folder (not a context manager: the upload
+        deletes it); a temp folder that cannot take it is named like a full storage and ends the run."""
+        directory = tempfile.mkdtemp(prefix="raymcn-checkpoint-")
+        try:
+            checkpoint.save(directory, **run.parts(), config=run.cfg.to_dict(), metrics=metrics)
+        except OSError as e:
+            shutil.rmtree(directory, ignore_errors=True)
+            if is_storage_error(e):
+                raise space.storage_error(e, directory, run.cfg, what="serialising a checkpoint into this "
+                                          "worker's temp folder", fix="Free space there, or point TMPDIR (in "
+                                          "the environment Ray starts with) at a larger disk") from e
+            raise
+        return directory
+
+    def uploader(self, run: Run):
+        """Ray Train's ``checkpoint_upload_fn``: the local checkpoint into the run's storage through
+        ``persist.persist``, as the ``ray.train.Checkpoint`` Ray registers. A storage that cannot
+        take it also loses the local copy (Ray deletes that only after an upload that succeeded)."""
+        copy, cfg, shown = run.hooks.copy_checkpoint or persist.copy_files, run.cfg, self.run_dir
+
+        def upload(local: ray.train.Checkpoint, name: str) -> ray.train.Checkpoint:
+            where = ray.train.get_context().get_storage()  # Ray's own view of the run's folder
+            try:
+                path = persist.persist(local.path, where.storage_filesystem, where.experiment_fs_path, name, cfg,
+                                       shown=shown, copy=copy)
+            except StorageError:
+                shutil.rmtree(local.path, ignore_errors=True)
+                raise
+            return ray.train.Checkpoint(path=path, filesystem=where.storage_filesystem)
+
+        return upload
 
     def mark_drain_checkpoint(self, run: Run) -> None:
         """Wait until Ray Train has registered the drain's checkpoint, then mark it on this machine

@@ -1,12 +1,17 @@
 """Preflight: every check that can fail a long run, done before Ray starts and reported together.
 
-It runs on the run's plan (``run_plan.py``: the config's inputs resolved, the counts derived), the one
-the trainer then receives. ``static_problems`` needs no Ray (the config is validated when it is
-loaded): the model's parts named in its table (``raymcn/model/parts.py``, which the config cannot
-read), output folder writable, every shard the manifest lists present at its size, the
-vocabulary, the eval-set file, per-worker memory, the weights a run starts from
-(``run.init_from``). The cluster's CPUs and GPUs are checked right after ``ray.init`` by
-``on_ray/cluster.py``; every node's view, before a sweep, by ``raymcn doctor``.
+Three steps, each adding to one :class:`~raymcn.config.ConfigError`: the settings (``config``:
+unknown keys, wrong values), the input files they name (:func:`resolved_inputs`: the shard folder,
+its manifest, every listed shard at its recorded size and ``vocab.npy``, the eval set's file, the
+word vectors), then the plan and what it needs (:func:`checked_plan`, on the run's plan,
+``run_plan.py``: the inputs resolved, the counts derived; the one the trainer then receives). A
+setting's problem does not hide an input file's: both are named in one message. The plan, the
+memory estimate and the storage's room need valid settings and inputs, so they are checked once
+those are: the model's parts named in its table (``raymcn/model/parts.py``, which the config
+cannot read), the output folder writable and with room for the run's checkpoints
+(``checkpoints/space.py``), the sweep's rungs against its warm-up, per-worker memory, the weights
+a run starts from (``run.init_from``). The cluster's CPUs and GPUs are checked right after
+``ray.init`` by ``on_ray/cluster.py``; every node's view, before a sweep, by ``raymcn doctor``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import os
 from pathlib import Path
 
 from raymcn.config import Config, ConfigError, default_storage_path, reason
-from raymcn.train.inputs import RunInputs
+from raymcn.train import inputs as run_inputs
+from raymcn.train.inputs import RunInputs, shard_folder, shard_manifest
 from raymcn.train.run_plan import RunPlan, make_plan, plan_of
 
 
 def static_problems(cfg: Config, inputs: RunInputs, device_bytes: int | None = None,
-                    notes: list[str] | None = None) -> list[str]:
+                    notes: list[str] | None = None, *, trials: int = 1, held: int = 0) -> list[str]:
     """Problems found without starting Ray (empty list when the run can start).
 
     Args:
@@ -29,33 +35,91 @@ def static_problems(cfg: Config, inputs: RunInputs, device_bytes: int | None = N
         device_bytes: memory of one worker's device; default: this machine's RAM divided by the
             workers on CPU, or the local GPU's memory when ``scale.use_gpu`` and a GPU is visible.
         notes: if given, receives what the checks found that is not a problem (the memory estimate
-            of a run that fits, with the convolution kernel path it assumed).
+            of a run that fits, with the convolution kernel path it assumed; the storage's room).
+        trials: runs of ``cfg`` at once on the storage (a sweep's ``sweep.max_concurrent``).
+        held: bytes the run's checkpoints hold in the storage already (a resumed run's).
     """
+    notes = notes if notes is not None else []
+    return (_settings_problems(cfg, notes, trials, held) + _shard_problems(cfg, inputs)
+            + _eval_set_problems(cfg, inputs.eval_set) + _word_vector_problems(cfg)
+            + _resource_problems(cfg, device_bytes, notes))
+
+
+def _settings_problems(cfg: Config, notes: list[str], trials: int, held: int) -> list[str]:
+    """The model's parts, and the storage: writable, with room for the checkpoints (a model of
+    parts its table has)."""
     parts = model_part_problems(cfg)
     problems = parts + _storage_problems(cfg)
-    problems += _shard_problems(cfg, inputs)
-    problems += _eval_set_problems(cfg, inputs)
-    if not parts:  # the memory estimate builds the model: only from parts it has
-        problems += _memory_problems(cfg, device_bytes, notes if notes is not None else [])
-    problems += _init_from_problems(cfg)
+    if not parts and not problems:
+        from raymcn.train.checkpoints.space import space_problems
+
+        room, said = space_problems(cfg, trials, held)
+        problems += room
+        notes += said
     return problems
 
 
-def checked_plan(cfg: Config, inputs: RunInputs, device_bytes: int | None = None, log=None) -> RunPlan:
+def _resource_problems(cfg: Config, device_bytes: int | None, notes: list[str]) -> list[str]:
+    """Per-worker memory (the estimate builds the model: only from parts it has) and the weights
+    the run starts from."""
+    memory = _memory_problems(cfg, device_bytes, notes) if not model_part_problems(cfg) else []
+    return memory + _init_from_problems(cfg)
+
+
+def checked_plan(cfg: Config, inputs: RunInputs, device_bytes: int | None = None, log=None, *,
+                 trials: int = 1, held: int = 0) -> RunPlan:
     """The run's plan over its resolved ``inputs`` (``plan.plan_of``, made here once), after every
     static problem of the config, the inputs and the plan was found: raises ConfigError listing
-    them all. ``log`` (e.g. print) gets the notes."""
+    them all. ``log`` (e.g. print) gets the notes; ``trials``, ``held``: :func:`static_problems`'."""
     notes: list[str] = []
     try:
         plan, problems = plan_of(cfg, inputs), []
     except ConfigError as e:
         plan, problems = None, list(e.problems)
-    problems += static_problems(cfg, inputs, device_bytes, notes)
+    problems += static_problems(cfg, inputs, device_bytes, notes, trials=trials, held=held)
     if problems:
         raise ConfigError(problems)
     for note in notes if log else ():
         log(f"preflight: {note}")
     return plan
+
+
+def resolved_inputs(cfg: Config, settings: list[str] | tuple = (), *, trials: int = 1, held: int = 0) -> RunInputs:
+    """The run's inputs (``resolve_inputs``: the embedded default's generated into the cache), once
+    ``cfg`` has no problem (``settings``: those its loading found, the wrong keys left at their
+    defaults).
+
+    Raises:
+        ConfigError: one message naming every problem of the settings and of the input files they
+            name (:func:`input_problems`); where the settings are valid but the inputs cannot be
+            resolved, also what the storage, the memory and the start weights lack.
+    """
+    if settings:
+        raise ConfigError([*settings, *input_problems(cfg)])
+    try:
+        return run_inputs.resolve_inputs(cfg)
+    except ConfigError as e:
+        found = input_problems(cfg) or list(e.problems)
+        raise ConfigError([*found, *_settings_problems(cfg, [], trials, held),
+                           *_resource_problems(cfg, None, [])]) from None
+
+
+def input_problems(cfg: Config) -> list[str]:
+    """Every problem of the input files ``cfg`` names, read as they are (nothing is generated: the
+    embedded default's files are made once the settings are valid): the shard folder, its manifest,
+    every listed shard at its recorded size and ``vocab.npy``; the eval set's file; the word vectors."""
+    problems = []
+    if cfg.data.shards:
+        folder = shard_folder(cfg)
+        try:
+            manifest, _ = shard_manifest(cfg, folder)
+            problems += _listed_shard_problems(cfg, folder, [(s["name"], int(s["bytes"])) for s in manifest["shards"]])
+        except ConfigError as e:
+            problems += e.problems
+    kind, _, file = cfg.data.eval_set.partition(":")
+    if kind in ("youcook", "msrvtt") and file:  # (another kind is the settings' problem)
+        problems += _eval_set_problems(cfg, f"{kind}:{Path(file).expanduser().resolve()}")
+    return problems + _word_vector_problems(cfg)
 
 
 def model_part_problems(cfg: Config) -> list[str]:
@@ -74,7 +138,8 @@ def model_part_problems(cfg: Config) -> list[str]:
 
 
 def _storage_problems(cfg: Config) -> list[str]:
-    """The storage path (a folder or a bucket URI) accepts a file: written, then removed."""
+    """The storage path (a folder or a bucket URI) accepts a file: written, then removed (its room
+    for the checkpoints: :func:`_settings_problems`)."""
     from raymcn import storage
 
     where = storage.normalize(default_storage_path(cfg))
@@ -89,12 +154,17 @@ def _storage_problems(cfg: Config) -> list[str]:
 
 
 def _shard_problems(cfg: Config, inputs: RunInputs) -> list[str]:
-    """The run's shards as its inputs name them: every shard the manifest lists present with the
-    recorded size, and vocab.npy; then the sweep's rungs against its warm-up."""
+    """The run's shards as its inputs name them (:func:`_listed_shard_problems`); then the sweep's
+    rungs against its warm-up."""
+    listed = list(zip(inputs.index.shard_names, inputs.shard_bytes))
+    return _listed_shard_problems(cfg, Path(inputs.shards_dir), listed) + _rung_problems(cfg, inputs.videos)
+
+
+def _listed_shard_problems(cfg: Config, root: Path, listed: list[tuple[str, int]]) -> list[str]:
+    """Every shard the manifest lists (name, bytes) present in ``root`` with the recorded size, and vocab.npy."""
     where = f"data.shards={cfg.data.shards!r}"
-    root = Path(inputs.shards_dir)
     problems = []
-    for name, size in zip(inputs.index.shard_names, inputs.shard_bytes):
+    for name, size in listed:
         path = root / name
         if not path.is_file():
             problems.append(f"{where}: shard {name} listed in the manifest is missing")
@@ -103,7 +173,7 @@ def _shard_problems(cfg: Config, inputs: RunInputs) -> list[str]:
                             f"says {size} (truncated or rewritten; rerun `raymcn shards`)")
     if not (root / "vocab.npy").is_file():
         problems.append(f"{where}: vocab.npy is missing")
-    return problems + _rung_problems(cfg, inputs.videos)
+    return problems
 
 
 # The sweep keys that change how many epochs the warm-up lasts.
@@ -138,8 +208,9 @@ def _rung_problems(cfg: Config, videos: int) -> list[str]:
     return []
 
 
-def _eval_set_problems(cfg: Config, inputs: RunInputs) -> list[str]:
-    kind, _, file = inputs.eval_set.partition(":")
+def _eval_set_problems(cfg: Config, eval_set: str) -> list[str]:
+    """The eval set's file (``eval_set``: ``KIND:FILE``, the file absolute) exists and lists clips."""
+    kind, _, file = eval_set.partition(":")
     if not Path(file).is_file():
         return [f"data.eval_set={cfg.data.eval_set!r}: file {file} does not exist"]
     from raymcn.data.evalsets import EvalSetError, load_eval_list
@@ -148,6 +219,14 @@ def _eval_set_problems(cfg: Config, inputs: RunInputs) -> list[str]:
         load_eval_list(Path(file))
     except (EvalSetError, OSError, ValueError) as e:
         return [f"data.eval_set={cfg.data.eval_set!r}: {e}"]
+    return []
+
+
+def _word_vector_problems(cfg: Config) -> list[str]:
+    """``data.word_vectors``, when given, is a file (the eval captions' words come from it)."""
+    words = cfg.data.word_vectors
+    if words and not Path(words).expanduser().is_file():
+        return [f"data.word_vectors={words!r}: file {Path(words).expanduser().resolve()} does not exist"]
     return []
 
 
