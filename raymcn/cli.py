@@ -199,7 +199,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: checkpoints up to the last finished epoch are kept in {run_dir}\n"
               f"resume with: raymcn train --resume {run_dir}", file=sys.stderr)
         return 130
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - reported, with how to go on
         from raymcn.train.checkpoints import space
 
         return _failed("train", e, f"checkpoints up to the last finished epoch are kept in {run_dir}\n"
@@ -268,7 +268,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     result = phases.search_then_confirm(cfg, exp_dir, console, inputs, env=args.env)
     except KeyboardInterrupt:
         result = None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a storage the driver itself cannot write to is named; others raise
         from raymcn.config import storage_cause
         from raymcn.train.checkpoints import space
 
