@@ -317,3 +317,37 @@ def test_ray_up_stops_a_server_whose_torch_sees_fewer_gpus_and_only_warns_about_
     command, status, out = ran[-1]
     assert status != 0 and "install_torch --check" in command, ran[-1]
     assert "sees 2 of the 4 GPUs nvidia-smi shows" in out
+
+
+def test_ray_up_stops_a_server_whose_python3_is_outside_the_range_before_installing_anything(tmp_path):
+    """The venv's command, run as Ray's updater runs it on a server without the venv whose python3
+    is older than the range (Ubuntu 20.04's 3.8, say): it exits non-zero naming that Python and the
+    range, and no venv is made (so nothing is downloaded into one)."""
+    import shutil
+    import subprocess
+
+    from ray.autoscaler._private.command_runner import _with_interactive  # noqa: PLC0415  (private API)
+
+    versions = Path.home() / ".pyenv" / "versions"
+    old = sorted(versions.glob("3.[5-9].*/bin/python3"))
+    if not old:
+        pytest.skip("no Python 3.9 or older in pyenv here")
+    (command,) = [c for c in load("local")["setup_commands"] if "-m venv" in c]
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    (home / "raymcn-src").symlink_to(ROOT)  # what `ray up`'s file mounts give the server
+    for tool in ("bash", "sh", "sed", "dirname", "grep", "head", "sort", "tail", "cat"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python3").symlink_to(old[-1])
+    # the server's PATH as its ~/.bashrc leaves it (the updater's login shell sources it last): no
+    # Python of the range on it
+    (home / ".bashrc").write_text(f'export PATH="{bin_dir}"\n')
+    env = {"HOME": str(home), "PATH": str(bin_dir), "TERM": "dumb", "RAYMCN_VENV": str(home / "raymcn-venv")}
+    done = subprocess.run(" ".join(_with_interactive(command)), shell=True, executable="/bin/bash", env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert not (home / "raymcn-venv").exists()
+    range_ = re.search(r'requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert re.search(rf"python3: Python 3\.[5-9]\.\d+, outside raymcn's range \({re.escape(range_)}", done.stderr), \
+        done.stderr
