@@ -22,6 +22,7 @@ them); what reaches ``torch.cuda`` is still recorded and answered by :class:`Cud
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import types
@@ -109,7 +110,7 @@ class CudaRecorder:
                 continue  # typing names, torch's storage and error types
             if inspect.isclass(value) and name not in ("Stream", "Event", "device", "StreamContext", "ExternalStream"):
                 continue
-            monkeypatch.setattr(torch.cuda, name, self._recording(name, value if inspect.isclass(value) else None))
+            monkeypatch.setattr(torch.cuda, name, self._recording(name, value))
         monkeypatch.setattr(torch.Tensor, "pin_memory", self._tensor_method("Tensor.pin_memory", lambda t, *a, **k: t))
         monkeypatch.setattr(torch.Tensor, "record_stream", self._tensor_method("Tensor.record_stream",
                                                                                lambda t, *a, **k: None))
@@ -146,7 +147,7 @@ class CudaRecorder:
             else:
                 cuda_name = aliases.get(name, name)
                 cuda = vars(torch.cuda).get(cuda_name)
-                value = cuda if getattr(cuda, "__module__", "") == __name__ else self._recording(cuda_name)
+                value = cuda if getattr(cuda, "__module__", "") == __name__ else self._recording(cuda_name, cuda)
             monkeypatch.setattr(torch.accelerator, name, value)
 
     # --- what a test reads -------------------------------------------------------------------
@@ -170,19 +171,24 @@ class CudaRecorder:
             return result(t, *args, **kwargs)
         return method
 
-    def _recording(self, name: str, cls: type | None = None):
-        """A recording stand-in for ``torch.cuda.<name>``; for a class (``cls``), a subclass whose
-        construction records and returns the stand-in object: still a class of torch's, as the
-        Dynamo of torch before 2.5 checks at its import (DDP imports it) for ``Event`` and ``Stream``."""
+    def _recording(self, name: str, original=None):
+        """A recording stand-in for ``torch.cuda.<name>`` (``original``: what it replaces). A function's
+        stand-in carries the original's attributes and ``__wrapped__``: torch 2.15's Dynamo reads
+        ``torch.cuda.use_mem_pool.__wrapped__`` at its import (the optimizer's step may import it). A
+        class's is a subclass whose construction records and returns the stand-in object: still a class
+        of torch's, as the Dynamo of torch before 2.5 checks at its import (DDP imports it) for
+        ``Event`` and ``Stream``."""
         def call(*args, **kwargs):
             initialised = bool(self.initialising())
             self._record(name, args)
             if name in ALLOCATOR_RESETS and not initialised:
                 raise RuntimeError(NOT_INITIALISED)
             return self._answer(name, args)
-        if cls is None:
-            return call
-        return type(name, (cls,), {"__new__": lambda _cls, *args, **kwargs: call(*args, **kwargs)})
+        if inspect.isclass(original):
+            return type(name, (original,), {"__new__": lambda _cls, *args, **kwargs: call(*args, **kwargs)})
+        if original is not None:  # its name and doc, its __dict__ (a context manager's __wrapped__), itself
+            functools.update_wrapper(call, original, assigned=("__name__", "__qualname__", "__doc__"))
+        return call
 
     def _answer(self, name: str, args: tuple):
         if name == "is_available":

@@ -8,6 +8,7 @@ context on GPU 0."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import subprocess
 import sys
@@ -94,6 +95,20 @@ def test_torch_accelerator_is_cudas_under_the_stand_in_on_either_build(monkeypat
     left = [n for n, v in vars(torch.accelerator).items()
             if not n.startswith("_") and getattr(v, "__module__", "").startswith("torch.accelerator")]
     assert left == [], f"torch.accelerator names the stand-in does not answer: {left}"
+
+
+def test_a_stand_in_of_torch_cuda_keeps_what_torch_reads_from_the_function_it_replaces(monkeypatch):
+    """torch's own modules read attributes of ``torch.cuda``'s functions when they are imported:
+    torch 2.15's Dynamo takes ``torch.cuda.use_mem_pool.__wrapped__``, and the optimizer's step may be
+    what imports it. Every function the stand-in replaces keeps its name and its ``__wrapped__``."""
+    originals = {name: value for name, value in vars(torch.cuda).items()
+                 if inspect.isfunction(value) and value.__module__.startswith("torch.cuda")}
+    CudaRecorder(monkeypatch)
+    replaced = {name: getattr(torch.cuda, name) for name in originals if getattr(torch.cuda, name) is not originals[name]}
+    assert "use_mem_pool" in replaced  # a context manager: the case torch reads
+    for name, stand_in in replaced.items():
+        assert stand_in.__name__ == originals[name].__name__
+        assert inspect.unwrap(stand_in) is inspect.unwrap(originals[name]), name
 
 
 HEAD_GPUS = [(70 * GIB, 80 * GIB), (41 * GIB, 80 * GIB), (70 * GIB, 80 * GIB), (70 * GIB, 80 * GIB)]

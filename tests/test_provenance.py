@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,10 +131,26 @@ def test_the_installed_packages_are_listed_as_importlib_reads_them():
     for name in ("torch", "ray", "numpy", "pyarrow"):
         assert listed[name] == importlib.metadata.version(name), name
     env = collect.environment()
-    assert env["torch"] == listed["torch"] and env["ray"] == listed["ray"]
+    assert env["ray"] == listed["ray"]
     import torch
 
-    assert env["cuda"] == torch.version.cuda  # read without importing torch where it is not loaded
+    assert (env["torch"], env["cuda"]) == (torch.__version__, torch.version.cuda)
+
+
+def test_torchs_build_is_read_as_torch_prints_it_without_importing_torch(tmp_path):
+    """A CUDA build from the package index is "2.3.1" in its metadata and "2.3.1+cu121" in
+    ``torch.__version__``: the record keeps the second, read from torch's version.py (a driver that
+    never imports torch does not pay its import)."""
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    (package / "version.py").write_text("__version__ = '2.3.1+cu121'\ncuda: Optional[str] = '12.1'\n")
+    (tmp_path / "torch-2.3.1.dist-info").mkdir()
+    (tmp_path / "torch-2.3.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.3.1\n")
+    code = "import json, sys; from raymcn.provenance import collect; print(json.dumps(collect.torch_build()))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["2.3.1+cu121", "12.1"]
 
 
 # --- the record ----------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ UNTRACKED_MAX_FILES = 50
 WHOLE_FILE_MAX = 64 << 20
 ENDS_BYTES = 4 << 20
 COMPILED = (".pyc", ".pyo")
-KEY_PACKAGES = ("torch", "ray", "numpy")  # named in every line that says an environment
+KEY_PACKAGES = ("ray", "numpy")  # named in every line that says an environment, beside torch
 
 
 def blob_id(data: bytes) -> str:
@@ -137,20 +137,26 @@ def _patch(root: Path) -> tuple[str, list[str]]:
     return patch, left_out
 
 
-def torch_cuda() -> str | None:
-    """The CUDA version torch was built for (None: a CPU build or no torch), without importing it."""
+def torch_build() -> tuple[str | None, str | None]:
+    """(torch's version as ``torch.__version__`` prints it, the CUDA version it was built for; None:
+    a CPU build or no torch), without importing it. Its version names the build ("2.3.1+cu121"),
+    which the package's metadata ("2.3.1") does not."""
     loaded = sys.modules.get("torch")
     if loaded is not None and hasattr(loaded, "version"):
-        return loaded.version.cuda
+        return str(loaded.__version__), loaded.version.cuda
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
-        return None
+        return None, None
     try:
         text = (Path(spec.origin).parent / "version.py").read_text()
     except OSError:
-        return None
-    found = re.search(r"^cuda\b[^=\n]*=\s*'([^']*)'", text, re.MULTILINE)
-    return found.group(1) if found else None
+        return version_of("torch"), None
+
+    def value(name: str) -> str | None:
+        found = re.search(rf"^{name}\b[^=\n]*=\s*'([^']*)'", text, re.MULTILINE)
+        return found.group(1) if found else None
+
+    return value("__version__") or version_of("torch"), value("cuda")
 
 
 def packages() -> dict[str, str]:
@@ -183,8 +189,9 @@ def version_of(name: str) -> str | None:
 def environment(all_packages: bool = True) -> dict[str, Any]:
     """Python and the key packages (torch with its CUDA build, Ray, numpy), and with ``all_packages``
     every installed one."""
-    out: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable,
-                           **{name: version_of(name) for name in KEY_PACKAGES}, "cuda": torch_cuda()}
+    torch, cuda = torch_build()
+    out: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable, "torch": torch,
+                           **{name: version_of(name) for name in KEY_PACKAGES}, "cuda": cuda}
     if all_packages:
         out["packages"] = packages()
     return out
