@@ -76,9 +76,11 @@ class Need:
     def total(self) -> int:
         return max(0, self.checkpoint * self.count * self.trials - self.held)
 
-    def text(self) -> str:
-        """``4 x 14.1 MB = 56.3 MB``, with the trials at once and what is held already."""
-        trials = f" x {self.trials} trials at once (sweep.max_concurrent)" if self.trials > 1 else ""
+    def text(self, setting: bool = True) -> str:
+        """``4 x 14.1 MB = 56.3 MB``, with the trials at once (``setting``: naming their setting) and
+        what is held already."""
+        named = " (sweep.max_concurrent)" if setting else ""
+        trials = f" x {self.trials} trials at once{named}" if self.trials > 1 else ""
         held = f" - {size_text(self.held)} its checkpoints hold already" if self.held else ""
         return f"{self.count} x {size_text(self.checkpoint)}{trials}{held} = {size_text(self.total)}"
 
@@ -97,8 +99,9 @@ def space_problems(cfg: Config, trials: int = 1, held: int = 0) -> tuple[list[st
         return [], [f"storage: {where} is an object store: its free space is not checked"]
     need = need_of(cfg, trials, held)
     if need.total <= space.free:
-        return [], [f"storage: the checkpoints take at most {need.text()}; {size_text(space.free)} free at "
-                    f"{space.named()}"]
+        # (a note on the console: short enough for a terminal's line with the user's path in it)
+        return [], [f"storage: the checkpoints take at most {need.text(setting=False)}; {size_text(space.free)} "
+                    f"free at {space.named()}"]
     return [f"run.storage_path={where!r}: the checkpoints do not fit: {_kept(cfg)}, at most {need.text()}, and "
             f"{size_text(space.free)} are free at {space.named()}: short by {size_text(need.total - space.free)}. "
             f"{REMEDY}"], []
