@@ -52,19 +52,23 @@ def stand_in_trial(config: dict, experiment_dir: str) -> None:
                         checkpoint=tune.Checkpoint.from_directory(d))
 
 
+def trainable(cfg, experiment_dir: str, inputs, env=None):
+    """``tuner._trainable``'s stand-in, taking what it takes (``inputs``, ``env``: read by no stand-in
+    trial): a trial is :func:`stand_in_trial` with every trial's ``schedule.epochs``."""
+    from ray import tune
+
+    epochs = {"schedule.epochs": cfg.schedule.epochs}  # every trial's, beside what the search chose
+    fn = tune.with_parameters(lambda config, experiment_dir: stand_in_trial({**epochs, **config}, experiment_dir),
+                              experiment_dir=experiment_dir)
+    return tune.with_resources(fn, {"cpu": 0.25})
+
+
 def main(argv: list[str]) -> int:
     import ray
-    from ray import tune
 
     from raymcn.cli import preset_path
     from raymcn.config import load_config
     from raymcn.sweep import tuner
-
-    def trainable(cfg, experiment_dir, inputs):
-        epochs = {"schedule.epochs": cfg.schedule.epochs}  # every trial's, beside what the search chose
-        fn = tune.with_parameters(lambda config, experiment_dir: stand_in_trial({**epochs, **config}, experiment_dir),
-                                  experiment_dir=experiment_dir)
-        return tune.with_resources(fn, {"cpu": 0.25})
 
     tuner._trainable = trainable  # the one seam: a trial is this function, not a Ray Train run
     command, experiment_dir, *overrides = argv

@@ -71,3 +71,18 @@ def test_sweep_tuner_names_trial_dirs(tmp_path, monkeypatch):
     creator = seen["tune_config"].trial_dirname_creator
     assert creator(SimpleNamespace(config={"schedule.stage_order": "AT_V"}, trial_id="ab_1")) == "AT_V-ab_1"
     assert ray.is_initialized() == was_up
+
+
+def test_the_stand_in_trials_take_what_the_sweep_passes_its_trainable():
+    """``stand_in_sweep.py`` (the soak tier's restore tests of the random and optuna searches) swaps
+    ``tuner._trainable`` for its own: it must take every argument the sweep passes, or each such
+    test ends before its kill, found only in the soak tier."""
+    import inspect
+
+    from stand_in_sweep import trainable
+
+    from raymcn.sweep import tuner
+
+    theirs = inspect.signature(tuner._trainable).parameters
+    ours = inspect.signature(trainable).parameters
+    assert list(ours) == list(theirs), (list(ours), list(theirs))
