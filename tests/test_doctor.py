@@ -20,7 +20,7 @@ from raymcn.config import load_config
 from raymcn.doctor.checkup import as_json, failed, render, request_of
 from raymcn.doctor.estimate import estimate, rung_epochs
 from raymcn.doctor.probe import probe
-from raymcn.doctor.verdicts import judge
+from raymcn.doctor.verdicts import ROOM_CHECK, judge
 from raymcn.storage import size_text
 from raymcn.train.inputs import shard_folder
 
@@ -237,11 +237,11 @@ def test_a_storage_without_room_for_the_sweeps_checkpoints_is_named_and_a_bucket
     storage has free."""
     req, _ = request(cfg, tmp_path)
     facts = probe(req)
-    assert rows_of(facts, req)["storage has room for the checkpoints"].ok is True
+    assert rows_of(facts, req)[ROOM_CHECK].ok is True
     assert req.checkpoints_text.endswith(f"= {size_text(req.checkpoints_bytes)}")
     short = dataclasses.replace(req, checkpoints_bytes=facts["storage"]["free"] + 1)
-    row = rows_of(facts, short)["storage has room for the checkpoints"]
+    row = rows_of(facts, short)[ROOM_CHECK]
     assert row.ok is False and f"{facts['storage']['free'] / 1e9:.1f} GB free at {tmp_path / 'results'}" in row.fix
     assert "lower run.checkpoints_to_keep or sweep.max_concurrent" in row.fix
     bucket = {**facts, "storage": {k: v for k, v in facts["storage"].items() if k not in ("free", "filesystem")}}
-    assert rows_of(bucket, req)["storage has room for the checkpoints"].ok is None
+    assert rows_of(bucket, req)[ROOM_CHECK].ok is None

@@ -83,13 +83,16 @@ def _storage_rows(facts: dict, req: Request, host: str) -> list[Row]:
     return rows + [_room_row(st, req, host)]
 
 
+ROOM_CHECK = "storage has room for the checkpoints"
+
+
 def _room_row(st: dict, req: Request, host: str) -> Row:
     """The storage's free space there against what the sweep's trials at once keep in it."""
     if "free" not in st:
-        return Row("storage has room for the checkpoints", None, "an object store: its free space is not checked")
+        return Row(ROOM_CHECK, None, "an object store: its free space is not checked")
     fits = st["free"] >= req.checkpoints_bytes
     free = f"{st['free'] / 1e9:.1f} GB free at {st['filesystem']}"
-    return Row("storage has room for the checkpoints", fits, f"{free}; needed {req.checkpoints_text}",
+    return Row(ROOM_CHECK, fits, f"{free}; needed {req.checkpoints_text}",
                "" if fits else f"{host}: {req.storage} has {free}, the sweep's checkpoints need "
                f"{req.checkpoints_bytes / 1e9:.1f} GB ({req.checkpoints_text}): free space there, lower "
                "run.checkpoints_to_keep or sweep.max_concurrent, or point RAYMCN_RESULTS at a larger disk")
