@@ -341,3 +341,8 @@ def test_drain_before_a_planned_reboot(cluster):
     assert drained.returncode == 0, drained.stdout[-3000:] + drained.stderr[-3000:]
     assert re.search(r"draining node [0-9a-f]{56} \(\S+\) of the cluster at \S+, deadline 20 s", drained.stdout)
     assert "no Ray Train worker on this node" in drained.stdout, drained.stdout[-2000:]
+    # The planned reboot follows, and ends Ray on the server: here `ray stop`. Ray's autoscaler on the
+    # head counts a drained node as stopped and terminates it in the cluster's state (its monitor.log:
+    # RAY_STOPPED -> TERMINATING), so `ray down` no longer finds a head to run `ray stop` on.
+    stopped = subprocess.run([RAY, "stop"], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
