@@ -57,7 +57,7 @@ def test_ranks_sharing_the_assignment_give_the_centroids_of_one_process(tmp_path
     x, init = _points()
     assert (reference["warm start with empty clusters"][1].bincount(minlength=K) > 0).all()  # reseeded
     # The group's timeout: a rank left waiting fails naming the collective it waited in, well inside
-    # pytest's limit (the compat tier once saw both cases wait until pytest's 600 s, unreproduced)
+    # pytest's limit (a rank left in the last barrier once waited past it: bench/rank_exit.py)
     ranks = gloo_ranks(_fit_on_rank, world, timeout_s=300)
     for name, (centroids, labels) in reference.items():
         for r, fitted in enumerate(ranks):

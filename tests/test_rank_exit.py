@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,39 @@ def test_end_rank_exits_with_its_status_after_flushing():
     code = "from bench.rank_exit import end_rank; print('figures', end=''); end_rank(3)"
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stdout == "figures"
+
+
+LATE_S = 2.0  # the last rank's barrier returns this much later than the others'
+
+
+def _leave_beside_a_late_peer(rank: int, world: int) -> dict[str, float]:
+    """Leave the group (``leave_group``) where the last rank comes out of the barrier ``LATE_S``
+    late, as one whose peer's last message of the barrier is still under way; when each rank was
+    past the barrier, and when it had left."""
+    import torch.distributed as dist
+
+    from bench.rank_exit import leave_group
+
+    barrier, times = dist.barrier, {}
+
+    def late_barrier(*args, **kwargs):
+        barrier(*args, **kwargs)
+        if rank == world - 1:
+            time.sleep(LATE_S)
+        times["past"] = time.time()
+
+    dist.barrier = late_barrier
+    leave_group()
+    return {**times, "left": time.time()}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_no_rank_leaves_before_every_rank_is_past_the_last_barrier(world):
+    """A rank that went on from the barrier to its end while a peer still waited for its part of it
+    left that peer in the barrier forever (torch 2.3.1, loaded: bench/rank_exit.py). Every rank
+    leaves only once every rank is past the barrier."""
+    from bench.gloo import gloo_ranks
+
+    ranks = gloo_ranks(_leave_beside_a_late_peer, world)
+    last_past = max(r["past"] for r in ranks)
+    assert all(r["left"] >= last_past for r in ranks), ranks
