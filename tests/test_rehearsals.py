@@ -47,7 +47,7 @@ from tune_dirs import result_rows, trial_statuses
 
 from raymcn.cli import preset_path
 from raymcn.config import load_config
-from raymcn.doctor.verdicts import ROOM_CHECK
+from raymcn.doctor.verdicts import FREE_DISK_CHECKS
 from raymcn.sweep.rehearsal import rehearsal_epochs, shrink
 
 REPO = Path(__file__).resolve().parents[1]
@@ -508,10 +508,10 @@ def test_a_sweep_that_crashes_in_miniature_fails_the_rehearsal_naming_why(ray_lo
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     row = rehearsal_rows(report)["rehearsal ran to its end"]
-    # only the rehearsal fails; the storage's room is this machine's free disk against the lab's file's
-    # checkpoints (tens of GB at the paper's size), which a test cannot choose (tests/test_doctor.py tests the row)
+    # only the rehearsal fails; the free-disk rows are this machine's disk against the lab's file's
+    # checkpoints (tens of GB at the paper's size), which a test cannot choose (tests/test_doctor.py tests them)
     others = [r for rows in report["rows"].values() for r in rows
-              if not r["check"].startswith("rehearsal") and r["check"] != ROOM_CHECK]
+              if not r["check"].startswith("rehearsal") and r["check"] not in FREE_DISK_CHECKS]
     assert all(r["ok"] is not False for r in others), others
     assert row["ok"] is False and "AssertionError" in row["detail"] + row["fix"], row
     assert "✘ rehearsal ran to its end: the sweep file fails in miniature" in out

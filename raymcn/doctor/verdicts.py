@@ -84,6 +84,9 @@ def _storage_rows(facts: dict, req: Request, host: str) -> list[Row]:
 
 
 ROOM_CHECK = "storage has room for the checkpoints"
+SPILL_CHECK = "disk where Ray spills"
+# the rows whose verdict is the node's free disk at the moment it is probed
+FREE_DISK_CHECKS = (ROOM_CHECK, SPILL_CHECK)
 
 
 def _room_row(st: dict, req: Request, host: str) -> Row:
@@ -145,7 +148,7 @@ def _hardware_rows(facts: dict, req: Request, host: str, head: dict) -> list[Row
     # Ray spills objects to its temp folder when the object store fills: room for one store's worth
     spill_need = int(facts.get("resources", {}).get("object_store_memory", SPILL_MIN_BYTES))
     spill_ok = facts["spill_free"] >= spill_need
-    rows.append(Row("disk where Ray spills", spill_ok, f"{facts['spill_free'] / 1e9:.1f} GB free",
+    rows.append(Row(SPILL_CHECK, spill_ok, f"{facts['spill_free'] / 1e9:.1f} GB free",
                     "" if spill_ok else f"{host}: {facts['spill_free'] / 1e9:.1f} GB free under "
                     f"{os.environ.get('RAY_TMPDIR', '/tmp')}, less than its object store ({spill_need / 1e9:.1f} GB): "
                     "free some, or point RAY_TMPDIR at a larger disk"))
