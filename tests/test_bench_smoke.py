@@ -63,6 +63,19 @@ def positive(*values: float) -> bool:
     return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
 
 
+def test_a_benchmarks_partial_file_leaves_the_checkout_it_times_clean():
+    """bench.sweep_time times this checkout's own sweep while saving its progress beside ``--out``
+    (docs/measurements/): git ignores that file, so the runs' provenance calls the tree clean."""
+    from raymcn.provenance.collect import checkout_root
+
+    root = checkout_root(Path(harness.REPO) / "raymcn")
+    if root is None:
+        pytest.skip("not a git checkout")
+    results = harness.Results("sweep_time", argparse.Namespace(out="docs/measurements/sweep_time.json", json=False))
+    done = subprocess.run(["git", "-C", str(root), "check-ignore", "--no-index", "-q", str(results.partial)])
+    assert done.returncode == 0, f"git does not ignore {results.partial}"
+
+
 def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
     out = tmp_path / "figures.json"
     with pytest.raises(RuntimeError, match="rank 1 aborted"):
