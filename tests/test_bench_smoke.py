@@ -66,14 +66,14 @@ def positive(*values: float) -> bool:
 def test_a_benchmarks_partial_file_leaves_the_checkout_it_times_clean():
     """bench.sweep_time times this checkout's own sweep while saving its progress beside ``--out``
     (docs/measurements/): git ignores that file, so the runs' provenance calls the tree clean."""
-    from raymcn.provenance.collect import checkout_root
+    from raymcn.provenance.collect import checkout_root, git
 
     root = checkout_root(Path(harness.REPO) / "raymcn")
     if root is None:
         pytest.skip("not a git checkout")
     results = harness.Results("sweep_time", argparse.Namespace(out="docs/measurements/sweep_time.json", json=False))
-    done = subprocess.run(["git", "-C", str(root), "check-ignore", "--no-index", "-q", str(results.partial)])
-    assert done.returncode == 0, f"git does not ignore {results.partial}"
+    # provenance's own git call: it prints an ignored path and fails on any other
+    assert git(root, "check-ignore", "--no-index", str(results.partial)), f"git does not ignore {results.partial}"
 
 
 def test_a_benchmark_that_dies_keeps_what_it_measured(tmp_path, capsys):
