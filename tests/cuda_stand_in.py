@@ -5,7 +5,11 @@ module (and the tensor methods that reach CUDA: ``pin_memory``, ``record_stream`
 thread, that thread's current device) and returns a stand-in value, so the GPU code paths run on
 CPU and a test can read what they asked of CUDA and from which thread. ``torch.accelerator`` (torch
 2.6 and later) is CUDA's, each of its calls the ``torch.cuda`` call it stands for: so a CPU build
-and a CUDA build of torch take the same path through the stand-in on a machine without a GPU.
+and a CUDA build of torch take the same path through the stand-in on a machine without a GPU (a
+CUDA build reaches CUDA through ``torch.accelerator`` too: an optimizer's step asks whether the
+current stream captures a CUDA graph). Each stand-in keeps the name and ``__wrapped__`` of the
+function it replaces: torch's own modules read them when imported (torch 2.15's Dynamo reads
+``torch.cuda.use_mem_pool.__wrapped__``).
 
 The current device is per thread, as in CUDA: ``set_device`` changes the calling thread's only,
 and a thread that never set one is on device 0. ``is_initialized()`` turns true at the first call
